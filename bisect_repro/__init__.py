@@ -1,0 +1,25 @@
+"""bisect-repro: find where, and why, two training runs that should match part ways.
+
+The public API::
+
+    Trainee          what a recipe returns: model, optimizer, loader, step, scheduler, generators
+    Recorder         records a training loop you drive yourself
+    RecordOptions    how often to snapshot and checkpoint
+    record           runs a Trainee's step function under a Recorder
+    Run              a run directory opened for reading
+    compare          compares two runs and bisects to the first divergent step, layer and op
+    hash_tensors     the on-device content hash of tensors, by name
+    BisectReproError the base of every error bisect-repro raises on purpose
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import BisectReproError
+from .hashing import hash_tensors
+from .recipe import Trainee
+from .recorder import Recorder, RecordOptions, record
+from .store import Run
+
+__all__ = ["BisectReproError", "RecordOptions", "Recorder", "Run", "Trainee", "__version__", "hash_tensors", "record"]

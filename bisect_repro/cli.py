@@ -1,0 +1,118 @@
+"""The command line: parse, call the Python API, map errors to exit codes.
+
+Exit codes: 0 success (runs identical, recipe reproducible), 1 a divergence was found, 2 bad
+input or an error, reported as one line naming the file and the problem, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .errors import BisectReproError
+from .recipe import build, parse_settings
+from .recorder import RecordOptions, record
+from .report import render_summary, run_summary
+from .store import Run
+
+app = typer.Typer(
+    help="Find where, and why, two training runs that should match part ways.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+stdout = Console()
+stderr = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _exits_cleanly(command: F) -> F:
+    """Turn a BisectReproError into one line on stderr and exit code 2."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except BisectReproError as error:
+            stderr.print(f"[bold red]error:[/] {error}", markup=True, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+Settings = Annotated[list[str], typer.Option("--set", help="KEY=VALUE passed to the recipe; VALUE read as JSON when it parses as JSON.")]
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[extra]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+@app.command("record")
+@_exits_cleanly
+def record_command(
+    target: Annotated[str, typer.Argument(help="The recipe: path/to/file.py:function or package.module:function.")],
+    out: Annotated[Path, typer.Option("--out", help="The run directory to write.")],
+    steps: Annotated[int, typer.Option(help="Number of training steps.")] = 100,
+    every: Annotated[int, typer.Option(help="Snapshot every K steps (and at the first and last).")] = 10,
+    checkpoint_every: Annotated[int, typer.Option(help="Full checkpoint every C steps (and at step 0).")] = 100,
+    settings: Settings = [],  # noqa: B006 - typer reads the default
+    force: Annotated[bool, typer.Option(help="Overwrite an existing run.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Run a recipe under the recorder and write a run directory."""
+    options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force)
+    config = parse_settings(settings)
+    trainee = build(target, config)
+    console = Console(stderr=True, quiet=quiet)
+    started = time.perf_counter()
+    with _progress(console) as progress:
+        task = progress.add_task("recording", total=steps, extra="")
+
+        def on_step(step: int, loss: float | None) -> None:
+            rate = step / max(time.perf_counter() - started, 1e-9)
+            shown = f"loss {loss:.4g}  " if loss is not None else ""
+            progress.update(task, completed=step, extra=f"{shown}{rate:.1f} steps/s")
+
+        record(trainee, out, options, target=target, config=config, on_step=on_step)
+    run = Run.open(out)
+    console.print(f"wrote {out}: {len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} checkpoints")
+
+
+@app.command("show")
+@_exits_cleanly
+def show_command(
+    run: Annotated[Path, typer.Argument(help="A run directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """What a run holds: steps, snapshots, checkpoints, config, environment, streams, losses."""
+    summary = run_summary(Run.open(run))
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        render_summary(summary, stdout)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""The error hierarchy.
+
+Every error bisect-repro raises on purpose is a :class:`BisectReproError`. Its message is one
+line that names the file (or run, or target), what is wrong with it, and how to fix it; the CLI
+prints it as is and exits with code 2. Anything else escaping the package is a bug.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["BisectReproError", "RecipeError", "RunFormatError", "RunNotFoundError", "RecordingError"]
+
+
+class BisectReproError(Exception):
+    """Base class: a one-line, user-facing message naming the file, the cause and the fix."""
+
+
+class RunNotFoundError(BisectReproError):
+    """A path given as a run does not exist or is not a bisect-repro run."""
+
+
+class RunFormatError(BisectReproError):
+    """A run file exists but cannot be read: corrupt, truncated, too new, or inconsistent."""
+
+    def __init__(self, path: Path | str, problem: str, fix: str | None = None) -> None:
+        self.path = Path(path)
+        self.problem = problem
+        message = f"{path}: {problem}"
+        if fix:
+            message += f"; {fix}"
+        super().__init__(message)
+
+
+class RecipeError(BisectReproError):
+    """A TARGET cannot be imported, built or run as a recipe."""
+
+
+class RecordingError(BisectReproError):
+    """Recording could not go on (disk full, permission denied, a file removed underneath)."""
