@@ -18,10 +18,12 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .compare import compare
+from .demo import record_pair
 from .errors import BisectReproError
-from .recipe import build, parse_settings
+from .recipe import build, parse_settings, recipe_file
 from .recorder import RecordOptions, record
-from .report import render_summary, run_summary
+from .report import render_comparison, render_summary, run_summary
 from .store import Run
 
 app = typer.Typer(
@@ -53,7 +55,7 @@ def _exits_cleanly(command: F) -> F:
 Settings = Annotated[list[str], typer.Option("--set", help="KEY=VALUE passed to the recipe; VALUE read as JSON when it parses as JSON.")]
 
 
-def _progress(console: Console) -> Progress:
+def _progress(console: Console, *, transient: bool = False) -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -61,7 +63,7 @@ def _progress(console: Console) -> Progress:
         TextColumn("{task.fields[extra]}"),
         TimeElapsedColumn(),
         console=console,
-        transient=False,
+        transient=transient,
     )
 
 
@@ -108,6 +110,58 @@ def show_command(
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
         render_summary(summary, stdout)
+
+
+@app.command("compare")
+@_exits_cleanly
+def compare_command(
+    run_a: Annotated[Path, typer.Argument(help="The first run directory.")],
+    run_b: Annotated[Path, typer.Argument(help="The second run directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (schema bisect-repro/compare/1).")] = False,
+    no_replay: Annotated[bool, typer.Option("--no-replay", help="Compare the records only; import and run nothing.")] = False,
+) -> None:
+    """Find the first step, layer and op where two runs diverge, with the cause and the fix.
+
+    Exit code 0: identical; 1: they diverge; 2: bad input.
+    """
+    result = _compare(run_a, run_b, replay=not no_replay, quiet=as_json)
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        render_comparison(result, stdout)
+    raise typer.Exit(0 if result["identical"] else 1)
+
+
+def _compare(run_a: Path, run_b: Path, *, replay: bool, quiet: bool) -> dict[str, Any]:
+    console = Console(stderr=True, quiet=quiet)
+    if replay:
+        for run in (run_a, run_b):
+            target = Run.open(run).meta.get("target")
+            path = recipe_file(target) if target else None
+            console.print(f"[dim]replay of {run} may import {path or target}[/]", highlight=False)
+    with _progress(console, transient=True) as progress:
+        task = progress.add_task("comparing", total=None, extra="")
+
+        def on_progress(stage: str, done: int, total: int) -> None:
+            progress.update(task, description=stage, completed=done, total=total)
+
+        return compare(run_a, run_b, replay=replay, progress=on_progress)
+
+
+@app.command("demo")
+@_exits_cleanly
+def demo_command(
+    out: Annotated[Path | None, typer.Option("--out", help="Where to keep the two runs (default: a temporary folder).")] = None,
+    steps: Annotated[int, typer.Option(help="Steps per run.")] = 20,
+) -> None:
+    """Record a recipe that really diverges on a CPU twice, and compare the two runs."""
+    console = Console(stderr=True)
+    console.print("Recording two runs of a fully seeded embedding model (table\\[idx], two threads)...")
+    run_a, run_b = record_pair(out, steps=steps)
+    console.print(f"Recorded {run_a} and {run_b}. Comparing them...")
+    result = _compare(run_a, run_b, replay=True, quiet=False)
+    render_comparison(result, stdout)
+    stdout.print(f"\nTry it yourself: bisect-repro compare {run_a} {run_b} --json")
 
 
 def main() -> None:

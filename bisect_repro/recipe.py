@@ -49,6 +49,33 @@ class Trainee:
     generators: Mapping[str, RandomSource] | None = None
     """Extra random streams the recipe uses, by name: torch, NumPy or ``random.Random`` generators."""
 
+    @classmethod
+    def supervised(
+        cls,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loader: Iterable[Any],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        scheduler: Any = None,
+        generators: Mapping[str, RandomSource] | None = None,
+    ) -> Trainee:
+        """A trainee whose step is the usual one on ``(inputs, targets)`` batches: zero the
+        gradients, ``loss_fn(model(inputs), targets)``, backward, ``optimizer.step()``, then
+        ``scheduler.step()`` when there is a scheduler."""
+
+        def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            inputs, targets = batch
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            return loss
+
+        return cls(model, optimizer, loader, step, scheduler=scheduler, generators=generators)
+
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
             raise RecipeError(f"Trainee: model is a {type(self.model).__name__}, expected a torch.nn.Module")

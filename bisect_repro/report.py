@@ -9,7 +9,7 @@ from rich.table import Table
 
 from .store import Run
 
-__all__ = ["render_summary", "run_summary"]
+__all__ = ["render_comparison", "render_summary", "run_summary"]
 
 
 def run_summary(run: Run) -> dict[str, Any]:
@@ -73,3 +73,88 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     keys = ("python", "torch", "numpy", "cuda", "cpu", "devices", "torch.get_num_threads", "torch.are_deterministic_algorithms_enabled")
     table.add_row("environment", ", ".join(f"{k}={environment.get(k)}" for k in keys))
     console.print(table)
+
+
+_CAUSE_TITLES = {
+    "rng_state": "a random stream not seeded alike",
+    "data_order": "the data order",
+    "data_content": "the data content",
+    "nondeterministic_op": "a nondeterministic op",
+    "environment": "the environment",
+    "config": "the config",
+    "structure": "the model structure",
+    "unknown": "an unknown cause",
+}
+
+
+def _diff_table(title: str, diff: dict[str, list[Any]]) -> Table:
+    table = Table(title=title, title_justify="left", show_header=True, header_style="bold")
+    table.add_column("key")
+    table.add_column("run A")
+    table.add_column("run B")
+    for key, (a, b) in diff.items():
+        table.add_row(key, repr(a), repr(b))
+    return table
+
+
+def render_comparison(result: dict[str, Any], console: Console) -> None:
+    """The human report: the verdict first, then the evidence."""
+    from rich.panel import Panel
+
+    verdict = result["verdict"]
+    if result["identical"]:
+        console.print(
+            Panel.fit(
+                f"[bold green]The runs are identical[/] at every common snapshot and step.\n{result['runs'][0]}\n{result['runs'][1]}",
+                title="verdict",
+            )
+        )
+    else:
+        assert verdict is not None
+        where = [f"step [bold]{verdict['step']}[/]"]
+        where += [f"{verdict['phase']} pass" if verdict["phase"] not in (None, "init", "data") else verdict["phase"] or ""]
+        if verdict["layer"]:
+            where.append(f"layer [bold]{verdict['layer']}[/]")
+        if verdict["tensor"]:
+            where.append(f"tensor [bold]{verdict['tensor']}[/]")
+        if verdict["op"]:
+            where.append(f"op [bold]{verdict['op']}[/]")
+        lines = [
+            f"[bold red]The runs diverge[/] at {', '.join(w for w in where if w)}.",
+            f"Cause: [bold]{_CAUSE_TITLES.get(verdict['cause'], verdict['cause'])}[/]"
+            + (f" ({', '.join(verdict['rng'])})" if verdict["rng"] else ""),
+            f"{verdict['explanation']}.",
+            f"[bold green]Fix:[/] {verdict['fix']}",
+        ]
+        console.print(Panel("\n".join(lines), title="verdict", expand=False))
+    if result["config_diff"]:
+        console.print(_diff_table("config diff", result["config_diff"]))
+    if result["environment_diff"]:
+        console.print(_diff_table("environment diff", result["environment_diff"]))
+    if verdict and verdict.get("max_abs_diff") is not None:
+        console.print(
+            f"first divergent tensor [bold]{verdict['tensor']}[/]: max |a-b| = {verdict['max_abs_diff']:.3g}, "
+            f"max ULP distance = {verdict['max_ulp']}, {100 * (verdict['fraction_differing'] or 0):.2f}% of elements differ"
+        )
+    timeline = Table(title="snapshot timeline", title_justify="left", header_style="bold")
+    timeline.add_column("step", justify="right")
+    timeline.add_column("tensors")
+    timeline.add_column("random streams that differ")
+    for row in _condensed(result["timeline"]):
+        state = "[green]equal[/]" if row["equal"] else f"[red]{row['differing_tensors']} differ[/] (first: {row['first_tensor']})"
+        timeline.add_row(str(row["step"]), state, ", ".join(row["streams"]) or "-")
+    console.print(timeline)
+    replay = result["replay"]
+    if replay["performed"]:
+        faithful = "[green]reproduced both runs' records[/]" if replay["faithful"] else "[yellow]did not reproduce the records exactly[/]"
+        steps = f"{replay['replayed_steps']} step(s) in {replay['seconds']:.2f}s"
+        console.print(f"replay: from the checkpoint at step {replay['from_step']}, {steps}; {faithful}")
+    for note in result["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+def _condensed(rows: list[dict[str, Any]], keep: int = 4) -> list[dict[str, Any]]:
+    """The timeline around the first divergence, not every snapshot of a long run."""
+    first = next((i for i, row in enumerate(rows) if not row["equal"]), len(rows) - 1)
+    chosen = sorted({0, *range(max(0, first - keep), min(len(rows), first + keep)), len(rows) - 1})
+    return [rows[i] for i in chosen]

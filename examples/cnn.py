@@ -71,13 +71,4 @@ def build(seed: int = 0, lr: float = 1e-3, batch_size: int = 32, num_workers: in
         nn.Linear(channels * 2, 2),
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=lr * 10, momentum=0.9)
-
-    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        images, labels = batch
-        optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return Trainee(model, optimizer, loader, step)
+    return Trainee.supervised(model, optimizer, loader, nn.functional.cross_entropy)

@@ -32,14 +32,4 @@ def build(seed: int = 0, lr: float = 1e-3, batch_size: int = 32, num_workers: in
     model = nn.Sequential(nn.Linear(20, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2))
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)
-
-    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        return loss
-
-    return Trainee(model, optimizer, loader, step, scheduler=scheduler)
+    return Trainee.supervised(model, optimizer, loader, nn.functional.cross_entropy, scheduler=scheduler)

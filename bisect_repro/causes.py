@@ -1,0 +1,98 @@
+"""What is known about why PyTorch runs differ, and the fix for each cause.
+
+The causes are the values of ``verdict.cause`` in ``compare --json``; ``doctor`` uses the same
+advice. Each fix is drawn from what PyTorch documents about reproducibility: seeding every stream,
+a seeded ``generator=`` and ``worker_init_fn`` for DataLoader, ``torch.use_deterministic_algorithms``,
+cuDNN autotuning and determinism, ``CUBLAS_WORKSPACE_CONFIG``, TF32, thread counts and
+``PYTHONHASHSEED``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["CAUSES", "data_fix", "environment_fix", "op_fix", "stream_fix"]
+
+CAUSES = ("rng_state", "data_order", "data_content", "nondeterministic_op", "environment", "config", "structure", "unknown")
+
+_STREAM_FIXES = {
+    "python": "random.seed(seed)",
+    "numpy": "np.random.seed(seed) (or draw from a seeded np.random.default_rng(seed))",
+    "torch": "torch.manual_seed(seed)",
+    "loader.generator": "DataLoader(..., generator=torch.Generator().manual_seed(seed))",
+    "sampler.generator": "give the sampler a seeded generator: torch.Generator().manual_seed(seed)",
+}
+
+
+def stream_fix(streams: list[str], *, resumed: bool = False) -> str:
+    """How to seed the named streams alike in both runs."""
+    parts = []
+    for name in streams:
+        if name.startswith("cuda:"):
+            parts.append("torch.cuda.manual_seed_all(seed)")
+        else:
+            parts.append(_STREAM_FIXES.get(name, f"seed the generator {name!r} where the recipe creates it"))
+    advice = "seed every stream the same way in both runs, before building the model and the data: " + "; ".join(dict.fromkeys(parts))
+    if resumed:
+        advice = (
+            "restore every random stream from the checkpoint when resuming (Python, NumPy, torch, CUDA, the loader's generator); or "
+            + advice
+        )
+    return advice
+
+
+def data_fix(cause: str, loader: Mapping[str, Any]) -> str:
+    workers = int(loader.get("num_workers") or 0)
+    if cause == "data_order":
+        return (
+            "shuffle from a seeded stream: DataLoader(..., shuffle=True, generator=torch.Generator().manual_seed(seed)); "
+            "with DistributedSampler, the same seed in both runs and sampler.set_epoch(epoch) each epoch; "
+            "keep batch_size, drop_last and the sampler the same"
+        )
+    if workers:
+        return (
+            "seed the augmentation in the workers: DataLoader(..., generator=torch.Generator().manual_seed(seed), "
+            "worker_init_fn=seed_worker) where seed_worker seeds numpy and random from torch.initial_seed() % 2**32; "
+            "keep num_workers the same in both runs"
+        )
+    return (
+        "seed the streams the dataset draws from (random.seed, np.random.seed, torch.manual_seed), "
+        "or give the dataset a seeded generator of its own"
+    )
+
+
+def op_fix(op: str | None) -> str:
+    advice = (
+        "torch.use_deterministic_algorithms(True) before training (on CUDA also set CUBLAS_WORKSPACE_CONFIG=:4096:8, "
+        "torch.backends.cudnn.deterministic = True and torch.backends.cudnn.benchmark = False)"
+    )
+    if op and any(name in op for name in ("index_put", "index_add", "scatter", "_index_put_impl")):
+        advice += "; or gather with torch.nn.functional.embedding / a deterministic formulation instead of accumulating by index"
+    return advice
+
+
+_ENVIRONMENT_FIXES = {
+    "torch.get_num_threads": "pin the thread count in both runs: torch.set_num_threads(N) and OMP_NUM_THREADS=N",
+    "env.OMP_NUM_THREADS": "set OMP_NUM_THREADS to the same value in both runs",
+    "env.MKL_NUM_THREADS": "set MKL_NUM_THREADS to the same value in both runs",
+    "torch.are_deterministic_algorithms_enabled": "call torch.use_deterministic_algorithms(True) in both runs",
+    "torch.backends.cudnn.benchmark": "torch.backends.cudnn.benchmark = False in both runs (autotuning picks kernels by timing)",
+    "torch.backends.cudnn.deterministic": "torch.backends.cudnn.deterministic = True in both runs",
+    "torch.backends.cuda.matmul.allow_tf32": "torch.backends.cuda.matmul.allow_tf32 = False (TF32 rounds matmuls on Ampere and later)",
+    "torch.backends.cudnn.allow_tf32": "torch.backends.cudnn.allow_tf32 = False (TF32 rounds convolutions on Ampere and later)",
+    "torch.get_float32_matmul_precision": "torch.set_float32_matmul_precision('highest') in both runs",
+    "env.CUBLAS_WORKSPACE_CONFIG": "export CUBLAS_WORKSPACE_CONFIG=:4096:8 in both runs",
+    "env.PYTHONHASHSEED": "export PYTHONHASHSEED=0 in both runs (set iteration order depends on it)",
+    "torch": "run both with the same torch version",
+    "cuda": "run both with the same CUDA version",
+    "cudnn": "run both with the same cuDNN version",
+    "devices": "run both on the same GPU model, or accept differences at rounding level",
+}
+
+
+def environment_fix(keys: list[str]) -> str:
+    fixes = [_ENVIRONMENT_FIXES[k] for k in keys if k in _ENVIRONMENT_FIXES]
+    if not fixes:
+        fixes = [f"make {', '.join(keys)} the same in both runs"] if keys else ["run both in the same environment"]
+    return "; ".join(dict.fromkeys(fixes))

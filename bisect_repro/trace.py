@@ -1,0 +1,238 @@
+"""Tracing one training step: every tensor it computes, hashed in execution order.
+
+:class:`StepTracer` hooks a model and its optimizer with PyTorch's public hooks and records, in
+the order they happen:
+
+- data: each tensor of the batch;
+- forward: every leaf module's (and every module owning parameters) inputs and outputs;
+- backward: the gradient of each such module's outputs as autograd computes it, and each
+  parameter's ``.grad`` once accumulated;
+- optimizer: every parameter and optimizer-state tensor after ``optimizer.step()``.
+
+Two traces of the same code line up entry by entry, so the first entry whose hash differs names
+the phase, the layer and the tensor where two runs part ways.
+
+:class:`OpTracer` goes one level down, for a single step: a ``TorchDispatchMode`` that hashes the
+inputs and outputs of every aten op. The first op whose inputs match and whose output differs is
+the op that introduced the difference: a nondeterministic kernel, or one fed by a random stream.
+
+Where guarantees stop: tensors created outside modules (a loss computed in the step function)
+show up only through the gradients and parameters they affect; hooks see what PyTorch's hooks see,
+so a module that reuses a tensor in place after returning it is traced as it was at return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .hashing import PendingHashes
+from .recorder import batch_tensors
+
+__all__ = ["OpRecord", "OpTracer", "StepTracer", "TraceEntry", "first_difference"]
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    """One traced tensor: where in the step it was computed, and its content hash."""
+
+    phase: str
+    layer: str | None
+    tensor: str
+    digest: str = ""
+
+
+def _traced_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    for name, module in model.named_modules():
+        if name and (not any(True for _ in module.children()) or module._parameters):
+            yield name, module
+
+
+def _layer_of(parameter_name: str) -> str | None:
+    return parameter_name.rpartition(".")[0] or None
+
+
+@dataclass
+class StepTracer:
+    """Hooks that hash every tensor a step computes; use as a context manager around the step."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    parameter_names: dict[int, str]
+    keep: set[int] = field(default_factory=set)
+    """Entry indices whose tensors are also copied to the host (to measure a difference)."""
+    entries: list[TraceEntry] = field(default_factory=list)
+    kept: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._pending = PendingHashes()
+        self._handles: list[Any] = []
+
+    def _note(self, phase: str, layer: str | None, name: str, tensor: torch.Tensor) -> None:
+        index = len(self.entries)
+        self.entries.append(TraceEntry(phase, layer, name))
+        self._pending.add({str(index): tensor.detach()})
+        if index in self.keep:
+            self.kept[index] = tensor.detach().to("cpu", copy=True)
+
+    def note_batch(self, batch: Any, indices: list[int] | None) -> None:
+        if indices is not None:
+            self._note("data", None, "batch.indices", torch.tensor(indices, dtype=torch.int64))
+        tensors, _ = batch_tensors(batch)
+        for path, tensor in tensors.items():
+            self._note("data", None, path, tensor)
+
+    def __enter__(self) -> StepTracer:
+        for name, module in _traced_modules(self.model):
+            self._handles.append(module.register_forward_hook(self._forward_hook(name)))
+        parameters = dict(self.model.named_parameters())
+        for name, parameter in parameters.items():
+            if parameter.requires_grad:
+                self._handles.append(parameter.register_post_accumulate_grad_hook(self._grad_hook(name)))
+        self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_hook))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _forward_hook(self, layer: str) -> Any:
+        def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            inputs, _ = batch_tensors(args, f"{layer}.input")
+            for path, tensor in inputs.items():
+                self._note("forward", layer, path, tensor)
+            outputs, _ = batch_tensors(output, f"{layer}.output")
+            for path, tensor in outputs.items():
+                self._note("forward", layer, path, tensor)
+                if tensor.requires_grad:
+                    tensor.register_hook(self._grad_output_hook(layer, path))
+
+        return hook
+
+    def _grad_output_hook(self, layer: str, path: str) -> Any:
+        name = path.replace(".output", ".grad_output", 1)
+
+        def hook(grad: torch.Tensor) -> None:
+            self._note("backward", layer, name, grad)
+
+        return hook
+
+    def _grad_hook(self, name: str) -> Any:
+        def hook(parameter: torch.Tensor) -> None:
+            if parameter.grad is not None:
+                self._note("backward", _layer_of(name), f"{name}.grad", parameter.grad)
+
+        return hook
+
+    def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                name = self.parameter_names.get(id(parameter), "?")
+                self._note("optimizer", _layer_of(name), name, parameter)
+                for key, value in optimizer.state.get(parameter, {}).items():
+                    if isinstance(value, torch.Tensor):
+                        self._note("optimizer", _layer_of(name), f"optimizer.{name}.{key}", value)
+
+    def result(self) -> list[TraceEntry]:
+        """The entries with their digests (one host transfer)."""
+        digests = list(self._pending.fetch().values())
+        return [TraceEntry(e.phase, e.layer, e.tensor, d) for e, d in zip(self.entries, digests, strict=True)]
+
+
+def first_difference(a: list[TraceEntry], b: list[TraceEntry]) -> int | None:
+    """Index of the first entry that differs in name or content; ``None`` when the traces match."""
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One aten op: its name, the module it ran in (forward only), and its tensors' hashes."""
+
+    op: str
+    layer: str | None
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def _dense(values: Any) -> list[torch.Tensor]:
+    flat, _ = tree_flatten(values)
+    return [v for v in flat if isinstance(v, torch.Tensor) and v.layout == torch.strided and v.device.type != "meta"]
+
+
+class OpTracer(TorchDispatchMode):
+    """Hashes the inputs and outputs of every aten op run under it (meant for a single step)."""
+
+    def __init__(self, model: torch.nn.Module | None = None) -> None:
+        super().__init__()
+        self._pending = PendingHashes()
+        self._ops: list[tuple[str, str | None, list[str], list[str]]] = []
+        self._layers: list[str] = []
+        self._model = model
+        self._handles: list[Any] = []
+
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[OpTracer]:
+        if self._model is not None:
+            for name, module in _traced_modules(self._model):
+                self._handles.append(module.register_forward_pre_hook(self._enter(name)))
+                self._handles.append(module.register_forward_hook(self._leave))
+        try:
+            with self:
+                yield self
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+
+    def _enter(self, name: str) -> Any:
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            self._layers.append(name)
+
+        return hook
+
+    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._layers:
+            self._layers.pop()
+
+    def _hash(self, tensors: list[torch.Tensor]) -> list[str]:
+        keys = []
+        for tensor in tensors:
+            key = str(len(self._pending))
+            self._pending.add({key: tensor})
+            keys.append(key)
+        return keys
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        inputs = self._hash(_dense((args, kwargs)))
+        output = func(*args, **kwargs)
+        outputs = self._hash(_dense(output))
+        self._ops.append((str(func), self._layers[-1] if self._layers else None, inputs, outputs))
+        return output
+
+    def result(self) -> list[OpRecord]:
+        digests = self._pending.fetch()
+        return [
+            OpRecord(op, layer, tuple(digests[k] for k in inputs), tuple(digests[k] for k in outputs))
+            for op, layer, inputs, outputs in self._ops
+        ]
+
+
+def first_divergent_op(a: list[OpRecord], b: list[OpRecord]) -> tuple[OpRecord, bool] | None:
+    """The first op whose output differs, and whether its inputs matched."""
+    for x, y in zip(a, b, strict=False):
+        if x.op != y.op:
+            return x, False
+        if x.outputs != y.outputs:
+            return x, x.inputs == y.inputs
+    return None
