@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from .hashing import PendingHashes
@@ -77,9 +77,11 @@ class StepTracer:
     def _note(self, phase: str, layer: str | None, name: str, tensor: torch.Tensor) -> None:
         index = len(self.entries)
         self.entries.append(TraceEntry(phase, layer, name))
-        self._pending.add({str(index): tensor.detach()})
-        if index in self.keep:
-            self.kept[index] = tensor.detach().to("cpu", copy=True)
+        # Hooks fire inside an OpTracer when both run: the hashing itself must stay untraced.
+        with _disable_current_modes():
+            self._pending.add({str(index): tensor.detach()})
+            if index in self.keep:
+                self.kept[index] = tensor.detach().to("cpu", copy=True)
 
     def note_batch(self, batch: Any, indices: list[int] | None) -> None:
         if indices is not None:
