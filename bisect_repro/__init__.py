@@ -16,10 +16,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .compare import compare
 from .errors import BisectReproError
 from .hashing import hash_tensors
 from .recipe import Trainee
 from .recorder import Recorder, RecordOptions, record
 from .store import Run
 
-__all__ = ["BisectReproError", "RecordOptions", "Recorder", "Run", "Trainee", "__version__", "hash_tensors", "record"]
+__all__ = ["BisectReproError", "RecordOptions", "Recorder", "Run", "Trainee", "__version__", "compare", "hash_tensors", "record"]
