@@ -28,7 +28,7 @@ import torch
 
 from . import causes, env
 from .errors import BisectReproError, RunFormatError
-from .replay import Replica, StepStart, StepTrace
+from .replay import Replica, StepStart, StepTrace, streams_deciding_init
 from .rng import stream_digest
 from .store import Run
 from .trace import first_difference, first_divergent_op
@@ -305,7 +305,7 @@ def compare(path_a: Path | str, path_b: Path | str, *, replay: bool = True, prog
             )
         return result
     if not equal_rows:
-        result["verdict"] = _init_verdict(a, b, timeline[0], result)
+        result["verdict"] = _init_verdict(a, b, timeline[0], result, replay)
         return result
     end = min([*(s for s in log_steps), *([divergent["step"] - 1] if divergent else [])])
     verdict = _Bisection(a, b, result, progress).run(equal_rows[-1]["step"], end) if replay else None
@@ -315,7 +315,7 @@ def compare(path_a: Path | str, path_b: Path | str, *, replay: bool = True, prog
     return result
 
 
-def _init_verdict(a: Run, b: Run, row: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+def _init_verdict(a: Run, b: Run, row: dict[str, Any], result: dict[str, Any], replay: bool) -> dict[str, Any]:
     step, tensor = row["step"], row["first_tensor"]
     fields: dict[str, Any] = {
         "step": step,
@@ -327,11 +327,21 @@ def _init_verdict(a: Run, b: Run, row: dict[str, Any], result: dict[str, Any]) -
         fields.update(difference_stats(a.checkpoint(step)["model"][tensor], b.checkpoint(step)["model"][tensor]))
     if row["streams"]:
         resumed = bool((b.meta.get("options") or {}).get("resumed_from"))
-        fields.update(cause="rng_state", rng=row["streams"], fix=causes.stream_fix(row["streams"], resumed=resumed))
+        streams = row["streams"]
         fields["explanation"] = (
             f"the runs start from different states ({tensor} differs at step {step}) and their random streams differ: "
             "the initialisation is not seeded alike"
         )
+        if replay and not resumed and a.meta.get("target"):
+            deciding = streams_deciding_init(a, streams)
+            if deciding:
+                streams = deciding
+                fields["explanation"] += f"; rebuilding the recipe with {', '.join(deciding)} fixed gives equal parameters"
+            elif deciding is None:
+                fields["explanation"] += (
+                    "; the recipe's parameters differ even with every global stream fixed: it draws from the OS or the clock"
+                )
+        fields.update(cause="rng_state", rng=streams, fix=causes.stream_fix(streams, resumed=resumed))
     elif result["config_diff"]:
         fields.update(
             cause="config",

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import env
@@ -164,6 +166,44 @@ class Replica:
             trainee.scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))
         for parameter, grad in zip(trainee.model.parameters(), state["grads"], strict=True):
             parameter.grad = grad.clone() if grad is not None else None
+
+
+def streams_deciding_init(run: Run, candidates: list[str]) -> list[str] | None:
+    """Which of the global streams ``candidates`` decide the initial parameters, by rebuilding.
+
+    The recipe is built with the candidates set to one fixed state and every other global stream
+    scrambled, twice: when the parameters come out equal, those streams decide them. ``None``
+    when even all global streams fixed do not (the recipe draws from the OS or the clock).
+    """
+    target, config = run.meta.get("target"), run.meta.get("config", {})
+    outer = _global_states()
+
+    def parameters_with(fixed: list[str], scramble: int) -> dict[str, str]:
+        torch.manual_seed(scramble)
+        RandomStreams().load_state_dict(_seeded_globals(scramble + 1000), only=[n for n in GLOBAL_STREAMS if n not in fixed])
+        RandomStreams().load_state_dict(_seeded_globals(12345), only=fixed)
+        trainee = build(str(target), config)
+        found = hash_tensors(dict(trainee.model.state_dict()))
+        TrainingState(trainee).close()
+        return found
+
+    try:
+        if parameters_with(list(GLOBAL_STREAMS), 1) != parameters_with(list(GLOBAL_STREAMS), 2):
+            return None
+        culprits = [n for n in candidates if n in GLOBAL_STREAMS and parameters_with([n], 1) == parameters_with([n], 2)]
+        return culprits or [n for n in candidates if n in GLOBAL_STREAMS]
+    finally:
+        _load_globals(outer)
+
+
+def _seeded_globals(seed: int) -> dict[str, Any]:
+    saved = _global_states()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    seeded = _global_states()
+    _load_globals(saved)
+    return seeded
 
 
 def _global_states() -> dict[str, Any]:
