@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from . import causes, env
-from .errors import BisectReproError, RunFormatError
+from .errors import BisectReproError, RecipeError, RunFormatError
 from .replay import Replica, StepStart, StepTrace, streams_deciding_init
 from .rng import stream_digest
 from .store import Run
@@ -127,7 +127,12 @@ class _Bisection:
         if ca is None or cb is None:
             info["note"] = f"no checkpoint at or before step {last_equal} in {self.a.path if ca is None else self.b.path}"
             return None
-        replica_a, replica_b = Replica(self.a, "A"), Replica(self.b, "B")
+        try:
+            replica_a, replica_b = Replica(self.a, "A"), Replica(self.b, "B")
+        except RecipeError as error:
+            info["note"] = str(error)
+            self.result["notes"].append(f"no replay: {error}")
+            return None
         try:
             replica_a.restore(ca)
             replica_b.restore(cb)

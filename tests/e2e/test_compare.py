@@ -167,6 +167,17 @@ def test_human_report_leads_with_the_verdict_and_names_the_fix(examples, tmp_pat
     assert "use_deterministic_algorithms" in text
 
 
+def test_a_recipe_missing_here_falls_back_to_the_records(examples, tmp_path) -> None:
+    recipe = tmp_path / "gone.py"
+    recipe.write_text((examples / "unseeded_shuffle.py").read_text())
+    a, b = record_pair(tmp_path, f"{recipe}:build", "--steps", "4", "--every", "2")
+    recipe.unlink()
+    code, result = compare(a, b)
+    assert code == 1 and not result["replay"]["performed"]
+    assert any("not on this machine" in note for note in result["notes"])
+    assert_verdict(result["verdict"], step=0, phase="data", cause="data_order")
+
+
 def test_compare_errors_are_one_line(tmp_path) -> None:
     result = runner.invoke(app, ["compare", str(tmp_path / "x"), str(tmp_path / "y")])
     assert result.exit_code == 2 and "no such run" in result.stderr and "Traceback" not in result.output
