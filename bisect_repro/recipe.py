@@ -28,6 +28,7 @@ import torch
 
 from .errors import RecipeError
 from .rng import RandomSource
+from .stateful import Stateful
 
 __all__ = ["Trainee", "build", "parse_settings", "recipe_file"]
 
@@ -44,8 +45,8 @@ class Trainee:
     """Any iterable of batches, usually a ``torch.utils.data.DataLoader``; iterated for as many epochs as needed."""
     step: Callable[[Any], torch.Tensor] | None = None
     """``step(batch)`` runs one optimisation step and returns the loss. ``None`` for loops you drive yourself."""
-    scheduler: Any = None
-    """An optional LR scheduler (anything with ``state_dict``/``load_state_dict``), saved in checkpoints."""
+    scheduler: Stateful | None = None
+    """An optional LR scheduler (anything :class:`Stateful`), saved in checkpoints."""
     generators: Mapping[str, RandomSource] | None = None
     """Extra random streams the recipe uses, by name: torch, NumPy or ``random.Random`` generators."""
 
@@ -57,7 +58,7 @@ class Trainee:
         loader: Iterable[Any],
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         *,
-        scheduler: Any = None,
+        scheduler: Stateful | None = None,
         generators: Mapping[str, RandomSource] | None = None,
     ) -> Trainee:
         """A trainee whose step is the usual one on ``(inputs, targets)`` batches: zero the
@@ -71,7 +72,7 @@ class Trainee:
             loss.backward()
             optimizer.step()
             if scheduler is not None:
-                scheduler.step()
+                scheduler.step()  # type: ignore[attr-defined]
             return loss
 
         return cls(model, optimizer, loader, step, scheduler=scheduler, generators=generators)
@@ -83,6 +84,8 @@ class Trainee:
             raise RecipeError(f"Trainee: optimizer is a {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
         if not isinstance(self.loader, Iterable):
             raise RecipeError(f"Trainee: loader is a {type(self.loader).__name__}, which cannot be iterated")
+        if self.scheduler is not None and not isinstance(self.scheduler, Stateful):
+            raise RecipeError(f"Trainee: scheduler is a {type(self.scheduler).__name__} without state_dict/load_state_dict")
         if self.step is not None and not callable(self.step):
             raise RecipeError("Trainee: step must be callable as step(batch) -> loss")
 

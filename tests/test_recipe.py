@@ -45,3 +45,20 @@ def test_module_targets_and_wrong_returns(tmp_path) -> None:
 def test_trainee_checks_its_fields() -> None:
     with pytest.raises(RecipeError, match=r"torch\.nn\.Module"):
         Trainee("model", None, [], None)  # type: ignore[arg-type]
+
+
+def test_the_stateful_pieces_follow_the_protocol() -> None:
+    import torch
+
+    from bisect_repro.data import DataStream
+    from bisect_repro.rng import RandomStreams
+    from bisect_repro.state import TrainingState
+    from bisect_repro.stateful import Stateful
+
+    model = torch.nn.Linear(2, 1)
+    trainee = Trainee(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(2)], lambda b: model(b).sum())
+    state = TrainingState(trainee)
+    for piece in (state, state.streams, state.data, RandomStreams(), DataStream([1], RandomStreams())):
+        assert isinstance(piece, Stateful)
+    with pytest.raises(RecipeError, match="scheduler"):
+        Trainee(model, trainee.optimizer, [], None, scheduler=object())  # type: ignore[arg-type]
