@@ -149,9 +149,10 @@ class _Bisection:
                 self._check_faithful(replica_b)
                 start_a, start_b = replica_a.fetch(), replica_b.fetch()
                 trace_a, trace_b = replica_a.advance(start_a), replica_b.advance(start_b)
-                index = first_difference(trace_a.entries, trace_b.entries)
-                if index is not None:
-                    verdict = self._explain(replica_a, replica_b, start_a, start_b, trace_a, trace_b, index)
+                if first_difference(trace_a.entries, trace_b.entries) is not None:
+                    verdict = self._explain(
+                        replica_a, replica_b, start_a, start_b, *self._full_traces(replica_a, replica_b, start_a, start_b, trace_a, trace_b)
+                    )
                     break
             info["replayed_steps"] = replica_a.step - min(ca, cb)
             return verdict
@@ -159,6 +160,20 @@ class _Bisection:
             info["seconds"] = round(time.perf_counter() - started, 3)
             replica_a.close()
             replica_b.close()
+
+    def _full_traces(
+        self, ra: Replica, rb: Replica, sa: StepStart, sb: StepStart, la: StepTrace, lb: StepTrace
+    ) -> tuple[StepTrace, StepTrace, int]:
+        """Trace the divergent step in full; a nondeterministic kernel may need a few tries to differ again."""
+        for _ in range(_RERUNS):
+            ta, tb = ra.run_step(sa), rb.run_step(sb)
+            index = first_difference(ta.entries, tb.entries)
+            if index is not None:
+                return ta, tb, index
+        self.result["notes"].append(f"the full trace of step {sa.step} did not differ again; the step is located by the state after it")
+        index = first_difference(la.entries, lb.entries)
+        assert index is not None
+        return la, lb, index
 
     def _check_faithful(self, replica: Replica) -> None:
         if replica.faithful_at(replica.step) is False:

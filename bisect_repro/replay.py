@@ -118,14 +118,19 @@ class Replica:
         ops: bool = False,
         streams: Mapping[str, Any] | None = None,
         environment: Mapping[str, Any] | None = None,
+        full: bool = True,
     ) -> StepTrace:
-        """Run the step from ``start`` with tracing; optionally with other streams or settings."""
+        """Run the step from ``start`` with tracing; optionally with other streams or settings.
+
+        ``full=False`` traces only the batch and the state after the step: enough to tell
+        whether two steps agree, at a fraction of the cost.
+        """
         assert self.trainee.step is not None
         trainee = self.trainee
         with self.active(environment):
             self._load_tensor_state(start.tensors)
             self.state.streams.load_state_dict(streams if streams is not None else start.streams)
-            tracer = StepTracer(trainee.model, trainee.optimizer, self.state._names, keep=set(keep or ()))
+            tracer = StepTracer(trainee.model, trainee.optimizer, self.state._names, keep=set(keep or ()), full=full)
             tracer.note_batch(start.batch, start.indices)
             op_tracer = OpTracer(trainee.model) if ops else None
             with tracer, op_tracer.tracing() if op_tracer else contextlib.nullcontext():
@@ -134,8 +139,8 @@ class Replica:
         return trace
 
     def advance(self, start: StepStart) -> StepTrace:
-        """Run the fetched step for real (traced) and move on to the next step."""
-        trace = self.run_step(start)
+        """Run the fetched step for real (lightly traced) and move on to the next step."""
+        trace = self.run_step(start, full=False)
         self.step = start.step + 1
         return trace
 

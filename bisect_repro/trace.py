@@ -67,6 +67,8 @@ class StepTracer:
     parameter_names: dict[int, str]
     keep: set[int] = field(default_factory=set)
     """Entry indices whose tensors are also copied to the host (to measure a difference)."""
+    full: bool = True
+    """Trace forward and backward too; ``False`` traces only the batch and the state after the step."""
     entries: list[TraceEntry] = field(default_factory=list)
     kept: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -91,19 +93,22 @@ class StepTracer:
             self._note("data", None, path, tensor)
 
     def __enter__(self) -> StepTracer:
-        for name, module in _traced_modules(self.model):
-            self._handles.append(module.register_forward_hook(self._forward_hook(name)))
-        parameters = dict(self.model.named_parameters())
-        for name, parameter in parameters.items():
-            if parameter.requires_grad:
-                self._handles.append(parameter.register_post_accumulate_grad_hook(self._grad_hook(name)))
+        if self.full:
+            for name, module in _traced_modules(self.model):
+                self._handles.append(module.register_forward_hook(self._forward_hook(name)))
+            for name, parameter in self.model.named_parameters():
+                if parameter.requires_grad:
+                    self._handles.append(parameter.register_post_accumulate_grad_hook(self._grad_hook(name)))
         self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_hook))
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if kind is None:  # buffers (running statistics) change in the forward pass, outside any hook
+            for name, buffer in self.model.named_buffers():
+                self._note("optimizer", _layer_of(name), name, buffer)
 
     def _forward_hook(self, layer: str) -> Any:
         def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
