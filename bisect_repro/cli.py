@@ -10,6 +10,7 @@ import functools
 import json
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -20,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .errors import BisectReproError
 from .recipe import build, parse_settings
-from .recorder import RecordOptions, record
+from .recorder import RecordingWarning, RecordOptions, record
 from .report import render_summary, run_summary
 from .store import Run
 
@@ -76,14 +77,22 @@ def record_command(
     settings: Settings = [],  # noqa: B006 - typer reads the default
     force: Annotated[bool, typer.Option(help="Overwrite an existing run.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue the interrupted run in --out from its last checkpoint (same options).")] = False,
+    on_error: Annotated[
+        str, typer.Option("--on-error", help="On a failed write: 'raise' stops training, 'warn' warns once and trains on unrecorded.")
+    ] = "raise",
 ) -> None:
     """Run a recipe under the recorder and write a run directory."""
-    options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force)
+    if resume and force:
+        raise BisectReproError(f"{out}: give --resume (continue the run) or --force (record it again), not both")
+    options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force, on_error=on_error)  # type: ignore[arg-type]
     config = parse_settings(settings)
     trainee = build(target, config)
     console = Console(stderr=True, quiet=quiet)
     started = time.perf_counter()
-    with _progress(console) as progress:
+    with _progress(console) as progress, warnings.catch_warnings():
+        warnings.simplefilter("default", RecordingWarning)
+        warnings.showwarning = lambda message, *_, **__: _warn_line(message)  # one line, not a source excerpt
         task = progress.add_task("recording", total=steps, extra="")
 
         def on_step(step: int, loss: float | None) -> None:
@@ -91,9 +100,14 @@ def record_command(
             shown = f"loss {loss:.4g}  " if loss is not None else ""
             progress.update(task, completed=step, extra=f"{shown}{rate:.1f} steps/s")
 
-        record(trainee, out, options, target=target, config=config, on_step=on_step)
+        record(trainee, out, options, target=target, config=config, on_step=on_step, resume=resume)
     run = Run.open(out)
-    console.print(f"wrote {out}: {len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} checkpoints")
+    status = "" if run.complete else f" (incomplete: last complete step {run.last_step})"
+    console.print(f"wrote {out}: {len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} checkpoints{status}")
+
+
+def _warn_line(message: Warning | str) -> None:
+    stderr.print(f"[bold yellow]warning:[/] {message}", markup=True, highlight=False, soft_wrap=True)
 
 
 @app.command("show")

@@ -39,7 +39,7 @@ import safetensors.torch
 import torch
 import zstandard
 
-from .errors import RunFormatError
+from .errors import RunFormatError, UnstorableError
 
 __all__ = ["Prepared", "checksum", "decode", "encode", "encode_prepared", "prepare"]
 
@@ -87,7 +87,10 @@ def _flatten(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         return tree.item()
     if tree is None or isinstance(tree, (bool, int, float, str)):
         return tree
-    raise TypeError(f"{where}: a {type(tree).__name__} cannot be stored without pickle")
+    raise UnstorableError(
+        f"{where}: a {type(tree).__name__} cannot be stored without pickle; "
+        "keep state dicts to tensors, arrays, numbers, strings, lists, tuples and dicts"
+    )
 
 
 def _unflatten(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:

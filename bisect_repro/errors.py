@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["BisectReproError", "RecipeError", "RecordingError", "RunFormatError", "RunLockedError", "RunNotFoundError"]
+__all__ = ["BisectReproError", "RecipeError", "RecordingError", "RunFormatError", "RunLockedError", "RunNotFoundError", "UnstorableError"]
 
 
 class BisectReproError(Exception):
@@ -42,3 +42,7 @@ class RecordingError(BisectReproError):
 
 class RunLockedError(RecordingError):
     """Another recorder holds the run directory's lock."""
+
+
+class UnstorableError(RecordingError, TypeError):
+    """A state tree holds an object that only pickle could store."""
