@@ -213,7 +213,7 @@ class RunWriter:
         self.rank = self.path / _RANK
         self._lock: RunLock | None = None
         try:
-            if self.path.exists() and any(c.name != _LOCK for c in self.path.iterdir()):
+            if self.path.exists() and any(c.name not in (_LOCK, f".{_META}.tmp") for c in self.path.iterdir()):
                 if not force:
                     raise RunNotFoundError(
                         f"{self.path}: already exists; pass --force to overwrite it, --resume to continue it, or choose another --out"
@@ -225,10 +225,12 @@ class RunWriter:
             else:
                 self.path.mkdir(parents=True, exist_ok=True)
                 self._lock = RunLock(self.path)
+            # run.json first: a directory killed before it holds only the lock file and counts as empty
+            write_atomic(self.path / _META, json.dumps({"format": FORMAT, **meta}, indent=2).encode())
             for folder in (self.rank / "snapshots", self.rank / "checkpoints"):
                 folder.mkdir(parents=True, exist_ok=True)
+            _fsync_dir(self.rank)
             _fsync_dir(self.path)
-            write_atomic(self.path / _META, json.dumps({"format": FORMAT, **meta}, indent=2).encode())
         except OSError as error:
             self.close()
             raise _recording_error(self.path, "create the run", error) from error
