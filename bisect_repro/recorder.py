@@ -410,7 +410,7 @@ class Recorder:
         cause = (error.strerror or str(error)) if isinstance(error, OSError) else "out of memory"
         if isinstance(error, OSError) and error.filename:
             cause += f": {error.filename}"
-        kept = f"steps up to {self._committed} are committed and intact" if self._committed is not None else "nothing was committed"
+        kept = f"what was committed, up to step {self._committed}, is intact" if self._committed is not None else "nothing was committed"
         message = f"{self.writer.path}: recording failed writing step {self._writer.failed_at} ({cause}); {kept}"
         if self.options.on_error == "raise":
             raise RecordingError(f"{message}; free space or fix permissions, then record again with --resume") from error
