@@ -10,6 +10,7 @@ import functools
 import json
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -22,7 +23,7 @@ from .compare import compare
 from .demo import record_pair
 from .errors import BisectReproError
 from .recipe import build, parse_settings, recipe_file
-from .recorder import RecordOptions, record
+from .recorder import RecordingWarning, RecordOptions, record
 from .report import render_comparison, render_summary, run_summary
 from .store import Run
 
@@ -38,13 +39,20 @@ stderr = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _warn_line(message: Warning | str) -> None:
+    stderr.print(f"[bold yellow]warning:[/] {message}", markup=True, highlight=False, soft_wrap=True)
+
+
 def _exits_cleanly(command: F) -> F:
-    """Turn a BisectReproError into one line on stderr and exit code 2."""
+    """Turn a BisectReproError into one line on stderr and exit code 2; warnings into one line each."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return command(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("default", RecordingWarning)
+                warnings.showwarning = lambda message, *_, **__: _warn_line(message)  # one line, not a source excerpt
+                return command(*args, **kwargs)
         except BisectReproError as error:
             stderr.print(f"[bold red]error:[/] {error}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
@@ -78,9 +86,15 @@ def record_command(
     settings: Settings = [],  # noqa: B006 - typer reads the default
     force: Annotated[bool, typer.Option(help="Overwrite an existing run.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue the interrupted run in --out from its last checkpoint (same options).")] = False,
+    on_error: Annotated[
+        str, typer.Option("--on-error", help="On a failed write: 'raise' stops training, 'warn' warns once and trains on unrecorded.")
+    ] = "raise",
 ) -> None:
     """Run a recipe under the recorder and write a run directory."""
-    options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force)
+    if resume and force:
+        raise BisectReproError(f"{out}: give --resume (continue the run) or --force (record it again), not both")
+    options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force, on_error=on_error)  # type: ignore[arg-type]
     config = parse_settings(settings)
     trainee = build(target, config)
     console = Console(stderr=True, quiet=quiet)
@@ -93,9 +107,10 @@ def record_command(
             shown = f"loss {loss:.4g}  " if loss is not None else ""
             progress.update(task, completed=step, extra=f"{shown}{rate:.1f} steps/s")
 
-        record(trainee, out, options, target=target, config=config, on_step=on_step)
+        record(trainee, out, options, target=target, config=config, on_step=on_step, resume=resume)
     run = Run.open(out)
-    console.print(f"wrote {out}: {len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} checkpoints")
+    status = "" if run.complete else f" (incomplete: last complete step {run.last_step})"
+    console.print(f"wrote {out}: {len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} checkpoints{status}")
 
 
 @app.command("show")

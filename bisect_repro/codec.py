@@ -6,10 +6,21 @@ into its tensors (stored as safetensors) and a JSON skeleton (stored in the safe
 ``__metadata__``, where each tensor is a ``{"__tensor__": key}`` reference), then compresses the
 whole file with zstandard. Nothing is ever pickled, and decoding never imports or runs anything.
 
+Encoding is split in two so that the recorder can write in the background: :func:`prepare` runs
+on the training thread and takes host copies of every tensor (the training may change its own the
+moment it goes on) and a JSON-only skeleton, sharing nothing mutable with the tree;
+:func:`encode_prepared` turns that into bytes on any thread.
+
 :func:`decode` validates before it touches data, in the manner of safetensors itself: the
 compressed size and checksum against what the index declared, the declared decompressed size
 against a cap, the header length against the file, every tensor's offsets within the data and
-non-overlapping. Any failure is a :class:`RunFormatError` naming the file.
+non-overlapping; the skeleton's markers are interpreted as data only (a ``__dtype__`` must name a
+``torch.dtype``, never any other attribute). Any failure is a :class:`RunFormatError` naming the
+file.
+
+Where the guarantees stop: the memory a decode takes is bounded by the decompressed size the
+caller declares (the run index), and a declared size larger than this machine's memory is refused
+up front; a run that honestly declares a huge snapshot still needs that much memory to read it.
 """
 
 from __future__ import annotations
@@ -17,7 +28,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +39,9 @@ import safetensors.torch
 import torch
 import zstandard
 
-from .errors import RunFormatError
+from .errors import RunFormatError, UnstorableError
 
-__all__ = ["checksum", "decode", "encode"]
+__all__ = ["Prepared", "checksum", "decode", "encode", "encode_prepared", "prepare"]
 
 _HEADER_CAP = 100 * 1024 * 1024
 _DTYPE_SIZES = {
@@ -74,7 +87,10 @@ def _flatten(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         return tree.item()
     if tree is None or isinstance(tree, (bool, int, float, str)):
         return tree
-    raise TypeError(f"{where}: a {type(tree).__name__} cannot be stored without pickle")
+    raise UnstorableError(
+        f"{where}: a {type(tree).__name__} cannot be stored without pickle; "
+        "keep state dicts to tensors, arrays, numbers, strings, lists, tuples and dicts"
+    )
 
 
 def _unflatten(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -89,7 +105,10 @@ def _unflatten(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if "__tuple__" in tree:
         return tuple(_unflatten(v, tensors) for v in tree["__tuple__"])
     if "__dtype__" in tree:
-        return getattr(torch, tree["__dtype__"])
+        dtype = getattr(torch, tree["__dtype__"], None) if isinstance(tree["__dtype__"], str) else None
+        if not isinstance(dtype, torch.dtype):  # a name is looked up, never anything else handed back
+            raise ValueError(f"{tree['__dtype__']!r} is not a torch dtype")
+        return dtype
     if "__dict__" in tree:
         return {_hashable(_unflatten(k, tensors)): _unflatten(v, tensors) for k, v in tree["__dict__"]}
     return {k: _unflatten(v, tensors) for k, v in tree.items()}
@@ -99,12 +118,34 @@ def _hashable(key: Any) -> Any:
     return tuple(key) if isinstance(key, list) else key
 
 
-def encode(tree: Any, *, level: int = 3) -> tuple[bytes, int]:
-    """The compressed file for a state tree, and its uncompressed size."""
+@dataclass(frozen=True)
+class Prepared:
+    """A state tree taken apart for writing: a JSON skeleton and host tensors that alias nothing."""
+
+    skeleton: str
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.skeleton) + sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def prepare(tree: Any) -> Prepared:
+    """Host copies of a tree's tensors and its skeleton; after this the tree may change freely."""
     tensors: dict[str, torch.Tensor] = {}
     skeleton = _flatten(tree, tensors, "state")
-    raw = safetensors.torch.save(tensors, metadata={"bisect_repro": json.dumps(skeleton)})
+    return Prepared(json.dumps(skeleton), tensors)
+
+
+def encode_prepared(prepared: Prepared, *, level: int = 3) -> tuple[bytes, int]:
+    """The compressed file for a prepared tree, and its uncompressed size."""
+    raw = safetensors.torch.save(prepared.tensors, metadata={"bisect_repro": prepared.skeleton})
     return zstandard.ZstdCompressor(level=level).compress(raw), len(raw)
+
+
+def encode(tree: Any, *, level: int = 3) -> tuple[bytes, int]:
+    """The compressed file for a state tree, and its uncompressed size."""
+    return encode_prepared(prepare(tree), level=level)
 
 
 def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, Any], int]:
@@ -115,7 +156,7 @@ def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, Any], int]:
         raise RunFormatError(path, f"safetensors header length {length} exceeds the file ({len(raw)} bytes)", "the file is damaged")
     try:
         header = json.loads(raw[8 : 8 + length])
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise RunFormatError(path, f"safetensors header is not valid JSON ({error.__class__.__name__})", "the file is damaged") from None
     if not isinstance(header, dict):
         raise RunFormatError(path, "safetensors header is not a JSON object", "the file is damaged")
@@ -132,7 +173,7 @@ def _validate_layout(path: Path, header: dict[str, Any], data_size: int) -> None
             count = int(np.prod(shape, dtype=np.int64)) if shape else 1
             ok = dtype in _DTYPE_SIZES and all(int(d) >= 0 for d in shape) and 0 <= begin <= end <= data_size
             ok = ok and end - begin == count * _DTYPE_SIZES[dtype]
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             ok = False
         if not ok:
             raise RunFormatError(path, f"safetensors entry {name!r} has a bad dtype, shape or offsets", "the file is damaged")
@@ -155,10 +196,16 @@ def decode(data: bytes, path: Path, *, raw_size: int, digest: str | None = None)
         raise RunFormatError(path, "not a zstandard frame", "the file is damaged") from None
     if declared != raw_size:
         raise RunFormatError(path, f"zstandard frame declares {declared} bytes, the run index {raw_size}", "the file is damaged")
+    if raw_size > _memory_cap():
+        raise RunFormatError(
+            path, f"declares {raw_size} bytes decompressed, more than this machine's memory", "read the run on a larger machine"
+        )
     try:
         raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_size)
     except zstandard.ZstdError as error:
         raise RunFormatError(path, f"truncated or corrupt zstandard frame ({error})", "the file is damaged") from None
+    except MemoryError:
+        raise RunFormatError(path, f"{raw_size} bytes decompressed do not fit in memory", "free memory or use a larger machine") from None
     if len(raw) != raw_size:
         raise RunFormatError(path, f"decompressed to {len(raw)} bytes, the run index declares {raw_size}", "the file is damaged")
     header, start = _parse_header(path, raw)
@@ -168,5 +215,16 @@ def decode(data: bytes, path: Path, *, raw_size: int, digest: str | None = None)
         skeleton = json.loads(metadata["bisect_repro"])
         tensors = safetensors.torch.load(raw)
         return _unflatten(skeleton, tensors)
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError, safetensors.SafetensorError) as error:
-        raise RunFormatError(path, f"inconsistent snapshot contents ({error.__class__.__name__}: {error})", "the file is damaged") from None
+    except (KeyError, TypeError, ValueError, RecursionError, safetensors.SafetensorError) as error:
+        problem = " ".join(str(error).split())[:200]  # one line, whatever the library said
+        raise RunFormatError(
+            path, f"inconsistent snapshot contents ({error.__class__.__name__}: {problem})", "the file is damaged"
+        ) from None
+
+
+def _memory_cap() -> int:
+    """Physical memory: no decode may declare more (a lying header must not trigger a huge allocation)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: fall back to a fixed bound
+        return 1 << 40

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["BisectReproError", "RecipeError", "RunFormatError", "RunNotFoundError", "RecordingError"]
+__all__ = ["BisectReproError", "RecipeError", "RecordingError", "RunFormatError", "RunLockedError", "RunNotFoundError", "UnstorableError"]
 
 
 class BisectReproError(Exception):
@@ -38,3 +38,11 @@ class RecipeError(BisectReproError):
 
 class RecordingError(BisectReproError):
     """Recording could not go on (disk full, permission denied, a file removed underneath)."""
+
+
+class RunLockedError(RecordingError):
+    """Another recorder holds the run directory's lock."""
+
+
+class UnstorableError(RecordingError, TypeError):
+    """A state tree holds an object that only pickle could store."""
