@@ -8,8 +8,8 @@ zstandard and safetensors checks behind the checksum.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import struct
 from collections.abc import Callable
