@@ -115,17 +115,25 @@ def _cuda_devices() -> list[int]:
 def stream_digest(state: Mapping[str, Any]) -> str:
     """A short digest of one stream's state, for telling whether two states are equal."""
 
-    def plain(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return value.cpu().numpy().tobytes().hex()
-        if isinstance(value, Mapping):
-            return {str(k): plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        return value
+    digest = hashlib.blake2b(digest_size=8)
 
-    text = json.dumps(plain(state), sort_keys=True)
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            digest.update(f"<tensor {value.dtype} {tuple(value.shape)}>".encode())
+            digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+        elif isinstance(value, Mapping):
+            for key in sorted(value, key=str):
+                digest.update(f"<key {key!s}>".encode())
+                feed(value[key])
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"<list {len(value)}>".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(json.dumps(value).encode())
+
+    feed(state)
+    return digest.hexdigest()
 
 
 class RandomStreams:
