@@ -118,9 +118,10 @@ def record_command(
 def show_command(
     run: Annotated[Path, typer.Argument(help="A run directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    verify: Annotated[bool, typer.Option(help="Read and check every snapshot and checkpoint, not only the last snapshot.")] = False,
 ) -> None:
     """What a run holds: steps, snapshots, checkpoints, config, environment, streams, losses."""
-    summary = run_summary(Run.open(run))
+    summary = run_summary(Run.open(run), verify=verify)
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:

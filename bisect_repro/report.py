@@ -12,11 +12,20 @@ from .store import Run
 __all__ = ["render_comparison", "render_summary", "run_summary"]
 
 
-def run_summary(run: Run) -> dict[str, Any]:
-    """What a run holds, as one JSON-able object (``bisect-repro show --json``)."""
+def run_summary(run: Run, *, verify: bool = False) -> dict[str, Any]:
+    """What a run holds, as one JSON-able object (``bisect-repro show --json``).
+
+    ``verify`` reads every committed snapshot and checkpoint (checksums, sizes, contents), not
+    only the last snapshot.
+    """
     losses = [loss for loss in run.losses().values() if loss is not None]
     meta = run.meta
-    first_snapshot = run.snapshot(min(run.snapshots)) if run.snapshots else None
+    last_snapshot = run.snapshot(max(run.snapshots)) if run.snapshots else None
+    if verify:
+        for step in run.snapshots:
+            run.snapshot(step)
+        for step in run.checkpoints:
+            run.checkpoint(step)
     return {
         "schema": "bisect-repro/show/1",
         "path": str(run.path),
@@ -29,8 +38,9 @@ def run_summary(run: Run) -> dict[str, Any]:
         "last_step": run.last_step,
         "snapshots": sorted(run.snapshots),
         "checkpoints": sorted(run.checkpoints),
-        "streams": sorted(first_snapshot["streams"]) if first_snapshot else meta.get("streams", []),
-        "tensors_hashed": len(first_snapshot["hashes"]) if first_snapshot else 0,
+        "streams": sorted(last_snapshot["streams"]) if last_snapshot else meta.get("streams", []),
+        "tensors_hashed": len(last_snapshot["hashes"]) if last_snapshot else 0,
+        "verified": len(run.snapshots) + len(run.checkpoints) if verify else None,
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "bytes": {

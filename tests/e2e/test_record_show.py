@@ -35,6 +35,12 @@ def test_record_then_show(examples, tmp_path) -> None:
     assert summary["complete"] and summary["steps_logged"] == 12 and summary["snapshots"] == [0, 5, 10, 12]
     assert summary["config"] == {"lr": 0.002, "num_workers": 0}
     assert summary["first_loss"] is not None and summary["checkpoints"] == [0]
+    verified = runner.invoke(app, ["show", str(out), "--json", "--verify"])
+    assert verified.exit_code == 0 and json.loads(verified.stdout)["verified"] == 5  # 4 snapshots, 1 checkpoint
+    (out / "rank0" / "checkpoints" / "step-00000000.st.zst").write_bytes(b"damaged")
+    assert runner.invoke(app, ["show", str(out)]).exit_code == 0  # the last snapshot is fine
+    damaged = runner.invoke(app, ["show", str(out), "--verify"])
+    assert damaged.exit_code == 2 and "step-00000000.st.zst" in damaged.stderr
     human = runner.invoke(app, ["show", str(out)])
     assert human.exit_code == 0 and "complete" in human.stdout and "loader.generator" in human.stdout
 
