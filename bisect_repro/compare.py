@@ -37,6 +37,7 @@ __all__ = ["compare", "difference_stats"]
 
 Progress = Callable[[str, int, int], None]
 _RERUNS = 4  # a nondeterministic kernel may agree with itself by chance: try a few times
+_SELF_CHECKS = 2  # re-runs of each run against itself; a deterministic step pays for all of them
 
 
 def difference_stats(a: torch.Tensor, b: torch.Tensor) -> dict[str, float | int | None]:
@@ -208,7 +209,7 @@ class _Bisection:
         return fields
 
     def _differs_from_itself(self, replica: Replica, start: StepStart, trace: StepTrace) -> bool:
-        return any(first_difference(trace.entries, replica.run_step(start).entries) is not None for _ in range(_RERUNS))
+        return any(first_difference(trace.entries, replica.run_step(start).entries) is not None for _ in range(_SELF_CHECKS))
 
     def _experiment(self, ra: Replica, rb: Replica, sa: StepStart, sb: StepStart, ta: StepTrace, fields: dict[str, Any]) -> str:
         streams = _stream_diff(sa.streams, sb.streams)
