@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from .hashing import PendingHashes
@@ -77,9 +77,10 @@ class StepTracer:
     def _note(self, phase: str, layer: str | None, name: str, tensor: torch.Tensor) -> None:
         index = len(self.entries)
         self.entries.append(TraceEntry(phase, layer, name))
-        self._pending.add({str(index): tensor.detach()})
-        if index in self.keep:
-            self.kept[index] = tensor.detach().to("cpu", copy=True)
+        with _disable_current_modes():  # an OpTracer around the step traces the step's ops, not these
+            self._pending.add({str(index): tensor.detach()})
+            if index in self.keep:
+                self.kept[index] = tensor.detach().to("cpu", copy=True)
 
     def note_batch(self, batch: Any, indices: list[int] | None) -> None:
         if indices is not None:
@@ -204,6 +205,10 @@ class OpTracer(TorchDispatchMode):
         if self._layers:
             self._layers.pop()
 
+    def _layer(self) -> str | None:
+        """The module the current op runs in (forward only; a subclass may know more)."""
+        return self._layers[-1] if self._layers else None
+
     def _hash(self, tensors: list[torch.Tensor]) -> list[str]:
         keys = []
         for tensor in tensors:
@@ -217,7 +222,7 @@ class OpTracer(TorchDispatchMode):
         inputs = self._hash(_dense((args, kwargs)))
         output = func(*args, **kwargs)
         outputs = self._hash(_dense(output))
-        self._ops.append((str(func), self._layers[-1] if self._layers else None, inputs, outputs))
+        self._ops.append((str(func), self._layer(), inputs, outputs))
         return output
 
     def result(self) -> list[OpRecord]:
