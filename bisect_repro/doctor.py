@@ -39,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,23 +49,33 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from . import causes, env
-from ._doctor_probe import hidden_streams
 from .compare import difference_stats
 from .data import loader_generators
 from .errors import BisectReproError, RecipeError
 from .hashing import hash_tensors
-from .recipe import recipe_file
+from .recipe import Trainee, recipe_file
 from .recorder import batch_tensors, combine_digests
 from .replay import Replica, StepStart, StepTrace
 from .rng import GLOBAL_STREAMS, RandomSource, RandomStreams
 from .trace import OpRecord, OpTracer, first_difference
 
-__all__ = ["DEFAULT_STEPS", "SCHEMA", "ModuleScope", "doctor", "environment_findings", "render_doctor"]
+__all__ = [
+    "DEFAULT_STEPS",
+    "SCHEMA",
+    "ModuleScope",
+    "doctor",
+    "environment_findings",
+    "find_streams",
+    "hidden_streams",
+    "render_doctor",
+    "stream_kind",
+]
 
 SCHEMA = "bisect-repro/doctor/1"
 DEFAULT_STEPS = 3
 SEVERITIES = ("error", "warning", "info")
-_RERUNS = 2  # reruns of each step; a nondeterministic kernel may agree with itself by chance
+_RERUNS = 3  # reruns of each step; a nondeterministic kernel may agree with itself by chance
+_ATTEMPTS = 4  # traced re-runs to catch a difference already seen once
 _HASH_SEEDS = ("1", "2")
 _LOADER_STREAMS = ("loader.generator", "sampler.generator", "batch_sampler.generator")
 _UNINITIALISED = ("empty", "resize")  # ops whose outputs hold whatever was in memory
@@ -198,6 +208,63 @@ class _DeterminismAlerts(TorchDispatchMode):
                 torch.use_deterministic_algorithms(True)
 
 
+# -- random streams hidden in the data ----------------------------------------------------------
+_SOURCES = (torch.Generator, np.random.Generator, np.random.RandomState, random.Random)
+_LEAVES = (str, bytes, int, float, bool, type(None), torch.Tensor, np.ndarray, torch.nn.Module)
+_MAX_ITEMS = 32  # of a list or dict looked into: enough for a few augmentations, not a dataset's samples
+
+
+def stream_kind(source: RandomSource) -> str:
+    """``numpy.random.Generator``, ``torch.Generator``, ...: the class as users write it."""
+    kind = type(source)
+    module = "numpy.random" if kind.__module__.startswith("numpy") else kind.__module__.replace("torch._C", "torch")
+    return f"{module}.{kind.__name__}"
+
+
+def find_streams(loader: Any, *, depth: int = 3, known: Iterable[RandomSource] = ()) -> dict[str, RandomSource]:
+    """Random streams held inside a DataLoader's dataset and samplers, by attribute path.
+
+    Looks ``depth`` attributes deep (lists, tuples and dicts count as one level each), so that
+    ``loader.dataset.rng``, ``loader.dataset.transforms[0].rng`` or
+    ``loader.dataset.dataset.rng`` (a ``Subset``) are found; streams in ``known`` are left out.
+    """
+    found: dict[str, RandomSource] = {}
+    seen = {id(source) for source in known}
+
+    def visit(value: Any, path: str, left: int) -> None:
+        if isinstance(value, _SOURCES):
+            if id(value) not in seen:
+                seen.add(id(value))
+                found[path] = value
+            return
+        if left == 0 or isinstance(value, _LEAVES) or id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, Mapping):
+            items: Iterable[tuple[str, Any]] = ((f"{path}[{key!r}]", item) for key, item in list(value.items())[:_MAX_ITEMS])
+        elif isinstance(value, (list, tuple)):
+            items = ((f"{path}[{index}]", item) for index, item in enumerate(value[:_MAX_ITEMS]))
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            items = ((f"{path}.{name}", item) for name, item in vars(value).items() if not name.startswith("__"))
+        else:
+            return
+        for item_path, item in items:
+            visit(item, item_path, left - 1)
+
+    for name in ("dataset", "sampler", "batch_sampler"):
+        value = getattr(loader, name, None)
+        value = getattr(value, "inner", value)  # a DataStream's tap stands in for the sampler
+        if value is not None:
+            visit(value, f"loader.{name}", depth)
+    return found
+
+
+def hidden_streams(trainee: Trainee) -> dict[str, RandomSource]:
+    """The streams inside a trainee's dataset and samplers that its ``TrainingState`` does not know."""
+    known = [*loader_generators(trainee.loader).values(), *(trainee.generators or {}).values()]
+    return find_streams(trainee.loader, known=known)
+
+
 # -- the separate processes ---------------------------------------------------------------------
 class _Probe:
     """One ``bisect_repro._doctor_probe`` process, started now, read when its result is wanted."""
@@ -327,6 +394,7 @@ class _InProcess:
     def __init__(self, target: str, config: Mapping[str, Any], steps: int) -> None:
         self.replica = Replica.from_recipe(target, config, "doctor")
         self.steps = steps
+        self.starts: list[tuple[StepStart, str]] = []
         self.start0: StepStart | None = None
         self.outcome0: str | None = None
         self.nondeterministic_step: int | None = None
@@ -340,22 +408,30 @@ class _InProcess:
         self.replica.run_step(start, trace=False, **options)
         return combine_digests(hash_tensors(self.replica.state.tensors()))
 
-    def rerun_steps(self) -> None:
-        replica = self.replica
+    def run_steps(self) -> None:
+        """Run the first steps once, keeping the state each starts from and the state it ends in."""
         for _ in range(self.steps):
-            start = replica.fetch()
-            outcome = self._outcome(start)
-            replica.step = start.step + 1
-            if self.start0 is None:
-                self.start0, self.outcome0 = start, outcome
-            if any(self._outcome(start) != outcome for _ in range(_RERUNS)):
-                self.nondeterministic_step = start.step
-                self.findings += self._locate(start)
-                return
+            start = self.replica.fetch()
+            self.starts.append((start, self._outcome(start)))
+            self.replica.step = start.step + 1
+        self.start0, self.outcome0 = self.starts[0]
+
+    def rerun_steps(self) -> None:
+        """Re-run each step from the state it started from; on the first difference, say where.
+
+        Meant to run while nothing else of doctor's runs: a race between threads shows best on
+        an otherwise idle machine.
+        """
+        for _ in range(_RERUNS):
+            for start, outcome in self.starts:
+                if self._outcome(start) != outcome:
+                    self.nondeterministic_step = start.step
+                    self.findings += self._locate(start)
+                    return
 
     def _traced_difference(self, start: StepStart, **options: Any) -> tuple[StepTrace, int] | None:
         """Traces of the step as it is and with ``options``, and the first entry that differs."""
-        for _ in range(_RERUNS + 2):
+        for _ in range(_ATTEMPTS):
             base = self.replica.run_step(start)
             index = first_difference(base.entries, self.replica.run_step(start, **options).entries)
             if index is not None:
@@ -371,7 +447,7 @@ class _InProcess:
         base, index = found
         ops: list[tuple[str, str | None, str]] = []
         stats: dict[str, Any] = {}
-        for _ in range(_RERUNS + 2):
+        for _ in range(_ATTEMPTS):
             tracers = (_ScopedOps(self.replica.trainee.model), _ScopedOps(self.replica.trainee.model))
             traces = [self.replica.run_step(start, keep={index}, within=tracer.tracing()) for tracer in tracers]
             if index in traces[0].kept and index in traces[1].kept:
@@ -805,12 +881,14 @@ def _diagnose(target: str, config: dict[str, Any], steps: int, say: Progress) ->
     local: _InProcess | None = None
     try:
         local = _InProcess(target, config, steps)
-        say(f"re-running the first {steps} step(s) from the same state")
-        local.rerun_steps()
+        say(f"running the first {steps} step(s)")
+        local.run_steps()
         say("running step 0 under deterministic algorithms")
         local.determinism_alerts()
         say("waiting for the two processes")
         a, b = (probe.result() for probe in probes)
+        say(f"re-running the first {steps} step(s) from the same states")
+        local.rerun_steps()
         say("comparing the processes")
         diagnosis = _Diagnosis(a, b, local, steps)
         findings = [*diagnosis.run(), *local.findings]
