@@ -8,8 +8,9 @@ With a TARGET, three experiments run at once:
    dataset and samplers), the first batches' sample indices and contents, the losses and the
    state after training are compared: what differs is not seeded (``unseeded-init``,
    ``unseeded-shuffle``, ``unseeded-stream:<name>``, ``unseeded-workers``). A difference no random
-   stream explains is settled by a third process with the first one's ``PYTHONHASHSEED``: equal,
-   the recipe depends on string hashing (``pythonhashseed``); different, on some other entropy.
+   stream explains is settled by two more processes with the same two ``PYTHONHASHSEED`` values:
+   each reproducing its namesake, the recipe depends on string hashing (``pythonhashseed``);
+   otherwise on some other entropy (``unseeded-source``).
 2. In this process: the recipe built once more, each of the first ``steps`` steps run again from
    the same state, batch and random streams. A step that differs from itself runs a nondeterministic
    op; an op-level trace names every op whose inputs match and whose outputs differ, with the
@@ -404,9 +405,12 @@ class _InProcess:
         self.replica.close()
 
     def _outcome(self, start: StepStart, **options: Any) -> str:
-        """A digest of the whole state after running the step from ``start`` (untraced)."""
+        """A digest of the whole state and the gradients after running the step from ``start``
+        (untraced). The gradients keep a difference that the update rounds away (plain SGD)."""
         self.replica.run_step(start, trace=False, **options)
-        return combine_digests(hash_tensors(self.replica.state.tensors()))
+        model = self.replica.trainee.model
+        grads = {f"{name}.grad": p.grad for name, p in model.named_parameters() if p.grad is not None}
+        return combine_digests(hash_tensors({**self.replica.state.tensors(), **grads}))
 
     def run_steps(self) -> None:
         """Run the first steps once, keeping the state each starts from and the state it ends in."""
@@ -792,29 +796,39 @@ class _Diagnosis:
             self.explained.add("step")
 
 
-def _hash_seed_findings(unexplained: list[str], a: dict[str, Any], c: dict[str, Any], first: str) -> list[dict[str, Any]]:
-    """A third process with the first one's PYTHONHASHSEED settles what no stream explained."""
-    diff = _differences(a, c)
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    diff = _differences(a, b)
+    return not diff["init"] and not diff["final"] and all(diff[k] is None for k in ("order", "content", "loss"))
+
+
+def _hash_seed_findings(
+    unexplained: list[str], pair: tuple[dict[str, Any], ...], again: tuple[dict[str, Any], ...]
+) -> list[dict[str, Any]]:
+    """Two more processes, with the first two's PYTHONHASHSEED values, settle what no stream
+    explained: each matches its namesake only if string hashing is the cause (a nondeterministic
+    kernel or other entropy would have to repeat both outcomes by chance)."""
     what = ", ".join(unexplained)
-    matches = not diff["init"] and not diff["final"] and all(diff[k] is None for k in ("order", "content", "loss"))
-    if matches:
+    seeds = " vs ".join(_HASH_SEEDS)
+    if all(_same(x, y) for x, y in zip(pair, again, strict=True)):
         unset = os.environ.get("PYTHONHASHSEED") in (None, "random")
         evidence = (
-            f"{what} differ between two processes whose only difference is PYTHONHASHSEED ({_HASH_SEEDS[0]} vs {_HASH_SEEDS[1]}), "
-            f"and a third process with PYTHONHASHSEED={first} matches the first: the recipe depends on string hashing "
-            "(iteration order of a set or dict keyed by str, or hash())"
+            f"{what} differ between two processes whose only difference is PYTHONHASHSEED ({seeds}), and two more processes "
+            "with the same two values reproduce each: the recipe depends on string hashing (iteration order of a set or a "
+            "dict keyed by str, or hash())"
         )
         if not unset:
             evidence += f"; reproducible here only because PYTHONHASHSEED={os.environ['PYTHONHASHSEED']} is set"
         fix = causes.environment_fix(["env.PYTHONHASHSEED"]) + "; better, sort what the recipe iterates (sorted(set(...)))"
         return [_finding("pythonhashseed", "error" if unset else "warning", evidence, fix)]
     evidence = (
-        f"{what} differ between two processes, and between two with the same PYTHONHASHSEED, while every random stream "
-        "bisect-repro can see matched: the recipe draws from entropy outside them"
+        f"{what} differ between two processes, and again between processes with the same PYTHONHASHSEED, while every random "
+        "stream bisect-repro can see matched: the recipe draws from entropy outside them, or runs a nondeterministic kernel "
+        "that happened to agree with itself in this process"
     )
     fix = (
         "look for randomness created without a seed outside the loader (np.random.default_rng(), random.Random(), "
-        "torch.Generator().seed()), values from time or os.urandom, or a nondeterministic kernel that agreed with itself here"
+        "torch.Generator().seed()) and values from time or os.urandom; run doctor again with more --steps to catch a "
+        "rarely nondeterministic kernel"
     )
     return [_finding("unseeded-source", "error", evidence, fix)]
 
@@ -893,12 +907,13 @@ def _diagnose(target: str, config: dict[str, Any], steps: int, say: Progress) ->
         diagnosis = _Diagnosis(a, b, local, steps)
         findings = [*diagnosis.run(), *local.findings]
         if diagnosis.unexplained:
-            say("a third process, to tell string hashing from other entropy")
-            third = _Probe(target, config, steps, _HASH_SEEDS[0])
+            say("two more processes, to tell string hashing from other entropy")
+            more = [_Probe(target, config, steps, seed) for seed in _HASH_SEEDS]
             try:
-                findings += _hash_seed_findings(diagnosis.unexplained, a, third.result(), _HASH_SEEDS[0])
+                findings += _hash_seed_findings(diagnosis.unexplained, (a, b), tuple(probe.result() for probe in more))
             finally:
-                third.stop()
+                for probe in more:
+                    probe.stop()
         fingerprint = a["environment"]
         pinned = fingerprint.get("env.OMP_NUM_THREADS") is not None or bool(a["threads_set"])
         convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in local.replica.trainee.model.modules())
