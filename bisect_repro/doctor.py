@@ -767,18 +767,13 @@ class _Diagnosis:
                 continue
             digests = self._digests(name)
             changed = None if nondeterministic else self.local.with_stream_advanced(name)
-            if changed is not None:
-                evidence = (
-                    f"{name}'s stream is in a different state in each process after the build ({digests}), and step 0 draws "
-                    f"from it: with it one draw further, {changed} changes"
+            if changed is not None or (final_differs and not nondeterministic):
+                proof = (
+                    f"step 0 draws from it: with it one draw further, {changed} changes"
+                    if changed is not None
+                    else f"after {self.steps} steps the processes differ ({self.diff['final'][0]} first) though they started alike"
                 )
-                self._add(_finding(f"unseeded-stream:{name}", "error", evidence, causes.stream_fix([name])))
-                self.explained |= {"step", name}
-            elif final_differs and not nondeterministic:
-                evidence = (
-                    f"{name}'s stream is in a different state in each process after the build ({digests}), and after "
-                    f"{self.steps} steps the processes differ ({self.diff['final'][0]} first) though they started alike"
-                )
+                evidence = f"{name}'s stream is in a different state in each process after the build ({digests}), and {proof}"
                 self._add(_finding(f"unseeded-stream:{name}", "error", evidence, causes.stream_fix([name])))
                 self.explained |= {"step", name}
             else:

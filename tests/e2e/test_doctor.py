@@ -82,7 +82,13 @@ def test_nondeterministic_op_in_the_forward_pass(examples) -> None:
 
 
 def test_nondeterministic_op_in_the_backward_pass_and_its_fix(examples) -> None:
-    code, report = doctor(f"{examples / 'lookup.py'}:build")
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)  # the recipe sets 2 threads for itself; doctor must not leave them set here
+    try:
+        code, report = doctor(f"{examples / 'lookup.py'}:build")
+        assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (1, deterministic)
+    finally:
+        torch.set_num_threads(threads)
     assert code == 1
     finding = the(report, "nondeterministic-op")
     assert finding["layer"] == "embed" and "index_put" in finding["op"]
@@ -140,11 +146,3 @@ def test_a_recipe_that_fails_to_build_is_named(tmp_path) -> None:
     result = runner.invoke(app, ["doctor", f"{tmp_path / 'broken.py'}:build"])
     assert result.exit_code == 2 and "broken.py" in result.stderr and "no data here" in result.stderr
     assert "Traceback" not in result.output
-
-
-@pytest.fixture(autouse=True)
-def _restore_settings():
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
