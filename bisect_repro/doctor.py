@@ -394,6 +394,9 @@ class _InProcess:
 
     def __init__(self, target: str, config: Mapping[str, Any], steps: int) -> None:
         self.replica = Replica.from_recipe(target, config, "doctor")
+        if self.replica.trainee.step is None:
+            self.replica.close()
+            raise RecipeError(f"{target}: the Trainee has no step function; doctor needs step=... to run the recipe")
         self.steps = steps
         self.starts: list[tuple[StepStart, str]] = []
         self.start0: StepStart | None = None
@@ -488,19 +491,20 @@ class _InProcess:
             if "deterministic" not in str(error):
                 raise
             alerts.alerts.append({"op": None, "layer": None, "phase": "step", "message": str(error).split("\n")[0]})
-        seen: set[tuple[Any, ...]] = set()
+        by_op: dict[Any, list[dict[str, Any]]] = {}
         for alert in alerts.alerts:
-            key = (alert["op"], alert["layer"], alert["phase"])
-            if key in seen:
-                continue
-            seen.add(key)
-            where = f"the {alert['phase']} pass of {alert['layer']}" if alert["layer"] else f"the {alert['phase']}"
+            places = by_op.setdefault(alert["op"], [])
+            if all((alert["layer"], alert["phase"]) != (p["layer"], p["phase"]) for p in places):
+                places.append(alert)
+        for op, places in by_op.items():  # one finding per op: on CUDA without CUBLAS_WORKSPACE_CONFIG every matmul alerts
+            shown = [f"the {p['phase']} pass of {p['layer']}" if p["layer"] else f"the {p['phase']}" for p in places[:4]]
+            more = f" and {len(places) - 4} more places" if len(places) > 4 else ""
             evidence = (
-                f"step 0 under torch.use_deterministic_algorithms(True): PyTorch reports {alert['op'] or 'an op'} in {where}: "
-                f"{alert['message']}"
+                f"step 0 under torch.use_deterministic_algorithms(True): PyTorch reports {op or 'an op'} in {', '.join(shown)}"
+                f"{more}: {places[0]['message']}"
             )
-            fix = causes.alert_fix(alert["op"], alert["message"])
-            self.findings.append(_finding("deterministic-warning", "warning", evidence, fix, layer=alert["layer"], op=alert["op"]))
+            fix = causes.alert_fix(op, places[0]["message"])
+            self.findings.append(_finding("deterministic-warning", "warning", evidence, fix, layer=places[0]["layer"], op=op))
 
     def step_changes(self, *, streams: Mapping[str, Any] | None = None, environment: Mapping[str, Any] | None = None) -> str | None:
         """Where step 0 differs when run with other streams or settings (``None``: it does not)."""
@@ -754,7 +758,12 @@ class _Diagnosis:
             if name in self.explained:
                 continue
             kind = self.a["hidden"][name]["kind"]
-            evidence = f"{name} ({kind}) starts in a different state in each process; the first {self.steps} batches did not depend on it"
+            seen = (
+                f"the first {self.steps} batches came out the same"
+                if self.diff["order"] is None
+                else "the batches already hold other samples, so what it changes is not known"
+            )
+            evidence = f"{name} ({kind}) starts in a different state in each process; {seen}"
             workers = int(self.loader.get("num_workers") or 0)
             self._add(_finding(f"unseeded-stream:{name}", "warning", evidence, causes.generator_fix(name, kind, workers=workers)))
 

@@ -259,3 +259,42 @@ def test_the_human_report_leads_with_the_verdict(reproducible: bool) -> None:
         assert "Reproducible on this machine" in text
     else:
         assert text.index("Not reproducible on this machine") < text.index("unseeded-init") < text.index("0.weight") < text.index("Fix:")
+
+
+DETERMINISM_RECIPE = """
+import torch
+from torch import nn
+from bisect_repro import Trainee
+
+
+class Scatter(nn.Module):
+    def forward(self, x):
+        flat = torch.zeros_like(x).reshape(-1)
+        flat.put_(torch.arange(flat.numel()), x.reshape(-1))
+        return flat.view_as(x)
+
+
+def build():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), Scatter(), nn.Linear(4, 4), Scatter(), nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(5, 3), torch.randn(5, 1)) for _ in range(2)]
+    return Trainee.supervised(model, optimizer, batches, nn.functional.mse_loss)
+"""
+
+
+def test_one_finding_per_op_without_a_deterministic_kernel(tmp_path) -> None:
+    from bisect_repro.doctor import _InProcess
+
+    (tmp_path / "puts.py").write_text(DETERMINISM_RECIPE)
+    local = _InProcess(f"{tmp_path / 'puts.py'}:build", {}, 1)
+    try:
+        local.run_steps()
+        local.determinism_alerts()
+    finally:
+        local.close()
+    [finding] = local.findings
+    assert finding["id"] == "deterministic-warning" and finding["severity"] == "warning"
+    assert finding["op"] == "aten.put_.default" and finding["layer"] == "1"
+    assert "forward pass of 1, the forward pass of 3" in finding["evidence"]
+    assert not torch.are_deterministic_algorithms_enabled()

@@ -141,8 +141,16 @@ def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) ->
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_a_recipe_that_fails_to_build_is_named(tmp_path) -> None:
+def test_a_recipe_that_fails_to_build_or_cannot_step_is_named(tmp_path) -> None:
     (tmp_path / "broken.py").write_text("def build():\n    raise ValueError('no data here')\n")
     result = runner.invoke(app, ["doctor", f"{tmp_path / 'broken.py'}:build"])
     assert result.exit_code == 2 and "broken.py" in result.stderr and "no data here" in result.stderr
     assert "Traceback" not in result.output
+    (tmp_path / "loop.py").write_text(
+        "import torch\nfrom bisect_repro import Trainee\n"
+        "def build():\n"
+        "    m = torch.nn.Linear(2, 1)\n"
+        "    return Trainee(m, torch.optim.SGD(m.parameters(), lr=0.1), [torch.ones(2)])\n"
+    )
+    result = runner.invoke(app, ["doctor", f"{tmp_path / 'loop.py'}:build"])
+    assert result.exit_code == 2 and "no step function" in result.stderr and "Traceback" not in result.output
