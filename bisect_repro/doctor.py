@@ -271,7 +271,6 @@ class _Probe:
     """One ``bisect_repro._doctor_probe`` process, started now, read when its result is wanted."""
 
     def __init__(self, target: str, config: Mapping[str, Any], steps: int, hash_seed: str) -> None:
-        self.hash_seed = hash_seed
         package_root = str(Path(__file__).resolve().parent.parent)
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         environment = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": path}
