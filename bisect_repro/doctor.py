@@ -75,8 +75,8 @@ __all__ = [
 SCHEMA = "bisect-repro/doctor/1"
 DEFAULT_STEPS = 3
 SEVERITIES = ("error", "warning", "info")
-_RERUNS = 3  # reruns of each step; a nondeterministic kernel may agree with itself by chance
-_ATTEMPTS = 4  # traced re-runs to catch a difference already seen once
+_RERUNS = 5  # reruns of each step; a nondeterministic kernel may agree with itself by chance
+_ATTEMPTS = 6  # traced re-runs to catch a difference already seen once
 _HASH_SEEDS = ("1", "2")
 _LOADER_STREAMS = ("loader.generator", "sampler.generator", "batch_sampler.generator")
 _UNINITIALISED = ("empty", "resize")  # ops whose outputs hold whatever was in memory
@@ -161,12 +161,19 @@ def _tag_graph(outputs: Any, inputs: Any, name: str) -> None:
 
 
 class _ScopedOps(OpTracer):
-    """An op tracer that also knows the module of backward ops, and each op's phase."""
+    """An op tracer that also knows the module of backward ops, and each op's phase; the ops of
+    the phase ``skip`` run untraced (hashing every op's tensors is what costs)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, skip: str | None = None) -> None:
         super().__init__(None)
         self.scope = ModuleScope(model)
+        self.skip = skip
         self.phases: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        if self.skip is not None and self.scope.where()[0] == self.skip:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     @contextlib.contextmanager
     def tracing(self) -> Iterator[_ScopedOps]:
@@ -453,13 +460,16 @@ class _InProcess:
         base, index = found
         ops: list[tuple[str, str | None, str]] = []
         stats: dict[str, Any] = {}
+        skip = "backward" if base.entries[index].phase == "forward" else "forward"  # the other pass matched
         for _ in range(_ATTEMPTS):
-            tracers = (_ScopedOps(self.replica.trainee.model), _ScopedOps(self.replica.trainee.model))
+            model = self.replica.trainee.model
+            tracers = (_ScopedOps(model, skip), _ScopedOps(model, skip))
             traces = [self.replica.run_step(start, keep={index}, within=tracer.tracing()) for tracer in tracers]
             if index in traces[0].kept and index in traces[1].kept:
-                stats = difference_stats(traces[0].kept[index], traces[1].kept[index])
+                measured = difference_stats(traces[0].kept[index], traces[1].kept[index])
+                stats = measured if measured.get("fraction_differing") else stats
             ops = _divergent_ops(tracers[0].result(), tracers[1].result(), tracers[0].phases)
-            if ops and stats.get("fraction_differing"):
+            if ops:
                 break
         first = f"the step first differs at {_described(base, index)}{_stats_text(stats)}"
         entry = base.entries[index]
