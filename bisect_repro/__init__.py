@@ -8,6 +8,7 @@ The public API::
     record           runs a Trainee's step function under a Recorder
     Run              a run directory opened for reading
     compare          compares two runs and bisects to the first divergent step, layer and op
+    doctor           audits a recipe (or this environment) for sources of irreproducibility
     hash_tensors     the on-device content hash of tensors, by name
     BisectReproError the base of every error bisect-repro raises on purpose
 """
@@ -17,10 +18,11 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .compare import compare
+from .doctor import doctor
 from .errors import BisectReproError
 from .hashing import hash_tensors
 from .recipe import Trainee
 from .recorder import Recorder, RecordOptions, record
 from .store import Run
 
-__all__ = ["BisectReproError", "RecordOptions", "Recorder", "Run", "Trainee", "__version__", "compare", "hash_tensors", "record"]
+__all__ = ["BisectReproError", "RecordOptions", "Recorder", "Run", "Trainee", "__version__", "compare", "doctor", "hash_tensors", "record"]

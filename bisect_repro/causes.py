@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["CAUSES", "data_fix", "environment_fix", "op_fix", "stream_fix"]
+__all__ = ["CAUSES", "alert_fix", "data_fix", "environment_fix", "generator_fix", "op_fix", "stream_fix"]
 
 CAUSES = ("rng_state", "data_order", "data_content", "nondeterministic_op", "environment", "config", "structure", "unknown")
 
@@ -96,3 +96,33 @@ def environment_fix(keys: list[str]) -> str:
     if not fixes:
         fixes = [f"make {', '.join(keys)} the same in both runs"] if keys else ["run both in the same environment"]
     return "; ".join(dict.fromkeys(fixes))
+
+
+_GENERATOR_SEEDING = {
+    "numpy.random.Generator": "np.random.default_rng(seed)",
+    "numpy.random.RandomState": "np.random.RandomState(seed)",
+    "random.Random": "random.Random(seed)",
+    "torch.Generator": "torch.Generator().manual_seed(seed)",
+}
+
+
+def generator_fix(name: str, kind: str, *, workers: int = 0) -> str:
+    """How to seed a generator the recipe keeps inside its dataset or sampler (``name`` its attribute path)."""
+    advice = f"create {name} from a seed: {_GENERATOR_SEEDING.get(kind, 'a generator seeded from the recipe seed')}"
+    if workers:
+        advice += (
+            f"; with num_workers={workers} every worker starts from a copy of it, so also reseed it in worker_init_fn "
+            "from torch.initial_seed() (each worker gets its own seed, and the same one in every run)"
+        )
+    return advice
+
+
+def alert_fix(op: str | None, message: str) -> str:
+    """What to do about an op PyTorch reports as having no deterministic implementation."""
+    if "CUBLAS_WORKSPACE_CONFIG" in message:
+        return environment_fix(["env.CUBLAS_WORKSPACE_CONFIG"]) + " (before Python starts; cuBLAS reads it once)"
+    return (
+        f"PyTorch has no deterministic kernel for {op or 'this op'} on this device: compute it another way (e.g. sort the "
+        "indices, or gather instead of scatter), or keep it and accept run-to-run differences; under "
+        "torch.use_deterministic_algorithms(True) it raises, with warn_only=True it only warns"
+    )

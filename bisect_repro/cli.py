@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .compare import compare
 from .demo import record_pair
+from .doctor import DEFAULT_STEPS, doctor, render_doctor
 from .errors import BisectReproError
 from .recipe import build, parse_settings, recipe_file
 from .recorder import RecordingWarning, RecordOptions, record
@@ -178,6 +179,29 @@ def demo_command(
     result = _compare(run_a, run_b, replay=True, quiet=False)
     render_comparison(result, stdout)
     stdout.print(f"\nTry it yourself: bisect-repro compare {run_a} {run_b} --json")
+
+
+@app.command("doctor")
+@_exits_cleanly
+def doctor_command(
+    target: Annotated[str | None, typer.Argument(help="The recipe: path/to/file.py:function or package.module:function.")] = None,
+    steps: Annotated[int, typer.Option(help="Steps to train and re-run.")] = DEFAULT_STEPS,
+    settings: Settings = [],  # noqa: B006 - typer reads the default
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (schema bisect-repro/doctor/1).")] = False,
+) -> None:
+    """Audit a recipe for every known source of irreproducibility, proving each finding by a run.
+
+    Without TARGET, audit this environment and process. Exit code 0: reproducible on this machine
+    (warnings may remain); 1: not; 2: bad input.
+    """
+    console = Console(stderr=True, quiet=as_json)
+    with console.status("doctor") as status:
+        result = doctor(target, parse_settings(settings), steps=steps, progress=lambda stage: status.update(stage))
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        render_doctor(result, stdout)
+    raise typer.Exit(0 if result["reproducible"] else 1)
 
 
 def main() -> None:

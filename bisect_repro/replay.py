@@ -63,7 +63,7 @@ class Replica:
     """One recorded run, rebuilt here and restored to a checkpoint."""
 
     def __init__(self, run: Run, label: str) -> None:
-        self.run = run
+        self.run: Run | None = run
         self.label = label
         target = run.meta.get("target")
         if not target:
@@ -71,12 +71,25 @@ class Replica:
         path = recipe_file(target)
         if path is not None and not path.is_file():
             raise RecipeError(f"{run.path}: its recipe {path} is not on this machine; compare with --no-replay")
-        self.environment: dict[str, Any] = dict(run.meta.get("environment", {}))
+        self._open(target, run.meta.get("config", {}), dict(run.meta.get("environment", {})))
+
+    @classmethod
+    def from_recipe(cls, target: str, config: Mapping[str, Any] | None = None, label: str = "") -> Replica:
+        """A recipe built here with no recorded run: its environment is what the recipe sets up."""
+        replica = cls.__new__(cls)
+        replica.run, replica.label = None, label
+        replica._open(target, config or {}, None)
+        return replica
+
+    def _open(self, target: str, config: Mapping[str, Any], environment: dict[str, Any] | None) -> None:
+        self.environment: dict[str, Any] = environment or {}
         self._globals: dict[str, Any] | None = None
         self._before: dict[str, Any] = {}
         with self.active():
-            self.trainee = build(target, run.meta.get("config", {}))
+            self.trainee = build(target, config)
             self.state = TrainingState(self.trainee)
+            if environment is None:  # keep what the recipe set (threads, determinism switches)
+                self.environment = {k: v for k, v in env.fingerprint().items() if k in env.APPLICABLE}
         self.step = 0
 
     # -- switching between replicas ---------------------------------------------------------
@@ -99,6 +112,7 @@ class Replica:
 
     # -- stepping ----------------------------------------------------------------------------
     def restore(self, step: int) -> None:
+        assert self.run is not None
         with self.active():
             self.state.load_state_dict(self.run.checkpoint(step))
         self.step = step
@@ -119,24 +133,33 @@ class Replica:
         streams: Mapping[str, Any] | None = None,
         environment: Mapping[str, Any] | None = None,
         full: bool = True,
+        within: contextlib.AbstractContextManager[Any] | None = None,
+        trace: bool = True,
     ) -> StepTrace:
         """Run the step from ``start`` with tracing; optionally with other streams or settings.
 
         ``full=False`` traces only the batch and the state after the step: enough to tell
-        whether two steps agree, at a fraction of the cost.
+        whether two steps agree, at a fraction of the cost. ``within`` is a context entered
+        around the step function only; ``trace=False`` runs it untraced (no entries), for when
+        only the state after the step matters.
         """
         assert self.trainee.step is not None
         trainee = self.trainee
         with self.active(environment):
             self._load_tensor_state(start.tensors)
             self.state.streams.load_state_dict(streams if streams is not None else start.streams)
-            tracer = StepTracer(trainee.model, trainee.optimizer, self.state._names, keep=set(keep or ()), full=full)
-            tracer.note_batch(start.batch, start.indices)
+            tracer = StepTracer(trainee.model, trainee.optimizer, self.state._names, keep=set(keep or ()), full=full) if trace else None
+            if tracer is not None:
+                tracer.note_batch(start.batch, start.indices)
             op_tracer = OpTracer(trainee.model) if ops else None
-            with tracer, op_tracer.tracing() if op_tracer else contextlib.nullcontext():
+            with (
+                tracer or contextlib.nullcontext(),
+                op_tracer.tracing() if op_tracer else contextlib.nullcontext(),
+                within or contextlib.nullcontext(),
+            ):
                 trainee.step(start.batch)
-            trace = StepTrace(tracer.result(), tracer.kept, op_tracer.result() if op_tracer else None)
-        return trace
+            result = StepTrace(tracer.result() if tracer else [], tracer.kept if tracer else {}, op_tracer.result() if op_tracer else None)
+        return result
 
     def advance(self, start: StepStart) -> StepTrace:
         """Run the fetched step for real (lightly traced) and move on to the next step."""
@@ -146,7 +169,7 @@ class Replica:
 
     def faithful_at(self, step: int) -> bool | None:
         """Whether the replayed state equals the recorded snapshot (``None``: no snapshot there)."""
-        if step not in self.run.snapshots:
+        if self.run is None or step not in self.run.snapshots:
             return None
         recorded = self.run.snapshot(step)["hashes"]
         with self.active():

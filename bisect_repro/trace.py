@@ -211,6 +211,10 @@ class OpTracer(TorchDispatchMode):
         if self._layers:
             self._layers.pop()
 
+    def _layer(self) -> str | None:
+        """The module the current op runs in (forward only; a subclass may know more)."""
+        return self._layers[-1] if self._layers else None
+
     def _hash(self, tensors: list[torch.Tensor]) -> list[str]:
         keys = []
         for tensor in tensors:
@@ -224,7 +228,7 @@ class OpTracer(TorchDispatchMode):
         inputs = self._hash(_dense((args, kwargs)))
         output = func(*args, **kwargs)
         outputs = self._hash(_dense(output))
-        self._ops.append((str(func), self._layers[-1] if self._layers else None, inputs, outputs))
+        self._ops.append((str(func), self._layer(), inputs, outputs))
         return output
 
     def result(self) -> list[OpRecord]:

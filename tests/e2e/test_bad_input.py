@@ -24,7 +24,7 @@ from bisect_repro.cli import app
 from bisect_repro.recipe import build
 
 runner = CliRunner()
-FIRST = "rank0/snapshots/step-00000000.st.zst"
+LAST = "rank0/snapshots/step-00000006.st.zst"  # the snapshot show reads: the last
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +44,16 @@ def write_index(run: Path, lines: list[dict]) -> None:
 
 def replace_first_snapshot(run: Path, data: bytes, raw_size: int) -> None:
     """Put ``data`` in place of the first snapshot with an index line that agrees with it."""
-    (run / FIRST).write_bytes(data)
+    (run / LAST).write_bytes(data)
     lines = index_lines(run)
     for line in lines:
-        if line.get("file") == FIRST.removeprefix("rank0/"):
+        if line.get("file") == LAST.removeprefix("rank0/"):
             line.update(bytes=len(data), raw_bytes=raw_size, checksum=codec.checksum(data))
     write_index(run, lines)
 
 
 def raw_first(run: Path) -> bytes:
-    return zstandard.ZstdDecompressor().decompress((run / FIRST).read_bytes())
+    return zstandard.ZstdDecompressor().decompress((run / LAST).read_bytes())
 
 
 def repack(run: Path, raw: bytes, **compressor: bool) -> None:
@@ -73,7 +73,7 @@ def flip(path: Path, where: float) -> None:
 
 
 def truncated_frame(run: Path) -> None:
-    data = (run / FIRST).read_bytes()
+    data = (run / LAST).read_bytes()
     replace_first_snapshot(run, data[: len(data) // 2], len(raw_first(run)))
 
 
@@ -177,17 +177,17 @@ CASES: list[tuple[str, Callable[[Path], object], str, str]] = [
     ),
     ("index unknown kind", edit_index(lambda lines: lines[0].update(kind="model")), "rank0/index.jsonl", "unknown kind"),
     ("step log is /dev/zero", symlink_to_zero("rank0/steps.jsonl"), "rank0/steps.jsonl", "not a regular file"),
-    ("snapshot is /dev/zero", symlink_to_zero(FIRST), FIRST, "not a regular file"),
-    ("snapshot missing", lambda run: (run / FIRST).unlink(), FIRST, "is in the index but missing"),
-    ("snapshot cut short", lambda run: (run / FIRST).write_bytes((run / FIRST).read_bytes()[:100]), FIRST, "the run index declares"),
-    ("snapshot bit flip", lambda run: flip(run / FIRST, 0.5), FIRST, "checksum does not match"),
-    ("truncated zstandard frame", truncated_frame, FIRST, "truncated or corrupt zstandard frame"),
-    ("safetensors header flipped", header_with_flipped_bytes, FIRST, "safetensors header is not valid JSON"),
-    ("header length past the end", header_longer_than_file, FIRST, "exceeds the file"),
-    ("overlapping offsets", overlapping_offsets, FIRST, "overlap"),
-    ("a dtype that is not one", not_a_dtype, FIRST, "'load' is not a torch dtype"),
-    ("decompression bomb", bomb, FIRST, "zstandard frame declares 67108864 bytes, the run index"),
-    ("frame without its size", bomb_without_declared_size, FIRST, "zstandard frame declares -1 bytes"),
+    ("snapshot is /dev/zero", symlink_to_zero(LAST), LAST, "not a regular file"),
+    ("snapshot missing", lambda run: (run / LAST).unlink(), LAST, "is in the index but missing"),
+    ("snapshot cut short", lambda run: (run / LAST).write_bytes((run / LAST).read_bytes()[:100]), LAST, "the run index declares"),
+    ("snapshot bit flip", lambda run: flip(run / LAST, 0.5), LAST, "checksum does not match"),
+    ("truncated zstandard frame", truncated_frame, LAST, "truncated or corrupt zstandard frame"),
+    ("safetensors header flipped", header_with_flipped_bytes, LAST, "safetensors header is not valid JSON"),
+    ("header length past the end", header_longer_than_file, LAST, "exceeds the file"),
+    ("overlapping offsets", overlapping_offsets, LAST, "overlap"),
+    ("a dtype that is not one", not_a_dtype, LAST, "'load' is not a torch dtype"),
+    ("decompression bomb", bomb, LAST, "zstandard frame declares 67108864 bytes, the run index"),
+    ("frame without its size", bomb_without_declared_size, LAST, "zstandard frame declares -1 bytes"),
 ]
 
 
@@ -209,7 +209,7 @@ def test_a_declared_size_beyond_memory_is_refused_before_decompressing(recorded,
     shutil.copytree(recorded, run)
     monkeypatch.setattr(codec, "_memory_cap", lambda: 1000)
     result = runner.invoke(app, ["show", str(run)])
-    assert result.exit_code == 2 and "more than this machine's memory" in result.stderr and str(run / FIRST) in result.stderr
+    assert result.exit_code == 2 and "more than this machine's memory" in result.stderr and str(run / LAST) in result.stderr
 
 
 @pytest.mark.parametrize("log", ["steps.jsonl", "index.jsonl"])
