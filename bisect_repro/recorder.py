@@ -54,7 +54,7 @@ import torch
 
 from . import codec, env
 from .errors import BisectReproError, RecordingError
-from .hashing import PendingHashes, hash_tensor, hash_tensors
+from .hashing import PendingHashes, hash_tensors
 from .recipe import Trainee
 from .state import TrainingState, model_structure
 from .store import Run, RunWriter
@@ -118,13 +118,14 @@ def combine_digests(parts: Mapping[str, str] | list[str]) -> str:
 @dataclass
 class _PendingStep:
     step: int
-    order: str | None
+    order_name: str | None
     batch_names: list[str]
     others: list[str]
     loss: torch.Tensor | float | None = None
 
 
 _SCHEDULE = ("steps", "every", "checkpoint_every")
+_DEFERRED_BATCH_BYTES = 64 << 20  # batch bytes held for hashing at the next snapshot, at most
 
 
 class _BackgroundWriter:
@@ -208,6 +209,8 @@ class Recorder:
         self.step = 0
         self._pending: list[_PendingStep] = []
         self._batch_hashes = PendingHashes()
+        self._deferred: dict[str, torch.Tensor] = {}
+        self._deferred_bytes = 0
         self._last_loss: float | None = None
         self._last_snapshot: int | None = None
         self._committed: int | None = None
@@ -348,13 +351,27 @@ class Recorder:
     def _note_batch(self, batch: Any, indices: list[int] | None) -> None:
         if self._stopped:
             return
-        order = hash_tensor(torch.tensor(indices, dtype=torch.int64)) if indices is not None else None
         tensors, others = batch_tensors(batch)
-        names = [f"{self.step}:{path}" for path in tensors]
-        self._batch_hashes.add(dict(zip(names, tensors.values(), strict=True)))
-        self._pending.append(_PendingStep(self.step, order, names, others))
+        named = {f"{self.step}:{path}": tensor for path, tensor in tensors.items()}
+        order_name = None
+        if indices is not None:
+            order_name = f"{self.step}:order"
+            named[order_name] = torch.tensor(indices, dtype=torch.int64)
+        # Small batches wait for the next snapshot and are hashed together, in one packed
+        # reduction: per-step hashing of a few small tensors costs more in launches than in bytes.
+        self._deferred.update(named)
+        self._deferred_bytes += sum(t.numel() * t.element_size() for t in named.values())
+        if self._deferred_bytes > _DEFERRED_BATCH_BYTES:
+            self._hash_deferred()
+        self._pending.append(_PendingStep(self.step, order_name, [n for n in named if n != order_name], others))
+
+    def _hash_deferred(self) -> None:
+        if self._deferred:
+            self._batch_hashes.add(self._deferred)
+        self._deferred, self._deferred_bytes = {}, 0
 
     def _flush_steps(self) -> list[dict[str, Any]]:
+        self._hash_deferred()
         digests = self._batch_hashes.fetch() if len(self._batch_hashes) else {}
         tensor_losses = [p.loss for p in self._pending if isinstance(p.loss, torch.Tensor)]
         fetched = iter(torch.stack([t.float().reshape(()) for t in tensor_losses]).cpu().tolist()) if tensor_losses else iter(())
@@ -362,7 +379,8 @@ class Recorder:
         for pending in self._pending:
             loss = next(fetched) if isinstance(pending.loss, torch.Tensor) else pending.loss
             batch_parts = [digests[name] for name in pending.batch_names] + pending.others
-            records.append({"step": pending.step, "loss": loss, "order": pending.order, "batch": combine_digests(batch_parts)})
+            order = digests[pending.order_name] if pending.order_name else None
+            records.append({"step": pending.step, "loss": loss, "order": order, "batch": combine_digests(batch_parts)})
             if loss is not None:
                 self._last_loss = float(loss)
         self._pending.clear()

@@ -98,3 +98,19 @@ def test_steps_without_snapshot_leave_the_loss_unread(examples, tmp_path) -> Non
                 assert set(Watched.seen) <= {"detach"}, Watched.seen
     run = Run.open(tmp_path / "r")
     assert len(run.steps) == 10 and all(isinstance(r["loss"], float) for r in run.steps.values())
+
+
+def test_batch_hashes_equal_the_hash_of_each_batch_whether_deferred_or_not(examples, tmp_path, monkeypatch) -> None:
+    from bisect_repro import recorder as recorder_module
+    from bisect_repro.hashing import hash_tensor
+    from bisect_repro.state import TrainingState
+
+    deferred = record_example(examples, "mlp.py", tmp_path / "deferred", steps=8, every=4)
+    monkeypatch.setattr(recorder_module, "_DEFERRED_BATCH_BYTES", 0)  # hash every batch as it comes
+    eager = record_example(examples, "mlp.py", tmp_path / "eager", steps=8, every=4)
+    assert deferred.steps == eager.steps
+    trainee = build(f"{examples / 'mlp.py'}:build", {})
+    state = TrainingState(trainee)
+    _, indices = state.data.next_batch()
+    state.close()
+    assert deferred.steps[0]["order"] == hash_tensor(torch.tensor(indices, dtype=torch.int64))
