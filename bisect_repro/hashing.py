@@ -148,6 +148,22 @@ def _words(tensor: torch.Tensor, *, align: int = 4) -> torch.Tensor:
     return raw.view(torch.int32)
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(device: torch.device, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two int32 buffers of ``size`` words. On the CPU they are kept per thread: a fresh 1 MiB
+    allocation is a fresh mapping, and its page faults cost as much as hashing a chunk."""
+    if device.type != "cpu":  # the caching allocator already recycles device memory
+        x = torch.empty(size, dtype=torch.int32, device=device)
+        return x, torch.empty_like(x)
+    kept: tuple[torch.Tensor, torch.Tensor] | None = getattr(_SCRATCH, "buffers", None)
+    if kept is None or kept[0].numel() < size:
+        kept = (torch.empty(_CHUNK_WORDS, dtype=torch.int32), torch.empty(_CHUNK_WORDS, dtype=torch.int32))
+        _SCRATCH.buffers = kept
+    return kept[0][:size], kept[1][:size]
+
+
 def _xorshift_right(x: torch.Tensor, shift: int, scratch: torch.Tensor) -> None:
     """``x ^= x >>> shift`` in place on int32: torch's ``>>`` is arithmetic, so mask the sign copies."""
     torch.bitwise_right_shift(x, shift, out=scratch)
@@ -173,27 +189,40 @@ def _sum32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _lanes_of_large(words: torch.Tensor) -> torch.Tensor:
-    """Lane sums (int64[2], on the device) of one flat int32 tensor, a chunk at a time."""
+    """Lane sums (int64[2], on the device) of one flat int32 tensor, a chunk at a time.
+
+    A chunk at word ``s`` has position keys ``p = keys + s * STEP`` and ``p | 1 = odd_keys + s * STEP``,
+    so its lane 1 is ``sum(x * odd_keys) + s * STEP * sum(x)``: one op fewer than forming ``p | 1``.
+    Every op but the first (the one read of the tensor) works in place on a cache-sized buffer.
+    """
     device = words.device
+    on_cpu = device.type == "cpu"
     size = min(_CHUNK_WORDS, words.numel())
     keys, odd_keys = _position_keys(device, size)
-    x = torch.empty(size, dtype=torch.int32, device=device)
-    p = torch.empty_like(x)
-    scratch = torch.empty_like(x)
-    sums: list[torch.Tensor] = []
+    x, scratch = _scratch(device, size)
+    lane0 = lane1 = 0
+    parts: list[torch.Tensor] = []
     for start in range(0, words.numel(), size):
         chunk = words[start : start + size]
         n = chunk.numel()
-        xn, pn, sn = x[:n], p[:n], scratch[:n]
-        offset = _signed32(start * _POSITION_STEP)
-        torch.add(keys[:n], offset, out=pn)
-        torch.bitwise_xor(chunk, pn, out=xn)
-        _mix_in_place(xn, sn)
-        sums.append(_sum32(xn))
-        torch.add(odd_keys[:n], offset, out=pn)  # p | 1
-        xn.mul_(pn)
-        sums.append(_sum32(xn))
-    return torch.stack(sums).to(torch.int64).view(-1, 2).sum(0) & _MASK32
+        xn = x[:n]
+        offset = (start * _POSITION_STEP) & _MASK32
+        torch.add(keys[:n], _signed32(offset), out=xn)  # p
+        xn.bitwise_xor_(chunk)
+        _mix_in_place(xn, scratch[:n])
+        sum0 = _sum32(xn)
+        xn.mul_(odd_keys[:n])
+        sum1 = _sum32(xn)
+        if on_cpu:  # no device to wait for: plain integers are the cheapest accumulator
+            s0 = int(sum0)
+            lane0 += s0
+            lane1 += int(sum1) + s0 * offset
+        else:  # stays on the device: no synchronisation
+            sum0 = sum0.to(torch.int64)
+            parts.append(torch.stack([sum0, sum1.to(torch.int64) + (sum0 & _MASK32) * offset]))
+    if on_cpu:
+        return torch.tensor([lane0 & _MASK32, lane1 & _MASK32], dtype=torch.int64)
+    return torch.stack(parts).sum(0) & _MASK32
 
 
 def _pack_layout(device: torch.device, sizes: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
