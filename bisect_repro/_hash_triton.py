@@ -50,8 +50,12 @@ def available() -> bool:
     return triton is not None
 
 
-def _hash_blocks(table_ptr: Any, out_ptr: Any, VECTOR: tl.constexpr, ITERATIONS: tl.constexpr) -> None:
-    """One program per table row: the lane sums of one block, added to its tensor's output row."""
+def _hash_blocks(table_ptr, out_ptr, VECTOR: tl.constexpr, ITERATIONS: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One program per table row: the lane sums of one block, added to its tensor's output row.
+
+    The pointers carry no annotation because Triton reads annotations as kernel types; the table
+    is ``int64[blocks, 4]`` and the output ``int32[tensors, 2]``.
+    """
     row = table_ptr + tl.program_id(0) * 4
     address = tl.load(row)
     count = tl.load(row + 1)
@@ -91,8 +95,8 @@ def _hash_blocks(table_ptr: Any, out_ptr: Any, VECTOR: tl.constexpr, ITERATIONS:
             sum1 += x * (p | 1)
     total0 = tl.sum(sum0, axis=0).to(tl.int32, bitcast=True)
     total1 = tl.sum(sum1, axis=0).to(tl.int32, bitcast=True)
-    tl.atomic_add(out_ptr + target * 2, total0)  # integer atomics: exact whatever the order
-    tl.atomic_add(out_ptr + target * 2 + 1, total1)
+    tl.atomic_add(out_ptr + target * 2, total0, sem="relaxed")  # integer atomics: exact whatever the order
+    tl.atomic_add(out_ptr + target * 2 + 1, total1, sem="relaxed")
 
 
 _KERNEL: list[Any] = []
@@ -112,7 +116,7 @@ def _table(words: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.T
     """Rows ``(address, count, output row, first position key)``, one per block, on the device."""
     addresses = np.array([w.data_ptr() for w in words], dtype=np.int64)
     sizes = np.array([w.numel() for w in words], dtype=np.int64)
-    cache_key = (device, addresses.tobytes(), sizes.tobytes())
+    cache_key = (device, _BLOCK_WORDS, addresses.tobytes(), sizes.tobytes())
     with _LOCK:
         cached = _TABLES.get(cache_key)
     if cached is not None:

@@ -137,13 +137,17 @@ def _words(tensor: torch.Tensor, *, align: int = 4) -> torch.Tensor:
     if flat.layout != torch.strided:
         flat = flat.to_dense()
     flat = flat.contiguous().reshape(-1)
+    if flat.numel() <= 1 and flat.stride(0) != 1:  # "contiguous" with a stride: torch ignores the strides of size-1 and empty dims
+        flat = flat.new_empty(flat.shape).copy_(flat)
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
     raw = flat.view(torch.uint8)
     pad = (-raw.numel()) % 4
     if pad:
         raw = torch.cat([raw, raw.new_zeros(pad)])
-    if raw.numel() and raw.data_ptr() % align:  # a view at an odd storage offset
+    if raw.numel() == 0:
+        return raw.new_empty(0, dtype=torch.int32)
+    if raw.data_ptr() % align or raw.storage_offset() % 4:  # a view at an odd storage offset
         raw = raw.clone()
     return raw.view(torch.int32)
 
@@ -188,16 +192,18 @@ def _sum32(x: torch.Tensor) -> torch.Tensor:
     return x.sum(dtype=torch.int32 if x.device.type == "cpu" else torch.int64)
 
 
-def _lanes_of_large(words: torch.Tensor) -> torch.Tensor:
+def _lanes_of_large(words: torch.Tensor, *, host_sums: bool | None = None) -> torch.Tensor:
     """Lane sums (int64[2], on the device) of one flat int32 tensor, a chunk at a time.
 
     A chunk at word ``s`` has position keys ``p = keys + s * STEP`` and ``p | 1 = odd_keys + s * STEP``,
     so its lane 1 is ``sum(x * odd_keys) + s * STEP * sum(x)``: one op fewer than forming ``p | 1``.
+    (``p | 1 = odd_keys + s * STEP`` needs ``s * STEP`` even, that is ``s`` even.)
     Every op but the first (the one read of the tensor) works in place on a cache-sized buffer.
+    ``host_sums`` (default: on the CPU) accumulates in Python integers, else on the device.
     """
     device = words.device
-    on_cpu = device.type == "cpu"
-    size = min(_CHUNK_WORDS, words.numel())
+    on_cpu = device.type == "cpu" if host_sums is None else host_sums
+    size = min(_CHUNK_WORDS & ~1, words.numel())  # chunks must start at even words (see above)
     keys, odd_keys = _position_keys(device, size)
     x, scratch = _scratch(device, size)
     lane0 = lane1 = 0
@@ -242,9 +248,11 @@ def _pack_layout(device: torch.device, sizes: tuple[int, ...]) -> tuple[torch.Te
     return cached
 
 
-def _segment_sums(terms: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """Sums (int64, modulo 2**32) of the consecutive non-empty segments of int32 ``terms``."""
-    if terms.device.type == "cpu":  # one pass, wrapping in uint32, no int64 copy
+def _segment_sums(terms: torch.Tensor, starts: torch.Tensor, *, numpy: bool | None = None) -> torch.Tensor:
+    """Sums (int64, modulo 2**32) of the consecutive non-empty segments of int32 ``terms``.
+
+    ``numpy`` (default: on the CPU) uses numpy's segmented sum, else a device cumsum."""
+    if terms.device.type == "cpu" if numpy is None else numpy:  # one pass, wrapping in uint32, no int64 copy
         sums = np.add.reduceat(terms.numpy().view(np.uint32), starts.numpy(), dtype=np.uint32)
         return torch.from_numpy(sums.astype(np.int64))
     running = torch.cat([terms.new_zeros(1, dtype=torch.int64), torch.cumsum(terms, 0, dtype=torch.int64)])
@@ -252,16 +260,16 @@ def _segment_sums(terms: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     return (running[ends] - running[starts]) & _MASK32
 
 
-def _lanes_of_small(group: list[torch.Tensor]) -> torch.Tensor:
+def _lanes_of_small(group: list[torch.Tensor], *, numpy: bool | None = None) -> torch.Tensor:
     """Lane sums (int64[k, 2]) of k small non-empty word tensors, in one segmented reduction."""
     device = group[0].device
     positions, odd_positions, starts = _pack_layout(device, tuple(int(w.numel()) for w in group))
     x = torch.cat(group)
     x.bitwise_xor_(positions)
     _mix_in_place(x, torch.empty_like(x))
-    lane0 = _segment_sums(x, starts)
+    lane0 = _segment_sums(x, starts, numpy=numpy)
     x.mul_(odd_positions)
-    lane1 = _segment_sums(x, starts)
+    lane1 = _segment_sums(x, starts, numpy=numpy)
     return torch.stack([lane0, lane1], dim=1)
 
 
