@@ -19,6 +19,7 @@ so they are uploaded once and cached on the device.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -152,5 +153,7 @@ def lanes(words: Sequence[torch.Tensor]) -> torch.Tensor:
     out = torch.zeros((len(words), 2), dtype=torch.int32, device=device)
     table, programs = _table(words, device)  # an empty tensor has no blocks: its row stays zero
     if programs:
-        _kernel()[(programs,)](table, out, VECTOR=_VECTOR, ITERATIONS=_ITERATIONS, num_warps=4)
+        # Triton launches on the current CUDA device: make it the tensors' one (cuda:1 and up).
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            _kernel()[(programs,)](table, out, VECTOR=_VECTOR, ITERATIONS=_ITERATIONS, num_warps=4)
     return out.to(torch.int64) & _MASK32
