@@ -12,7 +12,8 @@ word, two running sums in registers) and adds its two partial sums to its tensor
 output with integer atomics. Sums modulo 2**32 are exact and order-independent, so the atomics
 make the result deterministic; no float is involved anywhere.
 
-Full blocks take an unmasked loop (the loads vectorise); only a tensor's last block is masked.
+Full blocks start 16-byte aligned and take an unmasked loop (128-bit loads); only a tensor's
+last block, and a short head block up to its first 16-byte boundary, are masked.
 Tables depend only on the addresses and sizes, which are the same at every snapshot of a model,
 so they are uploaded once and cached on the device.
 """
@@ -43,7 +44,7 @@ _MASK32 = 0xFFFFFFFF
 _VECTOR = 1024  # words per loop iteration of a program: 8 words (32 bytes) per thread with 4 warps
 _ITERATIONS = 16
 _BLOCK_WORDS = _VECTOR * _ITERATIONS  # 64 KiB per program: enough work to hide the launch of a program
-_ALIGN = 16  # bytes; block addresses are multiples of this, so the loads can be 128-bit wide
+_ALIGN = 16  # bytes; full blocks start at multiples of this, so their loads can be 128-bit wide
 
 
 def available() -> bool:
@@ -62,11 +63,13 @@ def _hash_blocks(table_ptr, out_ptr, VECTOR: tl.constexpr, ITERATIONS: tl.conste
     count = tl.load(row + 1)
     target = tl.load(row + 2)
     key = tl.load(row + 3).to(tl.uint32)  # position key of the block's first word, below 2**32
-    words = tl.multiple_of(address.to(tl.pointer_type(tl.int32)), 16)
     lanes = tl.arange(0, VECTOR)
     sum0 = tl.zeros([VECTOR], dtype=tl.uint32)
     sum1 = tl.zeros([VECTOR], dtype=tl.uint32)
-    if count == VECTOR * ITERATIONS:  # a full block: no masks, so the loads vectorise
+    if count == VECTOR * ITERATIONS:  # a full block, 16-byte aligned (see _table): no masks, 128-bit loads
+        # address // 16 * 16 is address itself here. The hint sits on a pointer of this branch only,
+        # so the masked branch, which may be unaligned, keeps its scalar loads.
+        words = tl.multiple_of((address // 16 * 16).to(tl.pointer_type(tl.int32)), 16)
         for step in range(ITERATIONS):
             index = step * VECTOR + lanes
             w = tl.load(words + index).to(tl.uint32, bitcast=True)
@@ -79,7 +82,8 @@ def _hash_blocks(table_ptr, out_ptr, VECTOR: tl.constexpr, ITERATIONS: tl.conste
             x ^= x >> 16
             sum0 += x
             sum1 += x * (p | 1)
-    else:  # the last block of a tensor
+    else:  # a tensor's unaligned head or its last block: any 4-byte alignment
+        words = address.to(tl.pointer_type(tl.int32))
         for start in range(0, count, VECTOR):
             index = start + lanes
             inside = index < count
@@ -122,15 +126,23 @@ def _table(words: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.T
         cached = _TABLES.get(cache_key)
     if cached is not None:
         return cached
-    blocks = -(-sizes // _BLOCK_WORDS)
+    # Full blocks start on a 16-byte boundary so that their loads can be 128-bit wide; a tensor
+    # whose data does not (a view into a flat buffer, say) gets a short head block up to it.
+    head = np.minimum((-addresses % _ALIGN) // 4, sizes)
+    has_head = (head > 0).astype(np.int64)
+    blocks = has_head + -(-(sizes - head) // _BLOCK_WORDS)
     tensor_of_block = np.repeat(np.arange(len(words), dtype=np.int64), blocks)
     first_block = np.cumsum(blocks) - blocks
-    start = (np.arange(int(blocks.sum()), dtype=np.int64) - np.repeat(first_block, blocks)) * _BLOCK_WORDS
+    j = np.arange(int(blocks.sum()), dtype=np.int64) - np.repeat(first_block, blocks)  # block index within its tensor
+    is_head = (has_head[tensor_of_block] == 1) & (j == 0)
+    start = np.where(is_head, 0, head[tensor_of_block] + (j - has_head[tensor_of_block]) * _BLOCK_WORDS)
+    end = np.where(is_head, head[tensor_of_block], np.minimum(start + _BLOCK_WORDS, sizes[tensor_of_block]))
     rows = np.empty((start.size, 4), dtype=np.int64)
     rows[:, 0] = addresses[tensor_of_block] + 4 * start
-    rows[:, 1] = np.minimum(sizes[tensor_of_block] - start, _BLOCK_WORDS)
+    rows[:, 1] = end - start
     rows[:, 2] = tensor_of_block
-    # start * STEP can exceed 2**63 for tensors over 8 GiB: multiply modulo 2**32 in uint64.
+    # start * STEP overflows for large tensors: uint64 arithmetic wraps modulo 2**64, which keeps
+    # the low 32 bits, the only ones the key has.
     rows[:, 3] = ((start.astype(np.uint64) * np.uint64(_POSITION_STEP) + np.uint64(_POSITION_SEED)) & np.uint64(_MASK32)).astype(np.int64)
     host = torch.from_numpy(rows)
     # Pinned and non_blocking on CUDA: the upload is queued on the stream and does not wait for the GPU.
@@ -146,8 +158,8 @@ def _table(words: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.T
 def lanes(words: Sequence[torch.Tensor]) -> torch.Tensor:
     """Lane sums (int64 ``[k, 2]``, on the device, not synchronised) of k flat int32 tensors.
 
-    Every tensor must be contiguous, on the same device, with a data pointer aligned to 16 bytes
-    (the caller clones the rare view that is not). Empty tensors give zero lanes.
+    Every tensor must be contiguous, on the same device, with a data pointer aligned to 4 bytes.
+    Empty tensors give zero lanes.
     """
     device = words[0].device
     out = torch.zeros((len(words), 2), dtype=torch.int32, device=device)

@@ -41,8 +41,8 @@ Three ways to compute the same two lane sums, chosen per device:
   :mod:`bisect_repro._hash_triton`, over every tensor of a call in one launch, reading each byte
   once; lanes are combined per tensor with integer atomics, which are exact in any order.
 - Otherwise, torch integer ops on the tensor's own device (wrapping int32 arithmetic, logical
-  shifts emulated by masking) over cache-sized chunks, in place in three scratch buffers so that
-  the ~17 passes a chunk needs stay in cache; torch spreads each op over the intra-op threads.
+  shifts emulated by masking) over cache-sized chunks, in place in two scratch buffers so that
+  the 16 passes a chunk needs stay in cache; torch spreads each op over the intra-op threads.
   Tensors below ``_PACK_WORDS`` words are packed together (``_PACK_CHUNK`` words at a time) and
   reduced with one segmented sum, so a model's many small tensors cost few ops.
 - ``BISECT_REPRO_HASH_BACKEND=torch`` forces the torch-op path everywhere (to rule out the
@@ -312,7 +312,7 @@ class PendingHashes:
             self._order.append(name)
             device = tensor.device
             if _uses_kernel(device):  # every tensor of the device in one launch, below
-                fused.setdefault(device, []).append((entry, _words(tensor, align=16)))
+                fused.setdefault(device, []).append((entry, _words(tensor)))
                 continue
             words = _words(tensor)
             if words.numel() == 0:

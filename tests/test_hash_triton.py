@@ -81,7 +81,7 @@ BLOCKS = st.sampled_from([(32, 1), (32, 4), (64, 2), (_hash_triton._VECTOR, _has
 def test_kernel_lanes_match_the_definition(batch: list[torch.Tensor], block: tuple[int, int]) -> None:
     device = kernel_device()
     vector, iterations = block
-    words = [hashing._words(t.to(device), align=16) for t in batch]
+    words = [hashing._words(t.to(device)) for t in batch]
     with mock.patch.multiple(_hash_triton, _VECTOR=vector, _ITERATIONS=iterations, _BLOCK_WORDS=vector * iterations):
         found = _hash_triton.lanes(words).cpu().tolist()
     assert found == [list(fast_reference_lanes(t)) for t in batch]
@@ -115,3 +115,19 @@ def test_tables_are_cached_per_layout() -> None:
     with mock.patch.multiple(_hash_triton, _VECTOR=32, _ITERATIONS=1, _BLOCK_WORDS=32):
         smaller, programs = _hash_triton._table(words, torch.device(device))
     assert smaller is not first and programs == 4 + 1
+
+
+def test_views_off_a_16_byte_boundary_take_a_short_head_block() -> None:
+    # Views into a flat buffer start anywhere: the kernel must not assume aligned full blocks there.
+    device = kernel_device()
+    block = _hash_triton._BLOCK_WORDS
+    buffer = torch.randn(3 * block + 50, device=device)
+    assert buffer.data_ptr() % 16 == 0
+    for offset in range(4):
+        view = buffer[offset : offset + 2 * block + 5]
+        table, programs = _hash_triton._table([hashing._words(view)], torch.device(device))
+        rows = table.cpu().tolist()
+        assert programs == (1 if offset else 0) + 3
+        assert [r[1] for r in rows] == ([4 - offset] if offset else []) + [block, block, 2 * block + 5 - block * 2 - (4 - offset) % 4]
+        assert all(r[0] % 16 == 0 for r in rows if r[1] == block)
+        assert hash_tensor(view) == fast_reference(view.cpu())
