@@ -35,7 +35,7 @@ collide in theory.
 
 Implementation
 --------------
-Three ways to compute the same two lane sums, chosen per device:
+Two ways to compute the same two lane sums, chosen per device, and a switch:
 
 - CUDA with Triton importable (it ships with CUDA builds of torch): one fused kernel,
   :mod:`bisect_repro._hash_triton`, over every tensor of a call in one launch, reading each byte
