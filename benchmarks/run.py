@@ -73,7 +73,7 @@ FULL = Plan(
     mlp_widths=(1024, 2048, 2048, 1024, 1024),  # 9.4M parameters
     gpt={"vocab": 32000, "width": 768, "layers": 12, "heads": 12, "context": 512, "batch": 8},  # 110M parameters
     batch=64,
-    window=200,
+    window=100,  # one checkpoint and ten snapshots at every=10
     runs=3,
 )
 QUICK = Plan(
