@@ -350,6 +350,7 @@ def machine(device: torch.device) -> dict[str, Any]:
         "commit": _git_commit(),
         "device": str(device),
         "load average at start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "cpu pressure at start": _cpu_pressure(),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -361,6 +362,14 @@ def machine(device: torch.device) -> dict[str, Any]:
         except ImportError:
             info[name] = None
     return info
+
+
+def _cpu_pressure() -> str | None:
+    """Linux's share of time that runnable tasks waited for a CPU (other work on a shared machine)."""
+    try:
+        return Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _cpu_name() -> str:
@@ -410,6 +419,10 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _loads(values: Any) -> str:
+    return "n/a" if values is None else ", ".join(f"{v:.2f}" for v in values)
+
+
 def markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [
@@ -420,7 +433,9 @@ def markdown(results: dict[str, Any]) -> str:
         + f"; Python {m['python']}, torch {m['torch']}, NumPy {m['numpy']}, bisect-repro {m['bisect-repro']}"
         + (f" at {m['commit']}" if m["commit"] else "")
         + f", triton {m['triton']}, xxhash {m['xxhash']}; {m['torch threads']} torch threads;"
-        + f" load average at start {m['load average at start']}.",
+        + f" load average at start {_loads(m['load average at start'])}, at end {_loads(m.get('load average at end'))};"
+        + f" CPU pressure (`/proc/pressure/cpu`) at start `{m['cpu pressure at start']}`, at end `{m.get('cpu pressure at end')}`."
+        + " A load above the core count means other work shared the machine and slowed both sides of each ratio.",
         "",
         "Every figure is the median of repeated runs; each ratio compares figures from the same run.",
         "",
@@ -475,6 +490,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stage("storage", lambda: bench_storage(device, plan))
     stage("compare", lambda: bench_compare(device, plan))
     results["machine"]["load average at end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    results["machine"]["cpu pressure at end"] = _cpu_pressure()
     results["seconds"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
