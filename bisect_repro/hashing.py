@@ -58,6 +58,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -72,7 +73,7 @@ _POSITION_SEED = 0x7F4A7C15
 _MIX1 = 0x85EBCA6B
 _MIX2 = 0xC2B2AE35
 _MASK32 = 0xFFFFFFFF
-# 256 Ki words (1 MiB) per chunk: the three 1 MiB scratch buffers stay in the two cores' L2, and a
+# 256 Ki words (1 MiB) per chunk: the two 1 MiB scratch buffers stay in the two cores' L2, and a
 # chunk is big enough that the per-op dispatch cost (a few microseconds) is small next to the work.
 _CHUNK_WORDS = 1 << 18
 _PACK_WORDS = 1 << 16  # tensors below this many words are packed with others ...
@@ -124,6 +125,8 @@ def _position_keys(device: torch.device, count: int) -> tuple[torch.Tensor, torc
         keys = (wide & _MASK32).to(torch.int32)  # int64 -> int32 keeps the low 32 bits
         cached = (keys.to(device), (keys | 1).to(device))
         with _LOCK:
+            if len(_KEYS_CACHE) >= 16:
+                _KEYS_CACHE.clear()
             _KEYS_CACHE[key] = cached
     return cached
 
@@ -203,8 +206,9 @@ def _lanes_of_large(words: torch.Tensor, *, host_sums: bool | None = None) -> to
     """
     device = words.device
     on_cpu = device.type == "cpu" if host_sums is None else host_sums
-    size = min(_CHUNK_WORDS & ~1, words.numel())  # chunks must start at even words (see above)
-    keys, odd_keys = _position_keys(device, size)
+    chunk_words = _CHUNK_WORDS & ~1  # chunks must start at even words (see above)
+    size = min(chunk_words, words.numel())
+    keys, odd_keys = _position_keys(device, chunk_words)  # one table per device, sliced for shorter tensors
     x, scratch = _scratch(device, size)
     lane0 = lane1 = 0
     parts: list[torch.Tensor] = []
@@ -273,6 +277,23 @@ def _lanes_of_small(group: list[torch.Tensor], *, numpy: bool | None = None) -> 
     return torch.stack([lane0, lane1], dim=1)
 
 
+def _fused_lanes(words: list[torch.Tensor]) -> torch.Tensor:
+    """Lane sums (int64[k, 2]) of k word tensors of one device by the Triton kernel.
+
+    If the kernel cannot be built or launched there (an odd toolchain or device), it warns once,
+    stops using the kernel and takes the torch-op path, which gives the same lanes."""
+    kernel = _triton_module()
+    if kernel is not None:
+        try:
+            return kernel.lanes(words)
+        except Exception as error:  # Triton raises many types; any of them means "use the fallback"
+            if _BACKEND == "triton":
+                raise
+            warnings.warn(f"bisect-repro: the Triton hash kernel failed ({error}); hashing with torch ops instead", stacklevel=4)
+            _TRITON[:] = [None]
+    return torch.cat([_lanes_of_large(w).unsqueeze(0) if w.numel() else w.new_zeros((1, 2), dtype=torch.int64) for w in words])
+
+
 def digest_of(dtype: torch.dtype | str, shape: tuple[int, ...] | list[int], lane0: int, lane1: int) -> str:
     """Combine two lane sums with the dtype and shape into the 16-hex-digit digest."""
     name = str(dtype).removeprefix("torch.")
@@ -321,10 +342,8 @@ class PendingHashes:
                 self._push(device, [entry], _lanes_of_large(words).unsqueeze(0))
             else:
                 small.setdefault(device, []).append((entry, words))
-        kernel = _triton_module()
         for device, items in fused.items():
-            assert kernel is not None
-            self._push(device, [e for e, _ in items], kernel.lanes([w for _, w in items]))
+            self._push(device, [e for e, _ in items], _fused_lanes([w for _, w in items]))
         for device, items in small.items():
             batch: list[tuple[_Entry, torch.Tensor]] = []
             packed = 0

@@ -244,3 +244,20 @@ def test_a_wrong_word_is_caught_by_the_property_reference() -> None:
     changed[4321] = -changed[4321]
     assert fast_reference(tensor) != fast_reference(changed)
     assert hash_tensor(changed) == fast_reference(changed) != hash_tensor(tensor)
+
+
+def test_a_failing_kernel_falls_back_to_torch_ops_with_a_warning() -> None:
+    from unittest import mock
+
+    from bisect_repro import hashing
+
+    class BrokenKernel:
+        def lanes(self, words: list[torch.Tensor]) -> torch.Tensor:
+            raise RuntimeError("no usable GPU toolchain")
+
+    batch = [torch.randn(3, 5), torch.zeros(0), torch.arange(300_000, dtype=torch.int32)]
+    with mock.patch.object(hashing, "_TRITON", [BrokenKernel()]), mock.patch.object(hashing, "_BACKEND", "auto"):
+        with pytest.warns(UserWarning, match="Triton hash kernel failed"):
+            lanes = hashing._fused_lanes([hashing._words(t) for t in batch])
+        assert hashing._TRITON == [None]  # not tried again
+    assert lanes.tolist() == [list(fast_reference_lanes(t)) for t in batch]
