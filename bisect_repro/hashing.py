@@ -35,17 +35,33 @@ collide in theory.
 
 Implementation
 --------------
-Torch integer ops on the tensor's own device (wrapping int32 arithmetic, logical shifts emulated
-by masking). Tensors smaller than a chunk are packed together and reduced with one segmented sum,
-so a model's many small tensors cost few launches; lanes stay on the device until
-:meth:`PendingHashes.fetch`, which moves all of them in one transfer per device.
+Two ways to compute the same two lane sums, chosen per device, and a switch:
+
+- CUDA with Triton importable (it ships with CUDA builds of torch): one fused kernel,
+  :mod:`bisect_repro._hash_triton`, over every tensor of a call in one launch, reading each byte
+  once; lanes are combined per tensor with integer atomics, which are exact in any order.
+- Otherwise, torch integer ops on the tensor's own device (wrapping int32 arithmetic, logical
+  shifts emulated by masking) over cache-sized chunks, in place in two scratch buffers so that
+  the 16 passes a chunk needs stay in cache; torch spreads each op over the intra-op threads.
+  Tensors below ``_PACK_WORDS`` words are packed together (``_PACK_CHUNK`` words at a time) and
+  reduced with one segmented sum, so a model's many small tensors cost few ops.
+- ``BISECT_REPRO_HASH_BACKEND=torch`` forces the torch-op path everywhere (to rule out the
+  kernel); ``=triton`` forces the kernel everywhere, which on CPU tensors needs Triton's
+  interpreter (``TRITON_INTERPRET=1``, how the tests check the kernel without a GPU).
+
+Lanes stay on the device until :meth:`PendingHashes.fetch`, which moves all of them in one
+transfer per device; :meth:`PendingHashes.add` never waits for a device.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -57,7 +73,12 @@ _POSITION_SEED = 0x7F4A7C15
 _MIX1 = 0x85EBCA6B
 _MIX2 = 0xC2B2AE35
 _MASK32 = 0xFFFFFFFF
-_CHUNK_WORDS = 1 << 18  # 1 MiB of words: temporaries stay in cache on a CPU
+# 256 Ki words (1 MiB) per chunk: the two 1 MiB scratch buffers stay in the two cores' L2, and a
+# chunk is big enough that the per-op dispatch cost (a few microseconds) is small next to the work.
+_CHUNK_WORDS = 1 << 18
+_PACK_WORDS = 1 << 16  # tensors below this many words are packed with others ...
+_PACK_CHUNK = 1 << 18  # ... into packs of at most about this many words
+_BACKEND = os.environ.get("BISECT_REPRO_HASH_BACKEND", "auto")
 
 
 def _signed32(value: int) -> int:
@@ -65,66 +86,157 @@ def _signed32(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-_ARANGE_CACHE: dict[tuple[torch.device, int], torch.Tensor] = {}
-_PACK_CACHE: dict[tuple[torch.device, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
+_LOCK = threading.Lock()  # the caches below may be filled from several threads
+_KEYS_CACHE: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_PACK_CACHE: dict[tuple[torch.device, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_TRITON: list[ModuleType | None] = []
 
 
-def _position_keys(device: torch.device, count: int) -> torch.Tensor:
-    """``i * STEP`` for ``i < count`` as wrapped int32, cached per device."""
+def _triton_module() -> ModuleType | None:
+    """:mod:`._hash_triton` when Triton imports, else ``None``; imported on first use only, since
+    importing Triton takes a second and CPU-only runs never need it."""
+    if not _TRITON:
+        try:
+            from . import _hash_triton
+        except Exception:  # a broken Triton installation must not break hashing: fall back
+            _TRITON.append(None)
+        else:
+            _TRITON.append(_hash_triton if _hash_triton.available() else None)
+    return _TRITON[0]
+
+
+def _uses_kernel(device: torch.device) -> bool:
+    if _BACKEND == "torch":
+        return False
+    if _BACKEND != "triton" and device.type != "cuda":
+        return False
+    return _triton_module() is not None
+
+
+def _position_keys(device: torch.device, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position keys ``p`` and ``p | 1`` of words ``0 .. count`` as wrapped int32, cached per device.
+
+    A chunk starting at word ``s`` adds ``s * STEP``; ``s`` is even, so ``p | 1`` is shifted the
+    same way (the low bit of ``p`` depends only on ``i``'s parity)."""
     key = (device, count)
-    cached = _ARANGE_CACHE.get(key)
+    cached = _KEYS_CACHE.get(key)
     if cached is None:
-        wide = torch.arange(count, dtype=torch.int64, device=device) * _POSITION_STEP
-        cached = (wide & _MASK32).to(torch.int32)  # int64 -> int32 keeps the low 32 bits
-        _ARANGE_CACHE[key] = cached
+        wide = torch.arange(count, dtype=torch.int64) * _POSITION_STEP + _POSITION_SEED
+        keys = (wide & _MASK32).to(torch.int32)  # int64 -> int32 keeps the low 32 bits
+        cached = (keys.to(device), (keys | 1).to(device))
+        with _LOCK:
+            if len(_KEYS_CACHE) >= 16:
+                _KEYS_CACHE.clear()
+            _KEYS_CACHE[key] = cached
     return cached
 
 
-def _words(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as a flat int32 tensor, zero-padded to whole words."""
+def _words(tensor: torch.Tensor, *, align: int = 4) -> torch.Tensor:
+    """The tensor's bytes as a flat int32 tensor, zero-padded to whole words.
+
+    A copy only where needed: non-contiguous views, a byte count that is not a multiple of four,
+    or a data pointer that is not a multiple of ``align`` bytes."""
     flat = tensor.detach()
     if flat.layout != torch.strided:
         flat = flat.to_dense()
     flat = flat.contiguous().reshape(-1)
+    if flat.numel() <= 1 and flat.stride(0) != 1:  # "contiguous" with a stride: torch ignores the strides of size-1 and empty dims
+        flat = flat.new_empty(flat.shape).copy_(flat)
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
     raw = flat.view(torch.uint8)
     pad = (-raw.numel()) % 4
     if pad:
         raw = torch.cat([raw, raw.new_zeros(pad)])
-    try:
-        return raw.view(torch.int32)
-    except RuntimeError:  # storage offset not word-aligned
-        return raw.clone().view(torch.int32)
+    if raw.numel() == 0:
+        return raw.new_empty(0, dtype=torch.int32)
+    if raw.data_ptr() % align or raw.storage_offset() % 4:  # a view at an odd storage offset
+        raw = raw.clone()
+    return raw.view(torch.int32)
 
 
-def _mix(words: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-word terms of lane 0 and lane 1 (int32, wrapping)."""
-    x = words ^ positions
-    x ^= (x >> 16) & 0xFFFF
-    x *= _signed32(_MIX1)
-    x ^= (x >> 13) & 0x7FFFF
-    x *= _signed32(_MIX2)
-    x ^= (x >> 16) & 0xFFFF
-    return x, x * (positions | 1)
+_SCRATCH = threading.local()
 
 
-def _lanes_of_large(words: torch.Tensor) -> torch.Tensor:
-    """Lane sums (int64[2], on the device) of one tensor of at least a chunk of words."""
-    total = torch.zeros(2, dtype=torch.int64, device=words.device)
-    keys = _position_keys(words.device, _CHUNK_WORDS)
-    for start in range(0, words.numel(), _CHUNK_WORDS):
-        chunk = words[start : start + _CHUNK_WORDS]
-        offset = _signed32(start * _POSITION_STEP + _POSITION_SEED)
-        positions = keys[: chunk.numel()] + offset
-        lane0, lane1 = _mix(chunk, positions)
-        total[0] += lane0.sum(dtype=torch.int64)
-        total[1] += lane1.sum(dtype=torch.int64)
-    return total & _MASK32
+def _scratch(device: torch.device, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two int32 buffers of ``size`` words. On the CPU they are kept per thread: a fresh 1 MiB
+    allocation is a fresh mapping, and its page faults cost as much as hashing a chunk."""
+    if device.type != "cpu":  # the caching allocator already recycles device memory
+        x = torch.empty(size, dtype=torch.int32, device=device)
+        return x, torch.empty_like(x)
+    kept: tuple[torch.Tensor, torch.Tensor] | None = getattr(_SCRATCH, "buffers", None)
+    if kept is None or kept[0].numel() < size:
+        kept = (torch.empty(_CHUNK_WORDS, dtype=torch.int32), torch.empty(_CHUNK_WORDS, dtype=torch.int32))
+        _SCRATCH.buffers = kept
+    return kept[0][:size], kept[1][:size]
 
 
-def _pack_layout(device: torch.device, sizes: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position keys within each packed tensor, and the end offset of each segment."""
+def _xorshift_right(x: torch.Tensor, shift: int, scratch: torch.Tensor) -> None:
+    """``x ^= x >>> shift`` in place on int32: torch's ``>>`` is arithmetic, so mask the sign copies."""
+    torch.bitwise_right_shift(x, shift, out=scratch)
+    scratch.bitwise_and_((1 << (32 - shift)) - 1)
+    x.bitwise_xor_(scratch)
+
+
+def _mix_in_place(x: torch.Tensor, scratch: torch.Tensor) -> None:
+    """murmur3's finaliser on int32 words, in place (multiplication wraps like uint32)."""
+    _xorshift_right(x, 16, scratch)
+    x.mul_(_signed32(_MIX1))
+    _xorshift_right(x, 13, scratch)
+    x.mul_(_signed32(_MIX2))
+    _xorshift_right(x, 16, scratch)
+
+
+def _sum32(x: torch.Tensor) -> torch.Tensor:
+    """The sum of int32 terms; only its value modulo 2**32 is used.
+
+    On the CPU the int32 accumulator wraps exactly like uint32 and sums at twice the speed of an
+    int64 one; elsewhere int64, whose low 32 bits are the same."""
+    return x.sum(dtype=torch.int32 if x.device.type == "cpu" else torch.int64)
+
+
+def _lanes_of_large(words: torch.Tensor, *, host_sums: bool | None = None) -> torch.Tensor:
+    """Lane sums (int64[2], on the device) of one flat int32 tensor, a chunk at a time.
+
+    A chunk at word ``s`` has position keys ``p = keys + s * STEP`` and ``p | 1 = odd_keys + s * STEP``,
+    so its lane 1 is ``sum(x * odd_keys) + s * STEP * sum(x)``: one op fewer than forming ``p | 1``.
+    (``p | 1 = odd_keys + s * STEP`` needs ``s * STEP`` even, that is ``s`` even.)
+    Every op but the first (the one read of the tensor) works in place on a cache-sized buffer.
+    ``host_sums`` (default: on the CPU) accumulates in Python integers, else on the device.
+    """
+    device = words.device
+    on_cpu = device.type == "cpu" if host_sums is None else host_sums
+    chunk_words = _CHUNK_WORDS & ~1  # chunks must start at even words (see above)
+    size = min(chunk_words, words.numel())
+    keys, odd_keys = _position_keys(device, chunk_words)  # one table per device, sliced for shorter tensors
+    x, scratch = _scratch(device, size)
+    lane0 = lane1 = 0
+    parts: list[torch.Tensor] = []
+    for start in range(0, words.numel(), size):
+        chunk = words[start : start + size]
+        n = chunk.numel()
+        xn = x[:n]
+        offset = (start * _POSITION_STEP) & _MASK32
+        torch.add(keys[:n], _signed32(offset), out=xn)  # p
+        xn.bitwise_xor_(chunk)
+        _mix_in_place(xn, scratch[:n])
+        sum0 = _sum32(xn)
+        xn.mul_(odd_keys[:n])
+        sum1 = _sum32(xn)
+        if on_cpu:  # no device to wait for: plain integers are the cheapest accumulator
+            s0 = int(sum0)
+            lane0 += s0
+            lane1 += int(sum1) + s0 * offset
+        else:  # stays on the device: no synchronisation
+            sum0 = sum0.to(torch.int64)
+            parts.append(torch.stack([sum0, sum1.to(torch.int64) + (sum0 & _MASK32) * offset]))
+    if on_cpu:
+        return torch.tensor([lane0 & _MASK32, lane1 & _MASK32], dtype=torch.int64)
+    return torch.stack(parts).sum(0) & _MASK32
+
+
+def _pack_layout(device: torch.device, sizes: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Position keys ``p`` and ``p | 1`` within each packed tensor, and each segment's first word."""
     key = (device, sizes)
     cached = _PACK_CACHE.get(key)
     if cached is None:
@@ -132,24 +244,54 @@ def _pack_layout(device: torch.device, sizes: tuple[int, ...]) -> tuple[torch.Te
         starts = torch.cumsum(lengths, 0) - lengths
         index = torch.arange(int(lengths.sum()), dtype=torch.int64) - torch.repeat_interleave(starts, lengths)
         positions = ((index * _POSITION_STEP + _POSITION_SEED) & _MASK32).to(torch.int32)
-        ends = torch.cumsum(lengths, 0)
-        cached = (positions.to(device), ends.to(device))
-        if len(_PACK_CACHE) > 64:
-            _PACK_CACHE.clear()
-        _PACK_CACHE[key] = cached
+        cached = (positions.to(device), (positions | 1).to(device), starts.to(device))
+        with _LOCK:
+            if len(_PACK_CACHE) >= 64:  # a model has a few layouts; a stream of new ones must not grow this
+                _PACK_CACHE.clear()
+            _PACK_CACHE[key] = cached
     return cached
 
 
-def _lanes_of_small(group: list[torch.Tensor]) -> torch.Tensor:
-    """Lane sums (int64[k, 2]) of k small word tensors, in one segmented reduction."""
+def _segment_sums(terms: torch.Tensor, starts: torch.Tensor, *, numpy: bool | None = None) -> torch.Tensor:
+    """Sums (int64, modulo 2**32) of the consecutive non-empty segments of int32 ``terms``.
+
+    ``numpy`` (default: on the CPU) uses numpy's segmented sum, else a device cumsum."""
+    if terms.device.type == "cpu" if numpy is None else numpy:  # one pass, wrapping in uint32, no int64 copy
+        sums = np.add.reduceat(terms.numpy().view(np.uint32), starts.numpy(), dtype=np.uint32)
+        return torch.from_numpy(sums.astype(np.int64))
+    running = torch.cat([terms.new_zeros(1, dtype=torch.int64), torch.cumsum(terms, 0, dtype=torch.int64)])
+    ends = torch.cat([starts[1:], starts.new_tensor([terms.numel()])])
+    return (running[ends] - running[starts]) & _MASK32
+
+
+def _lanes_of_small(group: list[torch.Tensor], *, numpy: bool | None = None) -> torch.Tensor:
+    """Lane sums (int64[k, 2]) of k small non-empty word tensors, in one segmented reduction."""
     device = group[0].device
-    sizes = tuple(int(w.numel()) for w in group)
-    positions, ends = _pack_layout(device, sizes)
-    words = torch.cat(group) if len(group) > 1 else group[0]
-    lane0, lane1 = _mix(words, positions)
-    terms = torch.stack([lane0, lane1], dim=1).to(torch.int64)
-    running = torch.cat([terms.new_zeros(1, 2), torch.cumsum(terms, 0)])
-    return (running[ends] - running[ends - torch.tensor(sizes, device=device)]) & _MASK32
+    positions, odd_positions, starts = _pack_layout(device, tuple(int(w.numel()) for w in group))
+    x = torch.cat(group)
+    x.bitwise_xor_(positions)
+    _mix_in_place(x, torch.empty_like(x))
+    lane0 = _segment_sums(x, starts, numpy=numpy)
+    x.mul_(odd_positions)
+    lane1 = _segment_sums(x, starts, numpy=numpy)
+    return torch.stack([lane0, lane1], dim=1)
+
+
+def _fused_lanes(words: list[torch.Tensor]) -> torch.Tensor:
+    """Lane sums (int64[k, 2]) of k word tensors of one device by the Triton kernel.
+
+    If the kernel cannot be built or launched there (an odd toolchain or device), it warns once,
+    stops using the kernel and takes the torch-op path, which gives the same lanes."""
+    kernel = _triton_module()
+    if kernel is not None:
+        try:
+            return kernel.lanes(words)
+        except Exception as error:  # Triton raises many types; any of them means "use the fallback"
+            if _BACKEND == "triton":
+                raise
+            warnings.warn(f"bisect-repro: the Triton hash kernel failed ({error}); hashing with torch ops instead", stacklevel=4)
+            _TRITON[:] = [None]
+    return torch.cat([_lanes_of_large(w).unsqueeze(0) if w.numel() else w.new_zeros((1, 2), dtype=torch.int64) for w in words])
 
 
 def digest_of(dtype: torch.dtype | str, shape: tuple[int, ...] | list[int], lane0: int, lane1: int) -> str:
@@ -182,20 +324,38 @@ class PendingHashes:
         return len(self._order)
 
     def add(self, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        fused: dict[torch.device, list[tuple[_Entry, torch.Tensor]]] = {}
         small: dict[torch.device, list[tuple[_Entry, torch.Tensor]]] = {}
+        empty: dict[torch.device, list[_Entry]] = {}
         for name, value in tensors.items():
             tensor = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
             entry = _Entry(name, tensor.dtype, tuple(tensor.shape))
             self._order.append(name)
+            device = tensor.device
+            if _uses_kernel(device):  # every tensor of the device in one launch, below
+                fused.setdefault(device, []).append((entry, _words(tensor)))
+                continue
             words = _words(tensor)
-            if words.numel() >= _CHUNK_WORDS:
-                self._push(words.device, [entry], _lanes_of_large(words).unsqueeze(0))
+            if words.numel() == 0:
+                empty.setdefault(device, []).append(entry)
+            elif words.numel() >= _PACK_WORDS:
+                self._push(device, [entry], _lanes_of_large(words).unsqueeze(0))
             else:
-                small.setdefault(words.device, []).append((entry, words))
+                small.setdefault(device, []).append((entry, words))
+        for device, items in fused.items():
+            self._push(device, [e for e, _ in items], _fused_lanes([w for _, w in items]))
         for device, items in small.items():
-            for start in range(0, len(items), 4096):
-                batch = items[start : start + 4096]
-                self._push(device, [e for e, _ in batch], _lanes_of_small([w for _, w in batch]))
+            batch: list[tuple[_Entry, torch.Tensor]] = []
+            packed = 0
+            for item in [*items, None]:
+                if item is None or (batch and packed + item[1].numel() > _PACK_CHUNK):
+                    self._push(device, [e for e, _ in batch], _lanes_of_small([w for _, w in batch]))
+                    batch, packed = [], 0
+                if item is not None:
+                    batch.append(item)
+                    packed += item[1].numel()
+        for device, entries in empty.items():
+            self._push(device, entries, torch.zeros((len(entries), 2), dtype=torch.int64, device=device))
 
     def _push(self, device: torch.device, entries: list[_Entry], lanes: torch.Tensor) -> None:
         self._entries.setdefault(device, []).extend(entries)
