@@ -18,7 +18,8 @@ slows both sides alike.
   ~100M-parameter transformer on CUDA.
 - Storage: bytes per snapshot and per checkpoint against ``torch.save`` of the same state into
   memory (the baseline only: bisect-repro itself never pickles).
-- Compare cost: a placeholder until the compare command lands.
+- Compare cost: two recorded 2,000-step runs that part ways at step 1,537, compared; the wall time
+  against the time to train the steps the replay re-ran, for both runs.
 """
 
 from __future__ import annotations
@@ -325,13 +326,52 @@ def bench_storage(device: torch.device, plan: Plan) -> dict[str, Any]:
 
 # -- compare cost ------------------------------------------------------------------------------
 def bench_compare(device: torch.device, plan: Plan) -> dict[str, Any]:
-    """PLACEHOLDER: the cost of ``bisect-repro compare`` (being built separately).
+    """``compare`` on two recorded runs that part ways near step 1,500 of 2,000 (quick: 37 of 60).
 
-    To be filled in once compare lands: wall time and peak memory to compare two recorded runs
-    of the MLP (identical runs, and runs diverging at a known step), split into reading the
-    snapshots, bisecting, and replaying from the last shared checkpoint.
+    Its wall time is set against the time to train the steps it replays, for both runs, measured
+    in this process with the same recipe and no recorder.
     """
-    return {"placeholder": True, "note": "compare cost: to be measured when the compare command lands"}
+    from bisect_repro import compare, record
+    from bisect_repro.recipe import build
+
+    full = plan is FULL
+    steps, diverge_at, every, checkpoint_every = (2000, 1537, 10, 100) if full else (60, 37, 10, 20)
+    target = f"{Path(__file__).with_name('compare_recipe.py')}:build"
+    config = {"diverge_at": diverge_at, "width": 512 if full else 64}
+    options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=True)
+    with tempfile.TemporaryDirectory(prefix="bisect-repro-bench-") as tmp:
+        runs = [record(build(target, config), Path(tmp) / name, options, target=target, config=config) for name in "ab"]
+        walls, results = [], []
+        for _ in range(3 if full else 1):
+            started = time.perf_counter()
+            results.append(compare(runs[0], runs[1]))
+            walls.append(time.perf_counter() - started)
+    result = results[-1]
+    replayed = result["replay"]["replayed_steps"]
+    trainee = build(target, config)
+    assert trainee.step is not None
+    batches = list(_cycle(trainee.loader, replayed + 5))
+    for batch in batches[:5]:  # warm-up
+        trainee.step(batch)
+    train_times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        for batch in batches[5:]:
+            trainee.step(batch)
+        train_times.append(time.perf_counter() - started)
+    train = statistics.median(train_times)
+    wall = statistics.median(walls)
+    return {
+        "steps": steps,
+        "diverges_at": diverge_at,
+        "found": [result["verdict"]["step"], result["verdict"]["phase"], result["verdict"]["layer"], result["verdict"]["cause"]],
+        "replayed steps": replayed,
+        "compare s": wall,
+        "train replayed steps s (one run)": train,
+        "ratio to both runs' steps": wall / (2 * train),
+        "ratio to one run's steps": wall / train,
+        "note": f"compare of two {steps}-step runs diverging at step {diverge_at}, every={every}, checkpoint every {checkpoint_every}",
+    }
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -461,7 +501,9 @@ def markdown(results: dict[str, Any]) -> str:
         ]
     storage = results["storage"]
     lines += ["", "## Storage", "", f"MLP, {storage['parameters']:,} parameters, Adam.", "", *_table(storage["rows"])]
-    lines += ["", "## Compare cost", "", f"{results['compare']['note']}.", ""]
+    compare = results["compare"]
+    shown = {k: v for k, v in compare.items() if k != "note"}
+    lines += ["", "## Compare cost", "", f"{compare['note']}.", "", *_table([shown]), ""]
     return "\n".join(lines)
 
 

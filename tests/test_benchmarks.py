@@ -31,6 +31,8 @@ def test_the_benchmark_command_runs_and_writes_its_tables(tmp_path: Path) -> Non
         assert set(configurations) == {"no recorder", "every=10", "every=1"}
         assert configurations["no recorder"]["overhead"] == 1.0
     assert {row["file"] for row in results["storage"]["rows"]} >= {"snapshot", "checkpoint"}
-    assert results["compare"]["placeholder"] is True
+    compare = results["compare"]
+    assert compare["found"] == [compare["diverges_at"], "forward", "6", "rng_state"]  # the Jitter layer
+    assert compare["replayed steps"] >= 1 and compare["compare s"] > 0
     table = (tmp_path / "results.md").read_text()
-    assert "## Hash throughput" in table and "## Recording overhead, MLP" in table and "## Storage" in table
+    assert "## Hash throughput" in table and "## Recording overhead, MLP" in table and "## Storage" in table and "## Compare cost" in table
