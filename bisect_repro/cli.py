@@ -21,11 +21,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .compare import compare
 from .demo import record_pair
-from .doctor import DEFAULT_STEPS, doctor, render_doctor
+from .doctor import DEFAULT_STEPS, doctor
 from .errors import BisectReproError
 from .recipe import build, parse_settings, recipe_file
 from .recorder import RecordingWarning, RecordOptions, record
-from .report import render_comparison, render_summary, run_summary
+from .report import render_comparison, render_doctor, render_summary, run_summary
 from .store import Run
 
 app = typer.Typer(

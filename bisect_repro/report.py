@@ -1,15 +1,22 @@
-"""What the CLI prints: JSON objects and their human (rich) renderings."""
+"""What the CLI prints: JSON objects and their human (rich) renderings.
+
+The JSON objects are made where their data is (``run_summary`` here, ``compare`` and ``doctor`` in
+their modules); the renderings read only those objects, so ``--json`` and the human report never
+disagree.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from .findings import SEVERITIES
 from .store import Run
 
-__all__ = ["render_comparison", "render_summary", "run_summary"]
+__all__ = ["render_comparison", "render_doctor", "render_summary", "run_summary"]
 
 
 def run_summary(run: Run, *, verify: bool = False) -> dict[str, Any]:
@@ -168,3 +175,30 @@ def _condensed(rows: list[dict[str, Any]], keep: int = 4) -> list[dict[str, Any]
     first = next((i for i, row in enumerate(rows) if not row["equal"]), len(rows) - 1)
     chosen = sorted({0, *range(max(0, first - keep), min(len(rows), first + keep)), len(rows) - 1})
     return [rows[i] for i in chosen]
+
+
+_SEVERITY_STYLES = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
+
+
+def render_doctor(result: Mapping[str, Any], console: Console) -> None:
+    """Verdict first, then each finding with its evidence and fix."""
+    from rich.panel import Panel
+
+    findings = result["findings"]
+    counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}
+    tally = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n) or "no findings"
+    subject = result["target"] or "this environment"
+    if result["target"] is None:
+        headline = f"[bold green]Nothing in this environment alone makes runs irreproducible[/] ({tally})."
+    elif result["reproducible"]:
+        headline = f"[bold green]Reproducible on this machine[/] ({tally})."
+    else:
+        headline = f"[bold red]Not reproducible on this machine[/] ({tally})."
+    note = f"\n{subject}" + (f", {result['steps']} step(s) checked" if result["target"] else "") + f", {result['seconds']:.1f}s"
+    console.print(Panel(headline + note, title="doctor", expand=False))
+    for finding in findings:
+        where = ", ".join(x for x in (f"layer {finding['layer']}" if finding["layer"] else "", finding["op"] or "") if x)
+        style = _SEVERITY_STYLES[finding["severity"]]
+        console.print(f"\n[{style}]{finding['severity'].upper()}[/] [bold]{finding['id']}[/]" + (f"  ({where})" if where else ""))
+        console.print(f"  {finding['evidence']}", highlight=False)
+        console.print(f"  [bold green]Fix:[/] {finding['fix']}", highlight=False)
