@@ -31,8 +31,7 @@ their concept does: the probe processes and what two of them disagree on in
 :mod:`bisect_repro.probe`, the in-process experiments in :mod:`bisect_repro.experiments`, op
 attribution to modules in :mod:`bisect_repro.scope`, streams hidden in the data in
 :mod:`bisect_repro.data`, the settings in :mod:`bisect_repro.audit`, the human report in
-:mod:`bisect_repro.report`. The names this module exported before the split are still importable
-from here.
+:mod:`bisect_repro.report`.
 
 Where guarantees stop: a nondeterministic kernel may agree with itself by chance in the reruns;
 only the first ``steps`` steps are run, so randomness that starts later is not seen; a step that
@@ -50,27 +49,14 @@ import torch
 
 from . import causes, env
 from .audit import environment_findings
-from .data import find_streams, hidden_streams, stream_kind
 from .errors import BisectReproError, RecipeError
 from .experiments import InProcess
 from .findings import SEVERITIES, finding
 from .probe import Probe, differences
 from .recipe import recipe_file
-from .report import render_doctor
 from .rng import GLOBAL_STREAMS
-from .scope import DeterminismAlerts, ModuleScope, ScopedOps
 
-__all__ = [
-    "DEFAULT_STEPS",
-    "SCHEMA",
-    "ModuleScope",
-    "doctor",
-    "environment_findings",
-    "find_streams",
-    "hidden_streams",
-    "render_doctor",
-    "stream_kind",
-]
+__all__ = ["DEFAULT_STEPS", "SCHEMA", "doctor"]
 
 SCHEMA = "bisect-repro/doctor/1"
 DEFAULT_STEPS = 3
@@ -78,10 +64,6 @@ _HASH_SEEDS = ("1", "2")
 _LOADER_STREAMS = ("loader.generator", "sampler.generator", "batch_sampler.generator")
 
 Progress = Callable[[str], None]
-
-# The private names of doctor's parts before they moved to their own modules; tests import them
-# from here.
-_DeterminismAlerts, _ScopedOps, _InProcess, _differences = DeterminismAlerts, ScopedOps, InProcess, differences
 
 
 def _short(indices: list[int] | None, limit: int = 6) -> str:

@@ -14,18 +14,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from bisect_repro import causes
-from bisect_repro.doctor import (
-    SCHEMA,
-    _DeterminismAlerts,
-    _differences,
-    _ScopedOps,
-    doctor,
-    environment_findings,
-    find_streams,
-    render_doctor,
-    stream_kind,
-)
+from bisect_repro.audit import environment_findings
+from bisect_repro.data import find_streams, stream_kind
+from bisect_repro.doctor import SCHEMA, doctor
+from bisect_repro.experiments import InProcess
+from bisect_repro.probe import differences
 from bisect_repro.replay import Replica
+from bisect_repro.report import render_doctor
+from bisect_repro.scope import DeterminismAlerts, ScopedOps
 
 
 class Flip:
@@ -87,7 +83,7 @@ class Bag(nn.Module):
 
 def test_ops_are_attributed_to_their_module_forward_and_backward() -> None:
     model = Bag()
-    tracer = _ScopedOps(model)
+    tracer = ScopedOps(model)
     with tracer.tracing():
         model(torch.randint(0, 50, (8, 6))).sum().backward()
     records = list(zip(tracer.result(), tracer.phases, strict=True))
@@ -124,7 +120,7 @@ class Odd(nn.Module):
 
 def test_ops_without_a_deterministic_kernel_are_caught_with_their_module() -> None:
     model = nn.Sequential(nn.Linear(3, 4), Scatter(), Odd(), nn.Linear(4, 1))
-    alerts = _DeterminismAlerts(model)
+    alerts = DeterminismAlerts(model)
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
@@ -207,7 +203,7 @@ def probe_result(**changes: object) -> dict:
 
 def test_probes_differences() -> None:
     a = probe_result()
-    assert _differences(a, probe_result()) == {
+    assert differences(a, probe_result()) == {
         "init": [], "streams": [], "hidden": [], "order": None, "content": None, "base_seed": None, "loss": None, "final": [],
     }  # fmt: skip
     b = probe_result(
@@ -218,11 +214,11 @@ def test_probes_differences() -> None:
             {"indices": [3, 4], "content": "C2", "base_seed": 5, "loss": "L2"},
         ],
     )
-    diff = _differences(a, b)
+    diff = differences(a, b)
     assert diff["init"] == ["0.bias"] and diff["hidden"] == ["loader.dataset.rng"]
     assert diff["order"] is None and diff["content"] == 1 and diff["loss"] == 1
     shuffled = probe_result(batches=[{"indices": [2, 1], "content": "c9", "base_seed": 5, "loss": "l1"}])
-    assert _differences(a, shuffled)["order"] == 0 and _differences(a, shuffled)["content"] is None
+    assert differences(a, shuffled)["order"] == 0 and differences(a, shuffled)["content"] is None
 
 
 def test_a_replica_built_from_a_recipe_keeps_the_recipe_settings_to_itself() -> None:
@@ -284,10 +280,9 @@ def build():
 
 
 def test_one_finding_per_op_without_a_deterministic_kernel(tmp_path) -> None:
-    from bisect_repro.doctor import _InProcess
 
     (tmp_path / "puts.py").write_text(DETERMINISM_RECIPE)
-    local = _InProcess(f"{tmp_path / 'puts.py'}:build", {}, 1)
+    local = InProcess(f"{tmp_path / 'puts.py'}:build", {}, 1)
     try:
         local.run_steps()
         local.determinism_alerts()
