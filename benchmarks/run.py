@@ -75,7 +75,7 @@ FULL = Plan(
     gpt={"vocab": 32000, "width": 768, "layers": 12, "heads": 12, "context": 512, "batch": 8},  # 110M parameters
     batch=64,
     window=100,  # one checkpoint and ten snapshots at every=10
-    runs=3,
+    runs=5,
 )
 QUICK = Plan(
     sizes_mb=(0.25, 1),
