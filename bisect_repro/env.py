@@ -111,7 +111,9 @@ def apply(recorded: Mapping[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(int(threads))
     if (enabled := recorded.get("torch.are_deterministic_algorithms_enabled")) is not None:
         warn_only = bool(recorded.get("torch.is_deterministic_algorithms_warn_only_enabled", False))
-        torch.use_deterministic_algorithms(bool(enabled), warn_only=warn_only)
+        current = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+        if current != (bool(enabled), warn_only):  # the first call costs an import of a second or so
+            torch.use_deterministic_algorithms(bool(enabled), warn_only=warn_only)
     if (value := recorded.get("torch.backends.cudnn.benchmark")) is not None:
         torch.backends.cudnn.benchmark = bool(value)
     if (value := recorded.get("torch.backends.cudnn.deterministic")) is not None:
