@@ -52,6 +52,21 @@ def available() -> bool:
     return triton is not None
 
 
+def _mix(w, p):  # type: ignore[no-untyped-def]
+    """The definition's per-word term: the word keyed by its position, through murmur3's finaliser."""
+    x = w ^ p
+    x ^= x >> 16
+    x *= 0x85EBCA6B
+    x ^= x >> 13
+    x *= 0xC2B2AE35
+    x ^= x >> 16
+    return x
+
+
+if triton is not None:  # the kernel calls it, so it must be a Triton function before the kernel compiles
+    _mix = triton.jit(_mix)
+
+
 def _hash_blocks(table_ptr, out_ptr, VECTOR: tl.constexpr, ITERATIONS: tl.constexpr):  # type: ignore[no-untyped-def]
     """One program per table row: the lane sums of one block, added to its tensor's output row.
 
@@ -74,12 +89,7 @@ def _hash_blocks(table_ptr, out_ptr, VECTOR: tl.constexpr, ITERATIONS: tl.conste
             index = step * VECTOR + lanes
             w = tl.load(words + index).to(tl.uint32, bitcast=True)
             p = key + index.to(tl.uint32) * 0x9E3779B1
-            x = w ^ p
-            x ^= x >> 16
-            x *= 0x85EBCA6B
-            x ^= x >> 13
-            x *= 0xC2B2AE35
-            x ^= x >> 16
+            x = _mix(w, p)
             sum0 += x
             sum1 += x * (p | 1)
     else:  # a tensor's unaligned head or its last block: any 4-byte alignment
@@ -89,12 +99,7 @@ def _hash_blocks(table_ptr, out_ptr, VECTOR: tl.constexpr, ITERATIONS: tl.conste
             inside = index < count
             w = tl.load(words + index, mask=inside, other=0).to(tl.uint32, bitcast=True)
             p = key + index.to(tl.uint32) * 0x9E3779B1
-            x = w ^ p
-            x ^= x >> 16
-            x *= 0x85EBCA6B
-            x ^= x >> 13
-            x *= 0xC2B2AE35
-            x ^= x >> 16
+            x = _mix(w, p)
             x = tl.where(inside, x, 0)  # padding words are not zero after mixing: drop them
             sum0 += x
             sum1 += x * (p | 1)
