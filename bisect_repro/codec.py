@@ -35,9 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import safetensors.torch
+import safetensors
 import torch
 import zstandard
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 
 from .errors import RunFormatError, UnstorableError
 
@@ -139,7 +141,7 @@ def prepare(tree: Any) -> Prepared:
 
 def encode_prepared(prepared: Prepared, *, level: int = 3) -> tuple[bytes, int]:
     """The compressed file for a prepared tree, and its uncompressed size."""
-    raw = safetensors.torch.save(prepared.tensors, metadata={"bisect_repro": prepared.skeleton})
+    raw = save_safetensors(prepared.tensors, metadata={"bisect_repro": prepared.skeleton})
     return zstandard.ZstdCompressor(level=level).compress(raw), len(raw)
 
 
@@ -213,7 +215,7 @@ def decode(data: bytes, path: Path, *, raw_size: int, digest: str | None = None)
     metadata = header.get("__metadata__") or {}
     try:
         skeleton = json.loads(metadata["bisect_repro"])
-        tensors = safetensors.torch.load(raw)
+        tensors = load_safetensors(raw)  # safetensors: tensors only, never a pickle
         return _unflatten(skeleton, tensors)
     except (KeyError, TypeError, ValueError, RecursionError, safetensors.SafetensorError) as error:
         problem = " ".join(str(error).split())[:200]  # one line, whatever the library said

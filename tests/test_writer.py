@@ -68,15 +68,21 @@ def test_each_commit_is_step_lines_then_file_then_index_line_in_step_order(examp
     assert events == expected
 
 
-def test_a_slow_disk_makes_training_wait_instead_of_memory_grow(examples, tmp_path, monkeypatch) -> None:
+def hold_writes(monkeypatch) -> threading.Event:
+    """Every write waits until the returned event is set: a disk that has stopped answering."""
     gate = threading.Event()
     written = store.RunWriter.commit_prepared
 
-    def stuck(self, kind, step, prepared):
+    def held(self, kind, step, prepared):
         gate.wait(timeout=30)
         return written(self, kind, step, prepared)
 
-    monkeypatch.setattr(store.RunWriter, "commit_prepared", stuck)
+    monkeypatch.setattr(store.RunWriter, "commit_prepared", held)
+    return gate
+
+
+def test_a_slow_disk_makes_training_wait_instead_of_memory_grow(examples, tmp_path, monkeypatch) -> None:
+    gate = hold_writes(monkeypatch)
     trainee = build(f"{examples / 'mlp.py'}:build", {"hidden": 16})
     recorder = Recorder(tmp_path / "r", trainee, RecordOptions(steps=20, every=1), max_pending_writes=2)
 
@@ -111,14 +117,7 @@ def test_close_waits_for_every_queued_write(examples, tmp_path, monkeypatch) -> 
 
 
 def test_the_queued_checkpoint_is_the_state_at_its_step_not_later(examples, tmp_path, monkeypatch) -> None:
-    gate = threading.Event()
-    written = store.RunWriter.commit_prepared
-
-    def held(self, kind, step, prepared):
-        gate.wait(timeout=30)
-        return written(self, kind, step, prepared)
-
-    monkeypatch.setattr(store.RunWriter, "commit_prepared", held)
+    gate = hold_writes(monkeypatch)
     trainee = build(f"{examples / 'mlp.py'}:build", {"hidden": 16})
     with Recorder(tmp_path / "r", trainee, RecordOptions(steps=3, every=10), max_pending_writes=2) as recorder:
         at_zero = {k: v.clone() for k, v in trainee.model.state_dict().items()}
