@@ -5,7 +5,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from bisect_repro import Recorder, RecordOptions, Run, record
+from bisect_repro import Recorder, RecordOptions, Run, Trainee, record
 from bisect_repro.recipe import build
 
 
@@ -114,3 +114,36 @@ def test_batch_hashes_equal_the_hash_of_each_batch_whether_deferred_or_not(examp
     _, indices = state.data.next_batch()
     state.close()
     assert deferred.steps[0]["order"] == hash_tensor(torch.tensor(indices, dtype=torch.int64))
+
+
+@pytest.mark.cuda
+def test_steps_without_a_snapshot_never_synchronise_with_the_device(tmp_path, monkeypatch) -> None:
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
+    inputs, targets = torch.randn(512, 32, device=device), torch.randn(512, 1, device=device)
+    loader = DataLoader(TensorDataset(inputs, targets), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+    trainee = Trainee.supervised(model, torch.optim.Adam(model.parameters(), lr=1e-3), loader, nn.functional.mse_loss)
+    snapshot = Recorder._snapshot
+
+    def snapshot_may_synchronise(self, step):  # fetching hashes and losses at a snapshot is the one allowed transfer
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return snapshot(self, step)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(Recorder, "_snapshot", snapshot_may_synchronise)
+    recorder = Recorder(tmp_path / "r", trainee, RecordOptions(steps=40, every=10))
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call on a step without a snapshot raises
+    try:
+        with recorder:
+            for batch in recorder.batches():
+                recorder.log(trainee.step(batch))  # type: ignore[misc]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    run = Run.open(tmp_path / "r")
+    assert run.complete and len(run.steps) == 40 and all(isinstance(r["loss"], float) for r in run.steps.values())
