@@ -9,9 +9,11 @@ commits a checkpoint from which training resumes exactly.
 "The state at step s" is the state before the s-th call of ``step()``, counted from 0.
 
 Design decisions:
-- Nothing forces a host-device synchronisation on a step without a snapshot: losses and batch
-  hashes stay on their devices and are fetched together at the next snapshot, and the tensor
-  hashes of a snapshot are fetched in one transfer per device.
+- Nothing forces a host-device synchronisation on a step without a snapshot: losses stay on their
+  devices, batches wait (up to 64 MiB; more are hashed at once, on their device) and are hashed
+  together at the next snapshot, and every hash of a snapshot is fetched in one transfer per
+  device. A step that changes its batch in place before the snapshot changes its recorded hash,
+  the same way in every run.
 - Writing is done by one background thread (:class:`_BackgroundWriter`). At a snapshot the
   training thread fetches the hashes, takes host copies of what must be written
   (:func:`codec.prepare`) and hands them over; encoding, compression, the writes and the fsyncs
