@@ -192,5 +192,7 @@ def test_cli_resume(examples, tmp_path, whole) -> None:
         result = runner.invoke(app, [*args, "--resume"])
     assert result.exit_code == 0, result.output
     assert_equal_runs(Run.open(tmp_path / "r"), whole)
+    compared = runner.invoke(app, ["compare", str(whole.path), str(tmp_path / "r"), "--json"])
+    assert compared.exit_code == 0 and json.loads(compared.stdout)["identical"], compared.output  # and compare says so
     again = runner.invoke(app, [*args, "--resume"])
     assert again.exit_code == 2 and "nothing to resume" in again.stderr
