@@ -135,16 +135,11 @@ class _Bisection:
             self.result["notes"].append(f"no replay: {error}")
             return None
         try:
-            replica_a.restore(ca)
-            replica_b.restore(cb)
             info.update(performed=True, from_step=min(ca, cb), faithful=True)
             total = end + 1 - min(ca, cb)
-            for replica in (replica_a, replica_b):
-                while replica.step < max(ca, cb):  # the replica whose checkpoint is older catches up
-                    self._check_faithful(replica)
-                    replica.advance(replica.fetch())
+            lockstep_from = self._fast_forward(replica_a, replica_b, ca, cb, last_equal)
             verdict = None
-            for step in range(max(ca, cb), end + 1):
+            for step in range(lockstep_from, end + 1):
                 self.progress("replaying", step + 1 - min(ca, cb), total)
                 self._check_faithful(replica_a)
                 self._check_faithful(replica_b)
@@ -161,6 +156,27 @@ class _Bisection:
             info["seconds"] = round(time.perf_counter() - started, 3)
             replica_a.close()
             replica_b.close()
+
+    def _fast_forward(self, ra: Replica, rb: Replica, ca: int, cb: int, last_equal: int) -> int:
+        """Restore both replicas and run them, untraced, to the last step the records say they share.
+
+        Returns the step the lockstep comparison starts from: ``last_equal``; or, when the replayed
+        states already differ there (the replay parted earlier than the recorded runs did), the
+        later of the two checkpoints, after restoring both again.
+        """
+        for target in (last_equal, max(ca, cb)):
+            ra.restore(ca)
+            rb.restore(cb)
+            for replica in (ra, rb):
+                while replica.step < target:
+                    self._check_faithful(replica)
+                    replica.skip()
+            if target == max(ca, cb) or ra.state_hashes() == rb.state_hashes():
+                return target
+            self.result["notes"].append(
+                f"the replayed runs already differ at step {last_equal}, where the records agree; replaying step by step from {max(ca, cb)}"
+            )
+        return max(ca, cb)
 
     def _full_traces(
         self, ra: Replica, rb: Replica, sa: StepStart, sb: StepStart, la: StepTrace, lb: StepTrace

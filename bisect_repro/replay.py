@@ -167,14 +167,24 @@ class Replica:
         self.step = start.step + 1
         return trace
 
+    def skip(self) -> None:
+        """Run the next step for real, untraced and without keeping the state it starts from."""
+        assert self.trainee.step is not None
+        with self.active():
+            batch, _ = self.state.data.next_batch()
+            self.trainee.step(batch)
+        self.step += 1
+
+    def state_hashes(self) -> dict[str, str]:
+        """The hash of every parameter, buffer and optimizer-state tensor, as a snapshot holds them."""
+        with self.active():
+            return hash_tensors(self.state.tensors())
+
     def faithful_at(self, step: int) -> bool | None:
         """Whether the replayed state equals the recorded snapshot (``None``: no snapshot there)."""
         if self.run is None or step not in self.run.snapshots:
             return None
-        recorded = self.run.snapshot(step)["hashes"]
-        with self.active():
-            replayed = hash_tensors(self.state.tensors())
-        return replayed == recorded
+        return self.state_hashes() == self.run.snapshot(step)["hashes"]
 
     # -- in-memory state ---------------------------------------------------------------------
     def _tensor_state(self) -> dict[str, Any]:

@@ -189,3 +189,30 @@ def _restore_threads():
     yield
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
+
+
+def test_replay_skips_to_the_last_equal_snapshot_and_falls_back_when_the_replay_parted_earlier(examples, tmp_path, monkeypatch) -> None:
+    from bisect_repro.replay import Replica
+
+    args = ("--steps", "20", "--every", "10", "--checkpoint-every", "20", "--set", "warmup=12")
+    a, b = record_pair(tmp_path, f"{examples / 'late_noise.py'}:build", *args)
+    code, result = compare(a, b)
+    assert code == 1 and result["snapshots"]["last_equal"] == 10 and result["replay"]["from_step"] == 0
+    assert_verdict(result["verdict"], step=12, phase="forward", cause="rng_state")
+    assert not result["notes"]
+
+    calls = []
+    honest = Replica.state_hashes
+
+    def parted_once(self):  # the first comparison at the last equal snapshot sees different states
+        found = honest(self)
+        if self.step == 10:
+            calls.append(self.label)
+            if len(calls) <= 2:
+                return {**found, "x": self.label}
+        return found
+
+    monkeypatch.setattr(Replica, "state_hashes", parted_once)
+    code, result = compare(a, b)
+    assert code == 1 and any("already differ at step 10" in note for note in result["notes"])
+    assert_verdict(result["verdict"], step=12, phase="forward", cause="rng_state")
