@@ -93,7 +93,10 @@ def test_a_slow_disk_makes_training_wait_instead_of_memory_grow(examples, tmp_pa
 
     thread = threading.Thread(target=train)
     thread.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30  # a loaded machine may take a while to get there
+    while recorder.step < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # and it must stay there
     # snapshot 0 is being written, 1 and 2 wait in the queue, snapshot 3 waits for room
     assert recorder.step == 3 and thread.is_alive()
     gate.set()
