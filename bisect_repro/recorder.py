@@ -56,7 +56,7 @@ import torch
 
 from . import codec, env
 from .errors import BisectReproError, RecordingError
-from .hashing import PendingHashes, hash_tensors
+from .hashing import PendingHashes
 from .recipe import Trainee
 from .state import TrainingState, model_structure
 from .store import Run, RunWriter
@@ -372,9 +372,15 @@ class Recorder:
             self._batch_hashes.add(self._deferred)
         self._deferred, self._deferred_bytes = {}, 0
 
-    def _flush_steps(self) -> list[dict[str, Any]]:
+    def _flush_steps(self, state: Mapping[str, torch.Tensor]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """The step records since the last snapshot, and the hashes of the ``state`` tensors.
+
+        Batch and state hashes travel to the host together, in one transfer per device.
+        """
         self._hash_deferred()
-        digests = self._batch_hashes.fetch() if len(self._batch_hashes) else {}
+        self._batch_hashes.add({f"state:{name}": tensor for name, tensor in state.items()})  # batch names are "<step>:..."
+        digests = self._batch_hashes.fetch()
+        state_hashes = {name: digests[f"state:{name}"] for name in state}
         tensor_losses = [p.loss for p in self._pending if isinstance(p.loss, torch.Tensor)]
         fetched = iter(torch.stack([t.float().reshape(()) for t in tensor_losses]).cpu().tolist()) if tensor_losses else iter(())
         records = []
@@ -387,18 +393,18 @@ class Recorder:
                 self._last_loss = float(loss)
         self._pending.clear()
         self._batch_hashes = PendingHashes()
-        return records
+        return records, state_hashes
 
     def _snapshot(self, step: int) -> None:
         self._check_writer()
         if self._stopped:
             return
-        records = self._flush_steps()
         state = self.state
+        records, hashes = self._flush_steps(state.tensors())
         snapshot = codec.prepare(
             {
                 "step": step,
-                "hashes": hash_tensors(state.tensors()),
+                "hashes": hashes,
                 "streams": state.streams.state_dict(),
                 "data": state.data.state_dict(),
             }
