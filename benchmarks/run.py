@@ -152,16 +152,21 @@ def bench_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
     return {"rows": rows}
 
 
-def _free_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+def _meminfo(field: str, default: int) -> int:
+    """A ``/proc/meminfo`` field in bytes (``default`` where there is none)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 8 << 30
+    return default
+
+
+def _free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return _meminfo("MemAvailable", 8 << 30)
 
 
 # -- recording overhead ------------------------------------------------------------------------
@@ -423,13 +428,7 @@ def _cpu_name() -> str:
 
 
 def _total_memory() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _meminfo("MemTotal", 0)
 
 
 def _git_commit() -> str | None:
