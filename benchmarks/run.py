@@ -3,18 +3,24 @@
     python -m benchmarks.run --out benchmarks/results           # CPU: under 10 minutes on 2 cores
     python -m benchmarks.run --out /tmp/bench --device cuda     # the same on a GPU
     python -m benchmarks.run --out /tmp/bench --quick           # tiny sizes, seconds (the smoke test)
+    python -m benchmarks.run --out benchmarks/results --only hash small  # re-run some, keep the others
 
 Writes ``results.json`` and ``results.md`` into ``--out``: the machine, device, versions and
-date, then one table per benchmark. Every figure is the median of repeated runs, and every ratio
-compares figures measured in the same run, interleaved, so that a machine shared with other work
-slows both sides alike.
+date, then one table per benchmark, each with its own date, commit and load. ``--only`` re-runs
+the named benchmarks and keeps the others from the results already in ``--out`` (same device and
+plan), so that a machine shared with other work can be measured in its quiet moments. Every
+figure is the median of repeated runs, and every ratio compares figures measured in the same
+run, interleaved, so that a machine shared with other work slows both sides alike.
 
 - Hash throughput (GB/s) by tensor size, next to the read-bandwidth ceiling ``x.sum()`` (hashing
-  reads each byte once, so it cannot beat a plain read), ``torch.hash_tensor`` (an XOR reduction)
-  where this torch has it, and on the CPU xxhash's xxh3 (``pip install ".[bench]"``; the column
-  is left out without it).
+  reads each byte once, so it cannot beat a plain read), the torch-op path that hashes where the
+  C kernel was not built (CPU only), ``torch.hash_tensor`` (an XOR reduction) where this torch has
+  it, and on the CPU xxhash's xxh3 (``pip install ".[bench]"``; the column is left out without it).
+- Many small tensors: 2,000 tensors of 16 KB hashed in one call, against ``torch.hash_tensor``
+  called on each, and against one tensor of the same total size.
 - Recording overhead: step time under the recorder over step time without it, every=1 and
-  every=10 with a checkpoint every 100 steps; a ~10M-parameter MLP on the CPU, a GPT-style
+  every=10 with a checkpoint every 100 steps; a ~10M-parameter MLP and the CNN example
+  (``examples/cnn.py``, 5k parameters, two loader workers) on the CPU, a GPT-style
   ~100M-parameter transformer on CUDA.
 - Storage: bytes per snapshot and per checkpoint against ``torch.save`` of the same state into
   memory (the baseline only: bisect-repro itself never pickles).
@@ -25,6 +31,7 @@ slows both sides alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import io
 import itertools
@@ -36,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +55,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import bisect_repro
 from bisect_repro import Recorder, RecordOptions, Trainee
-from bisect_repro.hashing import hash_tensors
+from bisect_repro.capture import hashing
+from bisect_repro.capture.hashing import hash_tensors
 
 MB = 1 << 20
 
@@ -58,6 +66,7 @@ class Plan:
     """How big and how long: the full run, or the seconds-long smoke run."""
 
     sizes_mb: tuple[float, ...]
+    small: tuple[int, int]  # many small tensors: how many, and bytes each
     repeats: int
     min_seconds: float  # each timed sample repeats the call until it has run this long
     mlp_widths: tuple[int, ...]
@@ -69,6 +78,7 @@ class Plan:
 
 FULL = Plan(
     sizes_mb=(1, 4, 16, 64, 256, 1024),
+    small=(2000, 16 << 10),
     repeats=7,
     min_seconds=0.05,
     mlp_widths=(1024, 2048, 2048, 1024, 1024),  # 9.4M parameters
@@ -79,6 +89,7 @@ FULL = Plan(
 )
 QUICK = Plan(
     sizes_mb=(0.25, 1),
+    small=(50, 16 << 10),
     repeats=3,
     min_seconds=0.005,
     mlp_widths=(64, 64, 32),
@@ -121,6 +132,33 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], device: torch.devi
 
 
 # -- hash throughput ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def _backend(name: str) -> Iterator[None]:
+    """Hash through one path (``torch``: the torch-op fallback) for the duration."""
+    kept = hashing._BACKEND
+    hashing._BACKEND = name
+    try:
+        yield
+    finally:
+        hashing._BACKEND = kept
+
+
+def _torch_ops_hash(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    with _backend("torch"):
+        return hash_tensors(tensors)
+
+
+def _hash_path(device: torch.device) -> str:
+    if device.type == "cpu":
+        kernel = hashing._native_kernel()
+        if kernel is None:
+            return "torch ops (the C kernel is not built)"
+        from bisect_repro.capture._hash_cpu import LEVELS
+
+        return f"C kernel, {LEVELS[kernel.best_level]}, up to {torch.get_num_threads()} threads"
+    return "Triton kernel" if hashing._uses_kernel(device) else "torch ops"
+
+
 def bench_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
     try:
         import xxhash  # the optional "bench" extra
@@ -128,6 +166,7 @@ def bench_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
         xxhash = None
     rows = []
     free = _free_bytes(device)
+    fallback = device.type == "cpu" and hashing._native_kernel() is not None  # compare with the path used without a compiler
     for size_mb in plan.sizes_mb:
         nbytes = int(size_mb * MB)
         if nbytes * 3 > free:  # the tensor, plus room for the others' temporaries
@@ -138,6 +177,8 @@ def bench_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
             "read ceiling x.sum()": lambda x=x: x.sum(),
             "bisect-repro hash": lambda x=x: hash_tensors({"x": x}),
         }
+        if fallback:
+            fns["torch-op fallback"] = lambda x=x: _torch_ops_hash({"x": x})
         if hasattr(torch, "hash_tensor"):
             fns["torch.hash_tensor"] = lambda x=x: torch.hash_tensor(x)
         if xxhash is not None and device.type == "cpu":
@@ -149,7 +190,33 @@ def bench_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
         row["hash / ceiling"] = seconds["read ceiling x.sum()"] / seconds["bisect-repro hash"]
         rows.append(row)
         del x, fns
-    return {"rows": rows}
+    return {"path": _hash_path(device), "rows": rows}
+
+
+def bench_small_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
+    """Many small tensors (a model's biases, norms and small layers): one call for all of them
+    against ``torch.hash_tensor`` on each, and against one tensor of the same total size."""
+    count, nbytes = plan.small
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(nbytes // 4, generator=generator).to(device) for _ in range(count)]
+    named = {f"layer{i}.weight": t for i, t in enumerate(tensors)}
+    whole = torch.cat(tensors)
+    fns: dict[str, Callable[[], object]] = {"bisect-repro hash_tensors, one call": lambda: hash_tensors(named)}
+    if device.type == "cpu" and hashing._native_kernel() is not None:
+        fns["torch-op fallback, one call"] = lambda: _torch_ops_hash(named)
+    if hasattr(torch, "hash_tensor"):
+        fns["torch.hash_tensor, a call per tensor"] = lambda: [torch.hash_tensor(t) for t in tensors]
+    fns["x.sum(), a call per tensor"] = lambda: [t.sum() for t in tensors]
+    fns["bisect-repro hash, one tensor of the same bytes"] = lambda: hash_tensors({"x": whole})
+    seconds = interleaved_medians(fns, device, plan)
+    reference = seconds.get("torch.hash_tensor, a call per tensor")
+    rows = []
+    for name, s in seconds.items():
+        row: dict[str, Any] = {"method": name, "ms": s * 1e3, "GB/s": count * nbytes / s / 1e9}
+        if reference is not None:
+            row["time / torch.hash_tensor's"] = s / reference
+        rows.append(row)
+    return {"tensors": count, "bytes each": nbytes, "path": _hash_path(device), "rows": rows}
 
 
 def _meminfo(field: str, default: int) -> int:
@@ -269,8 +336,15 @@ def _cycle(loader: Any, count: int) -> Any:
             done += 1
 
 
+def cnn_trainee(plan: Plan, device: torch.device, seed: int = 0) -> Trainee:
+    """The CNN example as it is (``examples/cnn.py``), on the CPU."""
+    from bisect_repro.record.recipe import build
+
+    return build(f"{Path(__file__).resolve().parent.parent / 'examples' / 'cnn.py'}:build", {"seed": seed})
+
+
 def bench_overhead(device: torch.device, plan: Plan, model: str) -> dict[str, Any]:
-    make = mlp_trainee if model == "mlp" else gpt_trainee
+    make = {"mlp": mlp_trainee, "gpt": gpt_trainee, "cnn": cnn_trainee}[model]
     configs: dict[str, RecordOptions | None] = {
         "no recorder": None,
         "every=10": RecordOptions(steps=plan.window + 2, every=10, checkpoint_every=100),
@@ -337,7 +411,7 @@ def bench_compare(device: torch.device, plan: Plan) -> dict[str, Any]:
     in this process with the same recipe and no recorder.
     """
     from bisect_repro import compare, record
-    from bisect_repro.recipe import build
+    from bisect_repro.record.recipe import build
 
     full = plan is FULL
     steps, diverge_at, every, checkpoint_every = (2000, 1537, 10, 100) if full else (60, 37, 10, 20)
@@ -352,7 +426,7 @@ def bench_compare(device: torch.device, plan: Plan) -> dict[str, Any]:
             results.append(compare(runs[0], runs[1]))
             walls.append(time.perf_counter() - started)
     result = results[-1]
-    replayed = result["replay"]["replayed_steps"]
+    replayed = result.replay.replayed_steps
     trainee = build(target, config)
     assert trainee.step is not None
     batches = list(_cycle(trainee.loader, replayed + 5))
@@ -369,7 +443,7 @@ def bench_compare(device: torch.device, plan: Plan) -> dict[str, Any]:
     return {
         "steps": steps,
         "diverges_at": diverge_at,
-        "found": [result["verdict"]["step"], result["verdict"]["phase"], result["verdict"]["layer"], result["verdict"]["cause"]],
+        "found": [result.verdict.step, result.verdict.phase, result.verdict.layer, result.verdict.cause.value] if result.verdict else None,
         "replayed steps": replayed,
         "compare s": wall,
         "train replayed steps s (one run)": train,
@@ -462,12 +536,24 @@ def _loads(values: Any) -> str:
     return "n/a" if values is None else ", ".join(f"{v:.2f}" for v in values)
 
 
+def _measured(section: dict[str, Any]) -> list[str]:
+    """One line on when a section was measured and the load around it."""
+    m = section.get("measured")
+    if m is None:
+        return []
+    return [
+        "",
+        f"Measured {m['date']} at {m['commit']} in {m['seconds']:.0f} s; load average {_loads(m['load average at start'])}"
+        f" at start, {_loads(m['load average at end'])} at end; CPU pressure at start `{m['cpu pressure at start']}`.",
+    ]
+
+
 def markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [
         "# bisect-repro benchmarks",
         "",
-        f"Measured {m['date']} on {m['cpu']} ({m['cpu cores']} cores, {m['memory GiB']} GiB), device `{m['device']}`"
+        f"Last run {m['date']} on {m['cpu']} ({m['cpu cores']} cores, {m['memory GiB']} GiB), device `{m['device']}`"
         + (f" ({m['gpu']}, CUDA {m['cuda']})" if "gpu" in m else "")
         + f"; Python {m['python']}, torch {m['torch']}, NumPy {m['numpy']}, bisect-repro {m['bisect-repro']}"
         + (f" at {m['commit']}" if m["commit"] else "")
@@ -477,14 +563,38 @@ def markdown(results: dict[str, Any]) -> str:
         + " A load above the core count means other work shared the machine and slowed both sides of each ratio.",
         "",
         "Every figure is the median of repeated runs; each ratio compares figures from the same run.",
-        "",
-        "## Hash throughput (GB/s)",
-        "",
-        "`read ceiling x.sum()` reads each byte once, which a hash must also do: the physical limit.",
-        "",
-        *_table(results["hash"]["rows"]),
+        "Each section says when it was measured and the load around it (sections may come from separate runs).",
     ]
-    for key, title in (("overhead_mlp", "Recording overhead, MLP"), ("overhead_gpt", "Recording overhead, GPT-style transformer")):
+    hashed = results.get("hash")
+    if hashed is not None:
+        lines += [
+            "",
+            "## Hash throughput (GB/s)",
+            "",
+            "`read ceiling x.sum()` reads each byte once, which a hash must also do: the physical limit."
+            + (f" The hash ran on: {hashed['path']}." if "path" in hashed else ""),
+            *_measured(hashed),
+            "",
+            *_table(hashed["rows"]),
+        ]
+    small = results.get("small")
+    if small is not None:
+        lines += [
+            "",
+            "## Many small tensors",
+            "",
+            f"{small['tensors']:,} tensors of {small['bytes each'] // 1024} KiB ({small['tensors'] * small['bytes each'] / 1e6:.1f} MB);"
+            f" the hash ran on: {small['path']}.",
+            *_measured(small),
+            "",
+            *_table(small["rows"]),
+        ]
+    sections = (
+        ("overhead_mlp", "Recording overhead, MLP"),
+        ("overhead_cnn", "Recording overhead, CNN example"),
+        ("overhead_gpt", "Recording overhead, GPT-style transformer"),
+    )
+    for key, title in sections:
         section = results.get(key)
         if section is None:
             continue
@@ -493,17 +603,37 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"Skipped: {section['skipped']}.")
             continue
         lines += [
-            f"{section['parameters']:,} parameters, Adam; a checkpoint every {section['checkpoint_every']} steps;"
+            f"{section['parameters']:,} parameters; a checkpoint every {section['checkpoint_every']} steps;"
             f" mean step time over {section['steps timed per run']} steps, median of {section['rows'][0]['runs']} runs.",
+            *_measured(section),
             "",
             *_table(section["rows"]),
         ]
-    storage = results["storage"]
-    lines += ["", "## Storage", "", f"MLP, {storage['parameters']:,} parameters, Adam.", "", *_table(storage["rows"])]
-    compare = results["compare"]
-    shown = {k: v for k, v in compare.items() if k != "note"}
-    lines += ["", "## Compare cost", "", f"{compare['note']}.", "", *_table([shown]), ""]
+    storage = results.get("storage")
+    if storage is not None:
+        lines += ["", "## Storage", "", f"MLP, {storage['parameters']:,} parameters, Adam.", *_measured(storage)]
+        lines += ["", *_table(storage["rows"])]
+    compare = results.get("compare")
+    if compare is not None:
+        shown = {k: v for k, v in compare.items() if k not in ("note", "measured")}
+        lines += ["", "## Compare cost", "", f"{compare['note']}.", *_measured(compare), "", *_table([shown])]
+    lines.append("")
     return "\n".join(lines)
+
+
+STAGES = ("hash", "small", "mlp", "cnn", "gpt", "storage", "compare")
+SECTIONS = ("hash", "small", "overhead_mlp", "overhead_cnn", "overhead_gpt", "storage", "compare")
+
+
+def _kept_sections(path: Path, device: torch.device, quick: bool) -> dict[str, Any]:
+    """The sections of earlier results that a partial run keeps: same device and plan only."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if earlier.get("quick") != quick or earlier.get("machine", {}).get("device") != str(device):
+        return {}
+    return {name: earlier[name] for name in SECTIONS if name in earlier}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -511,22 +641,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for results.json and results.md")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds: checks that the benchmarks run")
+    parser.add_argument("--only", nargs="+", choices=STAGES, metavar="NAME", help=f"run only these benchmarks: {', '.join(STAGES)}")
     args = parser.parse_args(argv)
+    chosen = set(args.only or STAGES)
     device = torch.device(args.device)
     plan = QUICK if args.quick else FULL
     started = time.perf_counter()
     results: dict[str, Any] = {"machine": machine(device), "quick": args.quick}
+    kept = _kept_sections(args.out / "results.json", device, args.quick) if args.only else {}
 
     def stage(name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        if name.removeprefix("overhead_") not in chosen:
+            if name in kept:
+                results[name] = kept[name]
+            return
         t = time.perf_counter()
+        load, pressure = os.getloadavg() if hasattr(os, "getloadavg") else None, _cpu_pressure()
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         results[name] = fn()
+        results[name]["measured"] = {
+            "date": date,
+            "commit": results["machine"]["commit"],
+            "seconds": time.perf_counter() - t,
+            "load average at start": load,
+            "load average at end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+            "cpu pressure at start": pressure,
+            "cpu pressure at end": _cpu_pressure(),
+        }
         print(f"{name}: {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
 
     stage("hash", lambda: bench_hash(device, plan))
+    stage("small", lambda: bench_small_hash(device, plan))
     stage("overhead_mlp", lambda: bench_overhead(device, plan, "mlp"))
+    if device.type == "cpu":
+        stage("overhead_cnn", lambda: bench_overhead(device, plan, "cnn"))
     if device.type == "cuda" or args.quick:  # the quick run exercises the GPT code on the CPU
         stage("overhead_gpt", lambda: bench_overhead(device, plan, "gpt"))
-    else:
+    elif "gpt" in chosen:
         results["overhead_gpt"] = {"skipped": "needs a CUDA GPU (run with --device cuda)"}
     stage("storage", lambda: bench_storage(device, plan))
     stage("compare", lambda: bench_compare(device, plan))

@@ -2,10 +2,11 @@
 
 The public API::
 
-    Trainee          what a recipe returns: model, optimizer, loader, step, scheduler, generators
+    Trainee          what a recipe returns: model, optimizer, loader, step, scheduler, generators, state
     Recorder         records a training loop you drive yourself
     RecordOptions    how often to snapshot and checkpoint
     record           runs a Trainee's step function under a Recorder
+    current_step     the step the running Recorder is at (instead of a counter of your own)
     Run              a run directory opened for reading
     compare          compares two runs and bisects to the first divergent step, layer and op
     doctor           audits a recipe (or this environment) for sources of irreproducibility
@@ -17,12 +18,24 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .compare import compare
-from .doctor import doctor
+from .capture.hashing import hash_tensors
+from .diagnose.compare import compare
+from .diagnose.doctor import doctor
 from .errors import BisectReproError
-from .hashing import hash_tensors
-from .recipe import Trainee
-from .recorder import Recorder, RecordOptions, record
-from .store import Run
+from .record.recorder import Recorder, RecordOptions, current_step, record
+from .store.run import Run
+from .trainee import Trainee
 
-__all__ = ["BisectReproError", "RecordOptions", "Recorder", "Run", "Trainee", "__version__", "compare", "doctor", "hash_tensors", "record"]
+__all__ = [
+    "BisectReproError",
+    "RecordOptions",
+    "Recorder",
+    "Run",
+    "Trainee",
+    "__version__",
+    "compare",
+    "current_step",
+    "doctor",
+    "hash_tensors",
+    "record",
+]

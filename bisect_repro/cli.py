@@ -19,14 +19,16 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .compare import compare
 from .demo import record_pair
-from .doctor import DEFAULT_STEPS, doctor
+from .diagnose.compare import compare
+from .diagnose.doctor import DEFAULT_STEPS, doctor
 from .errors import BisectReproError
-from .recipe import build, parse_settings, recipe_file
-from .recorder import RecordingWarning, RecordOptions, record
-from .report import render_comparison, render_doctor, render_summary, run_summary
-from .store import Run
+from .record.recipe import build, parse_settings
+from .record.recorder import RecordingWarning, RecordOptions, record
+from .record.torchrun import record_ranks
+from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
+from .report.text import render_comparison, render_doctor, render_summary, run_summary
+from .store.run import Run
 
 app = typer.Typer(
     help="Find where, and why, two training runs that should match part ways.",
@@ -62,6 +64,12 @@ def _exits_cleanly(command: F) -> F:
 
 
 Settings = Annotated[list[str], typer.Option("--set", help="KEY=VALUE passed to the recipe; VALUE read as JSON when it parses as JSON.")]
+Html = Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML report (plots included) to this file.")]
+
+
+def _write_html(path: Path, document: str) -> None:
+    write_html(path, document)
+    stderr.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 def _progress(console: Console, *, transient: bool = False) -> Progress:
@@ -91,27 +99,39 @@ def record_command(
     on_error: Annotated[
         str, typer.Option("--on-error", help="On a failed write: 'raise' stops training, 'warn' warns once and trains on unrecorded.")
     ] = "raise",
+    nproc_per_node: Annotated[
+        int | None,
+        typer.Option("--nproc-per-node", help="Record on N ranks, launched by torch.distributed.run (gloo on CPU, NCCL on CUDA)."),
+    ] = None,
 ) -> None:
-    """Run a recipe under the recorder and write a run directory."""
+    """Run a recipe under the recorder and write a run directory (one folder per rank with --nproc-per-node)."""
     if resume and force:
         raise BisectReproError(f"{out}: give --resume (continue the run) or --force (record it again), not both")
     options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force, on_error=on_error)  # type: ignore[arg-type]
     config = parse_settings(settings)
-    trainee = build(target, config)
+    trainee = build(target, config) if nproc_per_node is None else None  # the ranks build their own
     console = Console(stderr=True, quiet=quiet)
     started = time.perf_counter()
     with _progress(console) as progress:
         task = progress.add_task("recording", total=steps, extra="")
 
-        def on_step(step: int, loss: float | None) -> None:
+        def on_step(step: int, loss: float | None = None) -> None:
             rate = step / max(time.perf_counter() - started, 1e-9)
             shown = f"loss {loss:.4g}  " if loss is not None else ""
             progress.update(task, completed=step, extra=f"{shown}{rate:.1f} steps/s")
 
-        record(trainee, out, options, target=target, config=config, on_step=on_step, resume=resume)
+        if trainee is not None:
+            record(trainee, out, options, target=target, config=config, on_step=on_step, resume=resume)
+        else:
+            record_ranks(target, out, options, config, nproc_per_node, resume=resume, on_progress=on_step, on_warning=_warn_line)
     run = Run.open(out)
-    status = "" if run.complete else f" (incomplete: last complete step {run.last_step})"
-    console.print(f"wrote {out}: {len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} checkpoints{status}")
+    ranks = [run.open_rank(r) for r in range(run.world_size)]
+    incomplete = [
+        f"rank {r.rank} at step {r.last_step}" if run.distributed else f"last complete step {r.last_step}" for r in ranks if not r.complete
+    ]
+    status = f" (incomplete: {', '.join(incomplete)})" if incomplete else ""
+    where = f" on {run.world_size} ranks" if run.distributed else ""
+    console.print(f"wrote {out}{where}: {len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} checkpoints{status}")
 
 
 @app.command("show")
@@ -120,13 +140,18 @@ def show_command(
     run: Annotated[Path, typer.Argument(help="A run directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     verify: Annotated[bool, typer.Option(help="Read and check every snapshot and checkpoint, not only the last snapshot.")] = False,
+    html: Html = None,
 ) -> None:
     """What a run holds: steps, snapshots, checkpoints, config, environment, streams, losses."""
+    if html is not None:
+        check_html_path(html)
     summary = run_summary(Run.open(run), verify=verify)
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
         render_summary(summary, stdout)
+    if html is not None:
+        _write_html(html, summary_html(summary, run_losses([run])[0]))
 
 
 @app.command("compare")
@@ -134,35 +159,45 @@ def show_command(
 def compare_command(
     run_a: Annotated[Path, typer.Argument(help="The first run directory.")],
     run_b: Annotated[Path, typer.Argument(help="The second run directory.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (schema bisect-repro/compare/1).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (schema bisect-repro/compare/2).")] = False,
     no_replay: Annotated[bool, typer.Option("--no-replay", help="Compare the records only; import and run nothing.")] = False,
+    accept_changed_code: Annotated[
+        bool, typer.Option("--accept-changed-code", help="Replay a script or recipe even if it changed since it was recorded.")
+    ] = False,
+    html: Html = None,
 ) -> None:
-    """Find the first step, layer and op where two runs diverge, with the cause and the fix.
+    """Find the first step, layer and op where two runs diverge, with the cause, the evidence and the fix.
 
+    The replay runs each run's own script or recipe again (what it runs is printed first).
     Exit code 0: identical; 1: they diverge; 2: bad input.
     """
-    result = _compare(run_a, run_b, replay=not no_replay, quiet=as_json)
+    if html is not None:
+        check_html_path(html)
+    result = _compare(run_a, run_b, replay=not no_replay, quiet=as_json, accept_changed_code=accept_changed_code)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
         render_comparison(result, stdout)
+    if html is not None:
+        _write_html(html, comparison_html(result, run_losses([run_a, run_b])))
     raise typer.Exit(0 if result["identical"] else 1)
 
 
-def _compare(run_a: Path, run_b: Path, *, replay: bool, quiet: bool) -> dict[str, Any]:
+def _compare(run_a: Path, run_b: Path, *, replay: bool, quiet: bool, accept_changed_code: bool = False) -> dict[str, Any]:
     console = Console(stderr=True, quiet=quiet)
-    if replay:
-        for run in (run_a, run_b):
-            target = Run.open(run).meta.get("target")
-            path = recipe_file(target) if target else None
-            console.print(f"[dim]replay of {run} may import {path or target}[/]", highlight=False)
+
+    def announce(commands: list[str]) -> None:  # always, even with --json: nothing runs unannounced
+        for label, command in zip("AB", commands, strict=True):
+            stderr.print(f"[dim]replaying run {label} by running: {command}[/]", highlight=False, soft_wrap=True)
+
     with _progress(console, transient=True) as progress:
         task = progress.add_task("comparing", total=None, extra="")
 
         def on_progress(stage: str, done: int, total: int) -> None:
             progress.update(task, description=stage, completed=done, total=total)
 
-        return compare(run_a, run_b, replay=replay, progress=on_progress)
+        result = compare(run_a, run_b, replay=replay, accept_changed_code=accept_changed_code, progress=on_progress, announce=announce)
+    return result.to_json()
 
 
 @app.command("demo")
@@ -196,12 +231,12 @@ def doctor_command(
     """
     console = Console(stderr=True, quiet=as_json)
     with console.status("doctor") as status:
-        result = doctor(target, parse_settings(settings), steps=steps, progress=lambda stage: status.update(stage))
+        report = doctor(target, parse_settings(settings), steps=steps, progress=lambda stage: status.update(stage))
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:
-        render_doctor(result, stdout)
-    raise typer.Exit(0 if result["reproducible"] else 1)
+        render_doctor(report.to_json(), stdout)
+    raise typer.Exit(0 if report.reproducible else 1)
 
 
 def main() -> None:

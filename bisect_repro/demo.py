@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from .recipe import Trainee
+from .trainee import Trainee
 
 __all__ = ["TARGET", "build", "record_pair"]
 
@@ -72,8 +72,8 @@ def build(
 
 def record_pair(out: Path | None = None, *, steps: int = 20, every: int = 5, checkpoint_every: int = 10) -> tuple[Path, Path]:
     """Record the demo recipe twice, into ``out/a`` and ``out/b``."""
-    from .recipe import build as build_target
-    from .recorder import RecordOptions, record
+    from .record.recipe import build as build_target
+    from .record.recorder import RecordOptions, record
 
     folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="bisect-repro-demo-"))
     options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=True)

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["BisectReproError", "RecipeError", "RecordingError", "RunFormatError", "RunLockedError", "RunNotFoundError", "UnstorableError"]
+__all__ = [
+    "BisectReproError",
+    "RecipeError",
+    "RecordingError",
+    "RunFormatError",
+    "RunLockedError",
+    "RunMismatchError",
+    "RunNotFoundError",
+    "UnstorableError",
+]
 
 
 class BisectReproError(Exception):
@@ -30,6 +39,10 @@ class RunFormatError(BisectReproError):
         if fix:
             message += f"; {fix}"
         super().__init__(message)
+
+
+class RunMismatchError(BisectReproError):
+    """Two runs that cannot be compared step by step: another world size or parallel layout."""
 
 
 class RecipeError(BisectReproError):

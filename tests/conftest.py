@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bisect_repro.testing import reproducibility  # noqa: F401 - the fixture, imported as a user's conftest.py would
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

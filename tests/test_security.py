@@ -22,6 +22,7 @@ from bisect_repro.cli import app
 PACKAGE = Path(__file__).resolve().parent.parent / "bisect_repro"
 FORBIDDEN_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "marshal", "shelve", "copyreg"}
 RECIPE_LOADER = "recipe.py"  # imports the user's recipe for `record`, by design; never on a read path
+SCRIPT_RUNNER = "bootstrap.py"  # runs the user's own script in a replaying process, by design; never on a read path
 
 
 def calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
@@ -54,6 +55,8 @@ def problems_in(source: str, file: str) -> list[str]:
             problems.append(f"{file}:{node.lineno} imports {sorted(names & FORBIDDEN_MODULES)}")
         if "importlib" in names and file != RECIPE_LOADER:
             problems.append(f"{file}:{node.lineno} imports importlib")
+        if "runpy" in names and file != SCRIPT_RUNNER:
+            problems.append(f"{file}:{node.lineno} imports runpy")
     for name, node in calls(tree):
         where = f"{file}:{node.lineno}"
         if name == "torch.load" and not keyword_is(node, "weights_only", True):  # safetensors.torch.load is safe
@@ -85,8 +88,9 @@ a = np.load(f, allow_pickle=True)
 eval("1")
 importlib.import_module("m")
 """
-    found = problems_in(bad, "store.py")
-    assert len(found) == 7, found
+    found = problems_in(bad + "import runpy\n", "store.py")
+    assert len(found) == 8, found
+    assert problems_in("import runpy\nrunpy.run_path('x')\n", SCRIPT_RUNNER) == []
     assert problems_in("import importlib\nimportlib.import_module('m')\n", RECIPE_LOADER) == []
 
 
@@ -96,8 +100,8 @@ AUDITED = textwrap.dedent(
     from pathlib import Path
     import numpy as np, torch
     from bisect_repro import Run
-    from bisect_repro.report import run_summary
-    from bisect_repro.store import RunWriter
+    from bisect_repro.report.text import run_summary
+    from bisect_repro.store.writer import RunWriter
 
     root = Path(sys.argv[1])
     tree = {"w": torch.ones(3), "a": np.arange(4), "t": (1, 2.5, None), "d": torch.bfloat16, "k": {3: "x"}, "hashes": {}, "streams": {}}

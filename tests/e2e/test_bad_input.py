@@ -19,9 +19,10 @@ import pytest
 import zstandard
 from typer.testing import CliRunner
 
-from bisect_repro import RecordOptions, codec, record
+from bisect_repro import RecordOptions, record
 from bisect_repro.cli import app
-from bisect_repro.recipe import build
+from bisect_repro.record.recipe import build
+from bisect_repro.store import codec
 
 runner = CliRunner()
 LAST = "rank0/snapshots/step-00000006.st.zst"  # the snapshot show reads: the last
@@ -154,7 +155,8 @@ CASES: list[tuple[str, Callable[[Path], object], str, str]] = [
     ("missing path", lambda run: shutil.rmtree(run), "", "no such run directory"),
     ("not a run", lambda run: (run / "run.json").unlink(), "", "not a bisect-repro run"),
     ("format 0", edit_json("run.json", lambda m: {**m, "format": 0}), "run.json", "unknown format version 0"),
-    ("format 2", edit_json("run.json", lambda m: {**m, "format": 2}), "run.json", "format 2 is newer than this bisect-repro reads"),
+    ("format 3", edit_json("run.json", lambda m: {**m, "format": 3}), "run.json", "format 3 is newer than this bisect-repro reads"),
+    ("format 2 alone", edit_json("run.json", lambda m: {**m, "format": 2}), "run.json", "format 2 without 'distributed'"),
     ("format a string", edit_json("run.json", lambda m: {**m, "format": "1"}), "run.json", "no format version"),
     ("run.json garbage", lambda run: (run / "run.json").write_bytes(b"\x00\xffgarbage"), "run.json", "not valid JSON"),
     ("run.json truncated", lambda run: (run / "run.json").write_text((run / "run.json").read_text()[:50]), "run.json", "not valid JSON"),

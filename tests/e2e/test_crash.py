@@ -11,7 +11,7 @@ written (its temporary file exists). Two trials run at a time. Afterwards:
 - for some trials, ``record --resume`` finishes the run, and it equals an uninterrupted run of the
   same recipe, hash for hash.
 
-``BISECT_REPRO_CRASH_TRIALS`` raises the number of trials (default 20).
+``BISECT_REPRO_CRASH_TRIALS`` sets the number of trials (default 12).
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ import pytest
 import zstandard
 from typer.testing import CliRunner
 
-from bisect_repro import RecordOptions, Run, codec, record
+from bisect_repro import RecordOptions, Run, record
 from bisect_repro.cli import app
-from bisect_repro.recipe import build
+from bisect_repro.record.recipe import build
+from bisect_repro.store import codec
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
-TRIALS = int(os.environ.get("BISECT_REPRO_CRASH_TRIALS", "20"))
+TRIALS = int(os.environ.get("BISECT_REPRO_CRASH_TRIALS", "12"))
 STEPS, EVERY, CHECKPOINT_EVERY, HIDDEN = 24, 2, 4, 256
 OPTIONS = ["--steps", str(STEPS), "--every", str(EVERY), "--checkpoint-every", str(CHECKPOINT_EVERY), "--set", f"hidden={HIDDEN}"]
 INDEX_LINES = (STEPS // EVERY + 1) + (STEPS // CHECKPOINT_EVERY + 1) + 1  # snapshots, checkpoints, end

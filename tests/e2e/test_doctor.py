@@ -38,7 +38,7 @@ def the(report: dict, id: str) -> dict:
 
 
 def assert_clean(code: int, report: dict) -> None:
-    assert code == 0 and not errors(report), report["findings"]
+    assert code == 0 and not errors(report), [(f["id"], f["evidence"]) for f in errors(report)]
     for finding in report["findings"]:
         assert finding["id"] in ENVIRONMENT_IDS or finding["severity"] == "info", finding
 

@@ -1,0 +1,186 @@
+"""Who seeds a random stream, from where, and whether from entropy: a watch on the seeding functions.
+
+:class:`SeedingWatch` wraps, while it is installed, the functions that (re)seed a stream:
+``torch.seed``/``torch.manual_seed`` (and ``torch.random``'s and ``torch.cuda``'s), ``random.seed``
+(the module's and ``random.Random.seed``), ``numpy.random.seed``, ``numpy.random.default_rng`` and
+``numpy.random.RandomState``. Each call is noted with the stream it seeds, whether its seed came
+from entropy (no seed given: the OS or the clock decides), and the call site: the first frame
+outside torch, NumPy, ``random`` and bisect-repro, as ``file:line``.
+
+``fixed=N`` turns every call that would seed from entropy into one seeded with ``N``: the
+experiment that proves a reseed is what makes a step differ from itself (with it fixed, the step
+repeats).
+
+Where the guarantees stop: only calls through these names are seen; a function bound to another
+name before the watch was installed (``from torch import seed``), ``torch.Generator.seed()`` (a
+C method that cannot be wrapped) and seeds computed from the clock and passed explicitly are
+noted only as explicit seeds, or not at all; their effect on the stream is still seen by
+comparing stream states (see ``diagnose``). Calls made by the standard library (``tempfile``
+seeds a private ``random.Random()`` from entropy the first time it names a file, on whichever
+thread and step that happens) are not noted: they never seed a stream a training step draws from.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["SeedingCall", "SeedingWatch"]
+
+_SKIPPED = (
+    *(os.path.dirname(module.__file__ or "") + os.sep for module in (torch, np)),
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # bisect_repro
+    os.path.abspath(random.__file__),
+)
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
+def _in_stdlib(name: str) -> bool:
+    return name.startswith(_STDLIB) and "-packages" + os.sep not in name
+
+
+@dataclass(frozen=True)
+class SeedingCall:
+    """One call that seeded a stream."""
+
+    stream: str
+    """The stream it seeds: ``torch``, ``cuda``, ``python``, ``numpy``, or ``new numpy Generator`` / ``new RandomState``."""
+    call: str
+    """The call as written: ``torch.seed()``, ``random.seed(3)``, ``np.random.default_rng()``."""
+    entropy: bool
+    """No seed was given: the OS or the clock chose it."""
+    where: str | None
+    """``file:line`` of the caller, the first frame outside torch, NumPy, ``random`` and bisect-repro."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _call_site() -> str | None:
+    frame = sys._getframe(2)
+    while frame is not None:
+        raw = frame.f_code.co_filename
+        name = os.path.abspath(raw)
+        if not name.startswith(_SKIPPED) and not raw.startswith("<"):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class SeedingWatch:
+    """Notes every seeding call while installed (see the module docstring).
+
+    Any number may be installed at once, in any order: the functions are wrapped once, while at
+    least one watch is installed, and every installed watch sees every call; ``fixed`` of any of
+    them applies.
+    """
+
+    def __init__(self, fixed: int | None = None, *, on_call: Callable[[SeedingCall], None] | None = None) -> None:
+        self.fixed = fixed
+        self.calls: list[SeedingCall] = []
+        self.on_call = on_call
+
+    def install(self) -> SeedingWatch:
+        if not _watches:
+            _patch_all()
+        _watches.append(self)
+        return self
+
+    def uninstall(self) -> None:
+        if self in _watches:
+            _watches.remove(self)
+            if not _watches:
+                for undo in reversed(_undo):
+                    undo()
+                _undo.clear()
+
+    def _see(self, call: SeedingCall) -> None:
+        self.calls.append(call)
+        if self.on_call is not None:
+            self.on_call(call)
+
+    @contextmanager
+    def collecting(self) -> Iterator[list[SeedingCall]]:
+        """The calls made inside the block (the watch must be installed)."""
+        start = len(self.calls)
+        found: list[SeedingCall] = []
+        try:
+            yield found
+        finally:
+            found.extend(self.calls[start:])
+
+
+_watches: list[SeedingWatch] = []
+_undo: list[Callable[[], None]] = []
+
+
+def _wrap(owner: Any, name: str, stream: str, label: str, seed_of: Callable[..., Any], seeded: Callable[..., Any]) -> None:
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        where = _call_site()
+        if where is not None and _in_stdlib(where):  # tempfile's private Random(): never a training stream
+            return original(*args, **kwargs)
+        seed = seed_of(*args, **kwargs)
+        entropy = seed is None
+        call = SeedingCall(stream, f"{label}({'' if entropy else _shown(seed)})", entropy, where)
+        fixed = None
+        for watch in list(_watches):
+            watch._see(call)
+            fixed = watch.fixed if watch.fixed is not None else fixed
+        if entropy and fixed is not None:
+            return seeded(original, fixed, *args, **kwargs)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, wrapper)
+    _undo.append(lambda: setattr(owner, name, original))
+
+
+def _patch_all() -> None:
+    def first(*args: Any, **kwargs: Any) -> Any:
+        return args[0] if args else kwargs.get("seed", kwargs.get("a"))
+
+    def method_first(self_: Any, *args: Any, **kwargs: Any) -> Any:
+        return first(*args, **kwargs)
+
+    def entropy_only(*args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def torch_fixed(original: Any, fixed: int, *args: Any, **kwargs: Any) -> Any:
+        torch.random.manual_seed(fixed)  # not the watched name: the fixed seed is not a call of the code's
+        return fixed
+
+    def cuda_fixed(original: Any, fixed: int, *args: Any, **kwargs: Any) -> Any:
+        torch.cuda.manual_seed_all(fixed)
+
+    def with_seed(original: Any, fixed: int, *args: Any, **kwargs: Any) -> Any:
+        return original(fixed)
+
+    def method_with_seed(original: Any, fixed: int, self_: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(self_, fixed)
+
+    for owner in (torch, torch.random):
+        _wrap(owner, "seed", "torch", "torch.seed", entropy_only, torch_fixed)
+    _wrap(torch, "manual_seed", "torch", "torch.manual_seed", first, with_seed)
+    _wrap(torch.cuda, "seed", "cuda", "torch.cuda.seed", entropy_only, cuda_fixed)
+    _wrap(torch.cuda, "seed_all", "cuda", "torch.cuda.seed_all", entropy_only, cuda_fixed)
+    _wrap(random, "seed", "python", "random.seed", first, with_seed)
+    _wrap(random.Random, "seed", "random.Random", "random.Random.seed", method_first, method_with_seed)
+    _wrap(np.random, "seed", "numpy", "np.random.seed", first, with_seed)
+    _wrap(np.random, "default_rng", "new numpy Generator", "np.random.default_rng", first, with_seed)

@@ -1,0 +1,118 @@
+"""A trainee's whole state, as one stateful object: model, optimizer, scheduler, data, streams.
+
+Two views of the same state:
+- :meth:`TrainingState.tensors`: every parameter, buffer and optimizer-state tensor by a stable
+  name, for hashing (``encoder.embed.table``, ``optimizer.encoder.embed.table.exp_avg``);
+- :meth:`TrainingState.state_dict`: everything needed to resume training exactly, for
+  checkpoints, including the trainee's own ``state`` objects (a counter, a curriculum), whose
+  digests :meth:`TrainingState.extra_digests` gives for snapshots.
+
+:meth:`TrainingState.load_state_dict` restores in the one order that is exact: tensors, then the
+data position (whose fast-forward draws from the streams), then the streams of the resumed step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..trainee import Trainee
+from .data import DataStream, loader_generators
+from .parallel import distribute_like, distribute_optimizer_state, local, localize, model_placements, placements
+from .rng import RandomStreams, tree_digest
+
+__all__ = ["TrainingState", "model_structure"]
+
+
+def model_structure(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """Parameter and buffer names with their (global) shapes and dtypes; for DTensors, also their
+    placements and meshes (``dtensors`` and ``meshes``, see :func:`parallel.model_placements`)."""
+
+    def describe(tensor: torch.Tensor) -> list[Any]:
+        return [list(tensor.shape), str(tensor.dtype).removeprefix("torch.")]
+
+    return {
+        "parameters": {name: describe(p) for name, p in model.named_parameters()},
+        "buffers": {name: describe(b) for name, b in model.named_buffers()},
+        **model_placements(model),
+    }
+
+
+def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:
+    """``id(param)`` to its model name, for every parameter the optimizer holds."""
+    names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+    found: dict[int, str] = {}
+    for g, group in enumerate(optimizer.param_groups):
+        for i, param in enumerate(group["params"]):
+            found[id(param)] = names.get(id(param), f"group{g}.param{i}")
+    return found
+
+
+class TrainingState:
+    """The stateful whole of a :class:`Trainee`."""
+
+    def __init__(self, trainee: Trainee) -> None:
+        self.trainee = trainee
+        extra = {**loader_generators(trainee.loader), **dict(trainee.generators or {})}
+        self.streams = RandomStreams(extra)
+        self.data = DataStream(trainee.loader, self.streams)
+        self._names = parameter_names(trainee.model, trainee.optimizer)
+        self.extra: dict[str, Any] = dict(trainee.state or {})
+
+    def close(self) -> None:
+        self.data.close()
+
+    def _named_tensors(self) -> dict[str, torch.Tensor]:
+        model, optimizer = self.trainee.model, self.trainee.optimizer
+        found: dict[str, torch.Tensor] = dict(model.named_parameters())
+        found.update(model.named_buffers())
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                for key, value in optimizer.state.get(param, {}).items():
+                    if isinstance(value, torch.Tensor):
+                        found[f"optimizer.{self._names[id(param)]}.{key}"] = value
+        return found
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every parameter, buffer and optimizer-state tensor this rank holds (a DTensor's local shard)."""
+        return {name: local(tensor) for name, tensor in self._named_tensors().items()}
+
+    def placements(self) -> dict[str, Any]:
+        """The placements and meshes of the DTensors among :meth:`tensors` (``{}`` when none)."""
+        return placements(self._named_tensors())
+
+    def tensors_and_placements(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """:meth:`tensors` and :meth:`placements` from one walk over the model and optimizer."""
+        named = self._named_tensors()
+        return {name: local(tensor) for name, tensor in named.items()}, placements(named)
+
+    def state_dict(self) -> dict[str, Any]:
+        scheduler = self.trainee.scheduler
+        return {
+            "model": localize(self.trainee.model.state_dict()),
+            "optimizer": localize(self.trainee.optimizer.state_dict()),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "data": self.data.state_dict(),
+            "streams": self.streams.state_dict(),
+            "extra": {name: value.state_dict() for name, value in self.extra.items()},
+        }
+
+    def extra_digests(self) -> dict[str, str]:
+        """A digest of each ``Trainee.state`` object's state, by ``state.<name>``."""
+        return {f"state.{name}": tree_digest(value.state_dict()) for name, value in self.extra.items()}
+
+    def load_state_dict(self, state: dict[str, Any], *, streams: bool = True) -> None:
+        """Restore a checkpoint; ``streams=False`` leaves the random streams as they are. Local
+        shards are made DTensors again where the model holds DTensors."""
+        model, optimizer = self.trainee.model, self.trainee.optimizer
+        model.load_state_dict(distribute_like(state["model"], model.state_dict()))
+        optimizer.load_state_dict(distribute_optimizer_state(state["optimizer"], optimizer))
+        if self.trainee.scheduler is not None and state.get("scheduler") is not None:
+            self.trainee.scheduler.load_state_dict(state["scheduler"])
+        for name, value in (state.get("extra") or {}).items():
+            if name in self.extra:
+                self.extra[name].load_state_dict(value)
+        current = self.streams.state_dict()
+        self.data.load_state_dict(state["data"])
+        self.streams.load_state_dict(state["streams"] if streams else current)

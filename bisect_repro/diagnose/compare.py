@@ -1,0 +1,296 @@
+"""Comparing two runs: where they first differ, and why, established by experiment.
+
+1. The records (:mod:`bisect_repro.diagnose.records`): structure, config, environment, the
+   per-step logs and the snapshots, which bound the divergence between the last equal snapshot
+   and the first divergent one.
+2. The replay (:mod:`bisect_repro.replay.lockstep`): each run relaunched in its own process, the
+   way it was recorded (its recipe or its script, its environment variables), restored from its
+   last checkpoint at or before the last equal snapshot and stepped in lockstep with the other;
+   every replayed step is checked against its own records.
+3. The experiments (:mod:`bisect_repro.diagnose.experiments`, and
+   :mod:`bisect_repro.diagnose.rebuild` when the runs differ before their first step), each a
+   re-run under controlled conditions, which name the cause only when one of them shows it.
+
+Distributed runs are compared rank by rank from their records first: the first divergence over
+all ranks (:func:`~bisect_repro.diagnose.records.first_divergence`) names a step and a rank, and
+``ranks`` holds each rank's verdict from the records. Then both runs are replayed on all their
+ranks under ``torchrun`` (:mod:`bisect_repro.replay.ranks`), in lockstep, focused on that rank:
+the lockstep, the experiments and the verdict are the focus rank's, as for a single process,
+with the verdict's ``rank`` set. Where the replay fails or does not reproduce the divergence, the
+verdict is the records' and a note says why. Runs of another world size or parallel layout are
+refused (:class:`RunMismatchError`), except with ``replay=False``, which compares the ranks both
+have; the replay runs only the recorded world size.
+
+``compare`` returns a :class:`~bisect_repro.diagnose.verdict.CompareResult`; its ``to_json()`` is
+the ``bisect-repro/compare/2`` object documented in the README. ``announce`` is called with what
+will be executed before anything is; ``replay=False`` executes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import RunFormatError, RunMismatchError
+from ..replay.launch import LaunchSpec, ReplayUnavailable, spec_for_run
+from ..replay.lockstep import Lockstep
+from ..replay.replica import ReplicaFailed
+from ..store.run import Run
+from .causes import Cause, fix_for
+from .difference import difference_stats
+from .experiments import StepAnalysis
+from .rebuild import streams_deciding_init
+from .records import Records, first_divergence, layer_of, rank_verdict, read_records, records_verdict, structure_verdict
+from .verdict import CompareResult, Confidence, Evidence, RankResult, Verdict
+
+__all__ = ["compare"]
+
+Progress = Callable[[str, int, int], None]
+Announce = Callable[[list[str]], None]
+
+
+def compare(
+    path_a: Path | str,
+    path_b: Path | str,
+    *,
+    replay: bool = True,
+    accept_changed_code: bool = False,
+    progress: Progress | None = None,
+    announce: Announce | None = None,
+) -> CompareResult:
+    """Compare two runs (see the module docstring)."""
+    a, b = Run.open(path_a), Run.open(path_b)
+    if a.distributed or b.distributed:
+        return _compare_ranks(a, b, replay=replay, accept_changed_code=accept_changed_code, progress=progress, announce=announce)
+    result = _compare_pair(a, b, replay=replay, accept_changed_code=accept_changed_code, progress=progress, announce=announce)
+    result.ranks = [RankResult(rank=0, verdict=result.verdict, timeline=result.timeline)]
+    return result
+
+
+def _compare_pair(
+    a: Run, b: Run, *, replay: bool, accept_changed_code: bool, progress: Progress | None, announce: Announce | None
+) -> CompareResult:
+    if a.meta["format"] != b.meta["format"]:
+        raise RunFormatError(
+            b.path / "run.json",
+            f"format {b.meta['format']} differs from {a.path}'s format {a.meta['format']}",
+            "re-record both runs with one bisect-repro version",
+        )
+    records = read_records(a, b)
+    result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
+    if records.structure is not None:
+        result.verdict = structure_verdict(records)
+        return result
+    result.timeline, result.first_log_difference = records.timeline, records.logs
+    result.snapshots = {"last_equal": records.last_equal, "first_divergent": records.first_divergent}
+    if records.identical:
+        _identical(records, result)
+        return result
+    specs = _specs(records, result, accept_changed_code) if replay else None
+    if specs is not None:
+        result.replay.commands = [spec.describe() for spec in specs]
+        if announce is not None:
+            announce(result.replay.commands)
+        try:
+            result.verdict = _replayed(records, specs, result, progress)
+        except (ReplicaFailed, ReplayUnavailable) as error:
+            result.notes.append(f"the replay failed, so the verdict is from the records alone: {error}")
+    if result.verdict is None:
+        result.verdict = records_verdict(records)
+        if result.replay.performed:
+            result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")
+    return result
+
+
+def _identical(records: Records, result: CompareResult) -> None:
+    result.identical = True
+    streams = sorted({s for row in records.timeline for s in row.streams})
+    if streams:
+        result.notes.append(f"the runs' tensors match, but some random streams differ: {', '.join(streams)}")
+
+
+def _layout(run: Run) -> str:
+    mesh = (run.distributed or {}).get("mesh") or {}
+    shape = f" over a {'x'.join(map(str, mesh['shape']))} mesh" if mesh.get("shape") else ""
+    return f"{run.world_size} rank{'s' if run.world_size != 1 else ''} ({run.layout}{shape})"
+
+
+def _compare_ranks(
+    a: Run, b: Run, *, replay: bool, accept_changed_code: bool, progress: Progress | None, announce: Announce | None
+) -> CompareResult:
+    """Distributed runs: rank by rank from the records, then both replayed on all their ranks,
+    focused on the first divergent rank."""
+    layouts = _layout(a), _layout(b)
+    if layouts[0] != layouts[1] and replay:
+        raise RunMismatchError(
+            f"{a.path} ran on {layouts[0]}, {b.path} on {layouts[1]}: they cannot be compared step by step; "
+            "record both with the same --nproc-per-node and parallel layout, or pass --no-replay to compare the ranks they share"
+        )
+    ranks = []
+    for rank in range(min(a.world_size, b.world_size)):
+        records = read_records(a.open_rank(rank), b.open_rank(rank))
+        ranks.append((records, rank_verdict(records)))
+    first = first_divergence(ranks)
+    records, verdict = first if first is not None else (ranks[0][0], None)
+    result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
+    result.verdict, result.timeline, result.first_log_difference = verdict, records.timeline, records.logs
+    result.snapshots = {"last_equal": records.last_equal, "first_divergent": records.first_divergent}
+    result.ranks = [RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline) for r, v in ranks]
+    if first is None:
+        _identical(records, result)
+    if layouts[0] != layouts[1]:
+        shared = "rank 0" if len(ranks) == 1 else f"ranks 0 to {len(ranks) - 1}"
+        result.notes.append(f"run A ran on {layouts[0]}, run B on {layouts[1]}: only {shared}, which both have, compared")
+    elif replay and verdict is not None:
+        _replay_ranks(records, verdict, result, accept_changed_code, progress, announce)
+    return result
+
+
+def _replay_ranks(
+    records: Records, verdict: Verdict, result: CompareResult, accept_changed: bool, progress: Progress | None, announce: Announce | None
+) -> None:
+    """Both runs replayed on every rank, focused on the rank of the records' verdict: its verdict
+    replaces the records' when the replay reproduces the divergence."""
+    focus = records.a.rank
+    specs = _specs(records, result, accept_changed)
+    if specs is None:
+        return
+    world = records.a.world_size
+    specs = specs[0].on_ranks(world, focus), specs[1].on_ranks(world, focus)
+    result.replay.commands = [spec.describe() for spec in specs]
+    if announce is not None:
+        announce(result.replay.commands)
+    try:
+        replayed = _replayed(records, specs, result, progress)
+    except (ReplicaFailed, ReplayUnavailable) as error:
+        result.notes.append(f"the replay failed, so the verdict is from the records alone: {error}")
+        return
+    if replayed is None:
+        if result.replay.performed:
+            result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")
+        return
+    replayed.rank = focus
+    result.verdict = replayed
+
+
+def _specs(records: Records, result: CompareResult, accept_changed: bool) -> tuple[LaunchSpec, LaunchSpec] | None:
+    try:
+        return spec_for_run(records.a, accept_changed=accept_changed), spec_for_run(records.b, accept_changed=accept_changed)
+    except ReplayUnavailable as error:
+        result.notes.append(f"no replay: {error}")
+        return None
+
+
+def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: CompareResult, progress: Progress | None) -> Verdict | None:
+    a, b = records.a, records.b
+    if records.last_equal is None:
+        return _init_verdict(records, specs, result)
+    last_equal, end = records.last_equal, records.end
+    ca, cb = _checkpoint_at(a, last_equal), _checkpoint_at(b, last_equal)
+    if ca is None or cb is None:
+        result.notes.append(f"no replay: {a.path if ca is None else b.path} has no checkpoint at or before step {last_equal}")
+        return None
+    checkpoints, first = (ca, cb), (_checkpoint_at(a, -1), _checkpoint_at(b, -1))
+    lockstep = Lockstep((a, b), specs, progress)
+    info = result.replay
+    info.performed = True
+    try:
+        divergence = lockstep.find(checkpoints, last_equal, end, first)
+        if lockstep.from_step is not None and lockstep.from_step < min(checkpoints):
+            checkpoints = first
+        info.from_step, info.replayed_steps = lockstep.from_step, lockstep.replayed
+        verdict = None
+        if divergence is not None:
+            if progress is not None:
+                progress("experimenting", 0, 1)
+            analysis = StepAnalysis(records, lockstep, divergence, specs, checkpoints)
+            verdict = analysis.explain()
+            result.ops_context = analysis.ops_context
+            result.notes += analysis.notes
+        info.parted = lockstep.parted
+        result.notes += lockstep.notes
+        if divergence is None and lockstep.parted:
+            verdict = _parted_verdict(records, lockstep.parted)
+        expected = verdict is not None and (bool(verdict.reseeded) or verdict.cause is Cause.NONDETERMINISTIC_OP)  # entropy
+        unfaithful = [
+            p
+            for p in lockstep.parted
+            if divergence is None or int(p["step"]) < divergence.step or (int(p["step"]) == divergence.step and not expected)
+        ]
+        info.faithful = not unfaithful
+        if verdict is not None and divergence is not None and unfaithful and verdict.cause is not Cause.HIDDEN_STATE:
+            where = ", ".join(f"run {p['run']} at step {p['step']} ({p['what']})" for p in unfaithful)
+            result.notes.append(
+                f"the replay parted from the records ({where}): the steps read state no checkpoint holds, "
+                "or ran in another environment; the verdict is about the replayed runs"
+            )
+            if verdict.confidence is Confidence.PROVEN:
+                verdict.confidence = Confidence.INFERRED
+        return verdict
+    finally:
+        info.seconds = round(lockstep.seconds, 3)
+        lockstep.close()
+
+
+def _checkpoint_at(run: Run, step: int) -> int | None:
+    """The checkpoint a replay of ``run`` starts from: the last at or before ``step`` (``-1``: the
+    first); a framework's run replays from its own start, whatever its checkpoints."""
+    options = run.meta.get("options") or {}
+    if options.get("replay") == "from_start":
+        start = int(options.get("start_step", 0))
+        return start if start <= step or step < 0 else None
+    if step < 0:
+        return min(run.checkpoints, default=None)
+    return max((s for s in run.checkpoints if s <= step), default=None)
+
+
+def _parted_verdict(records: Records, parted: list[dict[str, int | str]]) -> Verdict:
+    """The replay reproduced neither its records nor the divergence (it parted while fast-forwarding)."""
+    verdict = records_verdict(records)
+    first = min(parted, key=lambda p: int(p["step"]))
+    detail = (
+        f"restored from its checkpoint with every recorded stream and setting, run {first['run']} does not reproduce its own "
+        f"recorded {first['what']} at step {first['step']}"
+    )
+    verdict.evidence.append(Evidence(experiment="replay", subject=f"run {first['run']}", outcome="differs", detail=detail))
+    verdict.explanation = (
+        f"{detail}: the steps read state that no checkpoint holds (a counter in a closure, a global, the clock), "
+        f"or a nondeterministic kernel; {verdict.explanation}"
+    )
+    if verdict.cause is Cause.UNKNOWN:
+        verdict.cause, verdict.fix = Cause.HIDDEN_STATE, fix_for(Cause.HIDDEN_STATE)
+    return verdict
+
+
+def _init_verdict(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: CompareResult) -> Verdict:
+    row = records.timeline[0]
+    tensor = row.first_tensor
+    verdict = Verdict(step=row.step, phase="init", tensor=tensor, layer=layer_of(tensor) if tensor else None)
+    a, b = records.a, records.b
+    if row.step in a.checkpoints and row.step in b.checkpoints and tensor in a.meta.get("model", {}).get("parameters", {}):
+        verdict.set_difference(difference_stats(a.checkpoint(row.step)["model"][tensor], b.checkpoint(row.step)["model"][tensor]))
+    resumed = bool((b.meta.get("options") or {}).get("resumed_from"))
+    cause, confidence, streams, reseeds, evidence = streams_deciding_init(specs)
+    result.replay.performed = True
+    verdict.cause, verdict.confidence, verdict.rng, verdict.reseeded, verdict.evidence = cause, confidence, streams, reseeds, evidence
+    if cause is Cause.RNG_STATE:
+        verdict.explanation = (
+            f"the runs start from different states ({tensor} differs at step {row.step}): the initialisation draws from "
+            f"{', '.join(streams)}, which {'were reseeded from entropy' if reseeds else 'were not seeded alike'}"
+        )
+    else:
+        verdict.explanation = (
+            f"{tensor} differs at step {row.step}, and building the code again with every global stream fixed does not explain it"
+        )
+        if records.config_diff:
+            verdict.cause, verdict.config_keys, verdict.confidence = Cause.CONFIG, list(records.config_diff), Confidence.INFERRED
+        elif records.environment_diff:
+            verdict.cause, verdict.environment_keys, verdict.confidence = (
+                Cause.ENVIRONMENT,
+                list(records.environment_diff),
+                Confidence.INFERRED,
+            )
+    verdict.fix = fix_for(
+        verdict.cause, streams=verdict.rng, reseeds=reseeds, resumed=resumed, keys=verdict.environment_keys, config=records.config_diff
+    )
+    return verdict

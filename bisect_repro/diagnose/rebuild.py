@@ -1,0 +1,99 @@
+"""Which random streams decide a model's initial state, proven by building it again.
+
+When two runs differ before their first step, the code is run again, up to the point where its
+Recorder is built, in fresh processes whose global streams (Python, NumPy, torch) are seeded
+before anything runs: twice with every stream fixed (the initial state must repeat), and once
+per stream with that stream alone seeded differently (the streams whose change changes the
+initial state decide it). Run B's code is built once with the same fixed streams too: if it then
+equals run A's, the two runs differ only in how their streams were seeded. All the processes run
+at once.
+
+Where the guarantees stop: only the global streams are varied; a model initialised from a
+generator of its own, or from entropy (``torch.seed()``, ``os.urandom``), does not repeat with
+every global stream fixed, and the seeding calls seen during the build are named instead.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..capture.rng import GLOBAL_STREAMS
+from ..replay.launch import LaunchSpec
+from ..replay.replica import Replica
+from .causes import Cause
+from .verdict import Confidence, Evidence
+
+__all__ = ["streams_deciding_init"]
+
+_BASE = 1234
+
+
+def _built(spec: LaunchSpec, label: str) -> dict[str, Any]:
+    with Replica(spec, label) as replica:
+        replica.connect()
+        description = replica.describe()
+        return {"hashes": description["init"], "seeding": description.get("build_seeding", [])}
+
+
+def _differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    return [name for name in dict.fromkeys([*a, *b]) if a.get(name) != b.get(name)]
+
+
+def streams_deciding_init(
+    specs: tuple[LaunchSpec, LaunchSpec],
+) -> tuple[Cause, Confidence, list[str], list[dict[str, Any]], list[Evidence]]:
+    """``(cause, confidence, streams, reseeds, evidence)`` for two runs that differ at their first snapshot."""
+    spec_a, spec_b = specs
+    fixed = dict.fromkeys(GLOBAL_STREAMS, _BASE)
+    jobs: dict[str, LaunchSpec] = {"control": spec_a.with_seeds(fixed), "again": spec_a.with_seeds(fixed), "b": spec_b.with_seeds(fixed)}
+    for name in GLOBAL_STREAMS:
+        jobs[name] = spec_a.with_seeds({**fixed, name: _BASE + 1})
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {
+            key: pool.submit(_built, spec, f"run {'B' if key == 'b' else 'A'} built with fixed streams") for key, spec in jobs.items()
+        }
+        built = {key: future.result() for key, future in futures.items()}
+    evidence: list[Evidence] = []
+    control = built["control"]["hashes"]
+    repeats = not _differing(control, built["again"]["hashes"])
+    fixed_text = ", ".join(GLOBAL_STREAMS)
+    evidence.append(
+        Evidence(
+            experiment="rebuild",
+            subject="run A's code, twice, with " + fixed_text + " seeded alike",
+            outcome="matches" if repeats else "differs",
+            detail="the initial state repeats"
+            if repeats
+            else f"the initial state still differs ({_differing(control, built['again']['hashes'])[0]} first)",
+        )
+    )
+    if not repeats:
+        reseeds = [c for c in built["control"]["seeding"] if c.get("entropy")]
+        cause = Cause.RNG_STATE if reseeds else Cause.UNKNOWN
+        return cause, Confidence.PROVEN if reseeds else Confidence.UNEXPLAINED, sorted({c["stream"] for c in reseeds}), reseeds, evidence
+    deciding = []
+    for name in GLOBAL_STREAMS:
+        changed = _differing(control, built[name]["hashes"])
+        evidence.append(
+            Evidence(
+                experiment=f"stream:{name}",
+                subject=f"run A's code with only {name} seeded differently",
+                outcome="differs" if changed else "matches",
+                detail=f"{changed[0]} changes" if changed else "the initial state is the same: nothing in the build draws from it",
+            )
+        )
+        if changed:
+            deciding.append(name)
+    same_code = not _differing(control, built["b"]["hashes"])
+    evidence.append(
+        Evidence(
+            experiment="rebuild",
+            subject="run B's code with the same fixed streams",
+            outcome="matches" if same_code else "differs",
+            detail="it builds run A's initial state" if same_code else "it still builds another initial state",
+        )
+    )
+    if deciding and same_code:
+        return Cause.RNG_STATE, Confidence.PROVEN, deciding, [], evidence
+    return Cause.UNKNOWN, Confidence.UNEXPLAINED, deciding, [], evidence

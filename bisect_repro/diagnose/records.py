@@ -1,0 +1,317 @@
+"""What two runs' records say on their own, before anything is replayed.
+
+:func:`read_records` lines up two runs: their model structures, configs and environments, the
+snapshot timeline (which tensors and streams differ at each common snapshot), and the first step
+at which each per-step log (data order, batch content, loss) differs. The last equal snapshot
+and the first divergent one bound the divergence; the logs narrow it to a step.
+
+:func:`records_verdict` is the verdict from the records alone, always ``inferred``: the step the
+logs point to, the data when the order or the batches differ first, and as candidate streams
+only those that were equal at the last equal snapshot and differ at the first divergent one (a
+stream that differed from the start while the runs still matched was not drawn from, and is
+named as such, not as the cause).
+
+Distributed runs are compared rank by rank (rank r of one run against rank r of the other, each
+with its own environment): :func:`rank_verdict` is one rank's verdict, with ``rank`` set, and
+:func:`first_divergence` the first over all ranks: the earliest step, and at that step the rank
+where it starts, the one whose own step logs (data order, batch, loss) or seeding calls show the
+difference at that step rather than a snapshot after it (a difference one rank starts reaches
+the others through the next gradient all-reduce, and their snapshots); the lowest such rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..capture import env
+from ..capture.rng import tree_digest
+from ..errors import BisectReproError
+from ..store.run import Run
+from .causes import Cause, fix_for
+from .verdict import Confidence, Evidence, TimelineRow, Verdict
+
+__all__ = ["Records", "first_divergence", "layer_of", "rank_verdict", "read_records", "records_verdict", "structure_verdict"]
+
+
+def layer_of(name: str) -> str | None:
+    """The layer (module) a state tensor belongs to: ``0`` for ``0.weight`` and ``optimizer.0.weight.exp_avg``."""
+    if name.startswith("state."):
+        return "state"
+    if name.startswith("optimizer."):
+        name = name.removeprefix("optimizer.").rpartition(".")[0]
+    return name.rpartition(".")[0] or None
+
+
+@dataclass
+class Records:
+    """Two runs lined up (see the module docstring)."""
+
+    a: Run
+    b: Run
+    config_diff: dict[str, list[Any]]
+    environment_diff: dict[str, list[Any]]
+    structure: str | None = None
+    """The first parameter or buffer whose name, shape or dtype differs."""
+    timeline: list[TimelineRow] = field(default_factory=list)
+    logs: dict[str, int | None] = field(default_factory=dict)
+    last_equal: int | None = None
+    first_divergent: int | None = None
+
+    @property
+    def identical(self) -> bool:
+        return self.first_divergent is None and all(v is None for v in self.logs.values())
+
+    @property
+    def end(self) -> int:
+        """The last step that can hold the divergence (``-1``: initialisation, before step 0)."""
+        bounds = [s for s in self.logs.values() if s is not None]
+        if self.first_divergent is not None:
+            bounds.append(self.first_divergent - 1)
+        return min(bounds)
+
+    def streams_at(self, step: int | None) -> list[str]:
+        return next((row.streams for row in self.timeline if row.step == step), [])
+
+    def changed_streams(self) -> tuple[list[str], list[str]]:
+        """Streams equal at the last equal snapshot and different at the first divergent one; and
+        those that already differed at the last equal snapshot but were drawn from since (their
+        state moved in either run). A stream that differed all along and did not move was not
+        drawn from, so it cannot be the cause."""
+        before, after = set(self.streams_at(self.last_equal)), self.streams_at(self.first_divergent)
+        moved = self.drawn_between(self.last_equal, self.first_divergent)
+        return [s for s in after if s not in before], [s for s in after if s in before and s in moved]
+
+    def reseeds(self, start: int, end: int) -> list[tuple[int, dict[str, Any]]]:
+        """Seeding calls from entropy the step logs of either run show in ``[start, end]``, by step."""
+        found = {}
+        for step in range(start, end + 1):
+            for run in (self.a, self.b):
+                for call in run.steps.get(step, {}).get("seeded") or []:
+                    if isinstance(call, dict) and isinstance(call.get("call"), str):
+                        found[(step, call["call"], call.get("where"))] = (step, call)
+        return list(found.values())
+
+    def drawn_between(self, start: int | None, end: int | None) -> set[str]:
+        """Streams whose state changed between two snapshots of either run."""
+        if start is None or end is None:
+            return set()
+        moved: set[str] = set()
+        for run in (self.a, self.b):
+            if start in run.snapshots and end in run.snapshots:
+                first, last = run.snapshot(start)["streams"], run.snapshot(end)["streams"]
+                moved |= {n for n in first if n in last and tree_digest(first[n]) != tree_digest(last[n])}
+        return moved
+
+
+def _structure_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    for kind in ("parameters", "buffers"):
+        ta, tb = a.get(kind, {}), b.get(kind, {})
+        for name in dict.fromkeys([*ta, *tb]):
+            if ta.get(name) != tb.get(name):
+                return name
+    return None
+
+
+def _timeline(a: Run, b: Run) -> list[TimelineRow]:
+    rows = []
+    for step in sorted(set(a.snapshots) & set(b.snapshots)):
+        sa, sb = a.snapshot(step), b.snapshot(step)
+        differing = [n for n in dict.fromkeys([*sa["hashes"], *sb["hashes"]]) if sa["hashes"].get(n) != sb["hashes"].get(n)]
+        streams = sorted(
+            n for n in set(sa["streams"]) & set(sb["streams"]) if tree_digest(sa["streams"][n]) != tree_digest(sb["streams"][n])
+        )
+        layers: dict[str, int] = {}
+        for name in differing:
+            layer = layer_of(name) or "(model)"
+            layers[layer] = layers.get(layer, 0) + 1
+        rows.append(
+            TimelineRow(
+                step=step,
+                equal=not differing,
+                differing_tensors=len(differing),
+                first_tensor=next(iter(differing), None),
+                streams=streams,
+                layers=layers,
+            )
+        )
+    return rows
+
+
+def _first_log_differences(a: Run, b: Run) -> dict[str, int | None]:
+    found: dict[str, int | None] = {"order": None, "batch": None, "loss": None}
+    for step in sorted(set(a.steps) & set(b.steps)):
+        for key in found:
+            if found[key] is None and a.steps[step].get(key) != b.steps[step].get(key):
+                found[key] = step
+    return found
+
+
+def read_records(a: Run, b: Run) -> Records:
+    config_a, config_b = a.meta.get("config", {}), b.meta.get("config", {})
+    records = Records(
+        a,
+        b,
+        config_diff={
+            k: [config_a.get(k), config_b.get(k)] for k in dict.fromkeys([*config_a, *config_b]) if config_a.get(k) != config_b.get(k)
+        },
+        environment_diff=env.diff(a.environment, b.environment),
+        structure=_structure_difference(a.meta.get("model", {}), b.meta.get("model", {})),
+    )
+    if records.structure is not None:
+        return records
+    records.timeline = _timeline(a, b)
+    if not records.timeline:
+        raise BisectReproError(f"{b.path}: has no snapshot at a step that {a.path} has; the runs cannot be compared")
+    records.logs = _first_log_differences(a, b)
+    divergent = next((row for row in records.timeline if not row.equal), None)
+    equal = [row for row in records.timeline if row.equal and (divergent is None or row.step < divergent.step)]
+    records.last_equal = equal[-1].step if equal else None
+    records.first_divergent = divergent.step if divergent else None
+    return records
+
+
+def structure_verdict(records: Records) -> Verdict:
+    name = records.structure
+    assert name is not None
+    shapes = [
+        run.meta.get("model", {}).get("parameters", {}).get(name) or run.meta.get("model", {}).get("buffers", {}).get(name) or "absent"
+        for run in (records.a, records.b)
+    ]
+    detail = f"{name} is {shapes[0]} in run A and {shapes[1]} in run B"
+    return Verdict(
+        step=0,
+        phase="init",
+        layer=layer_of(name),
+        tensor=name,
+        cause=Cause.STRUCTURE,
+        confidence=Confidence.PROVEN,
+        config_keys=list(records.config_diff),
+        explanation=f"the models differ in structure: {detail}",
+        fix=fix_for(Cause.STRUCTURE) + (f" (the settings differ: {', '.join(records.config_diff)})" if records.config_diff else ""),
+        evidence=[
+            Evidence(experiment="records", subject="both runs", outcome="differs", detail=f"the recorded model structures differ: {detail}")
+        ],
+    )
+
+
+def records_verdict(records: Records) -> Verdict:
+    """The verdict from the records alone (``inferred``); see the module docstring."""
+    logs, end = records.logs, records.end
+    changed, all_along = records.changed_streams()
+    reseeds = records.reseeds(records.last_equal or 0, end)
+    evidence = [Evidence(experiment="records", subject="both runs", outcome="differs", detail=_bounds(records))]
+    if reseeds:
+        evidence.append(
+            Evidence(
+                experiment="records",
+                subject="the step logs",
+                outcome="differs",
+                detail=f"step {reseeds[0][0]} reseeded from entropy: {reseeds[0][1]['call']} at {reseeds[0][1]['where']}",
+            )
+        )
+    verdict = Verdict(step=max(end, 0), confidence=Confidence.INFERRED, evidence=evidence)
+    if end < 0:  # the first snapshots (before step 0) already differ: the runs part at initialisation
+        verdict.phase = "init"
+    loader = records.a.meta.get("loader", {})
+    if logs.get("order") is not None and logs["order"] <= end:
+        verdict.step, verdict.phase, verdict.cause, verdict.tensor = logs["order"], "data", Cause.DATA_ORDER, "batch.indices"
+        verdict.rng = [s for s in changed if "generator" in s or s == "torch"]
+    elif logs.get("batch") is not None and logs["batch"] <= end:
+        verdict.step, verdict.phase, verdict.cause = logs["batch"], "data", Cause.DATA_CONTENT
+        if records.a.steps.get(logs["batch"], {}).get("order") is None:  # no sample indices recorded: order or content
+            verdict.cause, verdict.tensor = Cause.DATA_ORDER, "batch"
+            verdict.rng = [s for s in [*changed, *all_along] if "generator" in s or s == "torch"]
+    elif reseeds:
+        verdict.step, verdict.cause, verdict.reseeded = reseeds[0][0], Cause.RNG_STATE, [call for _, call in reseeds]
+        verdict.rng = sorted({call["stream"] for _, call in reseeds}) or changed
+    elif changed:
+        verdict.cause, verdict.rng = Cause.RNG_STATE, changed
+    elif records.config_diff:
+        verdict.cause, verdict.config_keys = Cause.CONFIG, list(records.config_diff)
+    elif records.environment_diff:
+        verdict.cause, verdict.environment_keys = Cause.ENVIRONMENT, list(records.environment_diff)
+    elif all_along:
+        verdict.cause, verdict.rng = Cause.RNG_STATE, all_along
+    resumed = bool((records.b.meta.get("options") or {}).get("resumed_from"))
+    verdict.fix = fix_for(
+        verdict.cause,
+        streams=verdict.rng,
+        reseeds=verdict.reseeded,
+        resumed=resumed,
+        loader=loader,
+        keys=verdict.environment_keys,
+        config=records.config_diff,
+    )
+    what = {
+        Cause.DATA_ORDER: "the batches hold different samples"
+        if verdict.tensor == "batch.indices"
+        else "the batches differ (the loader's sample indices were not recorded, so order and content are not told apart)",
+        Cause.DATA_CONTENT: "the same samples give different batch contents",
+        Cause.RNG_STATE: f"{', '.join(verdict.rng)} reseeded from entropy, as the step log shows"
+        if reseeds
+        else f"the random streams {', '.join(verdict.rng)} "
+        + (
+            "changed between the last equal snapshot and the first divergent one"
+            if changed
+            else "were drawn from while in different states"
+        ),
+        Cause.CONFIG: f"the settings differ ({', '.join(records.config_diff)})",
+        Cause.ENVIRONMENT: f"the environments differ ({', '.join(records.environment_diff)})",
+    }.get(verdict.cause, "nothing in the records explains it")
+    verdict.explanation = f"from the records alone: the runs first differ at or before step {verdict.step}; {what}"
+    still = [s for s in records.streams_at(records.first_divergent) if s not in changed and s not in all_along]
+    if still:
+        evidence.append(
+            Evidence(
+                experiment="records",
+                subject="both runs",
+                outcome="inconclusive",
+                detail=f"{', '.join(still)} differed from the start but did not move between steps {records.last_equal} and "
+                f"{records.first_divergent}: nothing drew from them, so they are not the cause",
+            )
+        )
+    if all_along and verdict.rng != all_along:
+        evidence.append(
+            Evidence(
+                experiment="records",
+                subject="both runs",
+                outcome="inconclusive",
+                detail=f"{', '.join(all_along)} already differed at step {records.last_equal}, where the runs still matched, "
+                "and was drawn from since",
+            )
+        )
+    return verdict
+
+
+def _bounds(records: Records) -> str:
+    logs = ", ".join(f"{k} at step {v}" for k, v in records.logs.items() if v is not None) or "no per-step log differs"
+    snapshots = f"the snapshots are equal up to step {records.last_equal} and differ at step {records.first_divergent}"
+    return f"{snapshots}; first log differences: {logs}"
+
+
+def rank_verdict(records: Records) -> Verdict | None:
+    """One rank's verdict from its records (``None`` when they agree); ``rank`` is set for a distributed run."""
+    if records.structure is not None:
+        verdict = structure_verdict(records)
+    elif records.identical:
+        return None
+    else:
+        verdict = records_verdict(records)
+    if records.a.distributed or records.b.distributed:
+        verdict.rank = records.a.rank
+        verdict.explanation = verdict.explanation.replace("from the records alone", f"from the records of rank {verdict.rank} alone", 1)
+    return verdict
+
+
+def _shows_itself_at(records: Records, step: int) -> bool:
+    """Whether the rank's own step logs or seeding calls differ at ``step`` (not only a snapshot after it)."""
+    return step in records.logs.values() or bool(records.reseeds(step, step))
+
+
+def first_divergence(ranks: list[tuple[Records, Verdict | None]]) -> tuple[Records, Verdict] | None:
+    """The rank where the runs first part, with its verdict (see the module docstring); ``None`` when no rank does."""
+    parted = [(records, verdict) for records, verdict in ranks if verdict is not None]
+    if not parted:
+        return None
+    return min(parted, key=lambda item: (item[1].step, not _shows_itself_at(item[0], item[1].step), item[0].a.rank))

@@ -1,0 +1,216 @@
+"""Run B's divergent step again under run A's conditions, one kind at a time, until the difference vanishes.
+
+Each swap is an experiment on a step that repeats exactly in both runs (see
+:mod:`bisect_repro.diagnose.experiments`): when run B, given one of run A's conditions, computes
+what run A computes, that condition is the cause, proven. In order:
+
+- the random streams run B starts the step from (then stream by stream, to name them);
+- the in-process settings (thread count, determinism and TF32 switches, matmul precision; then
+  key by key);
+- the environment variables (``OMP_NUM_THREADS``, ``CUBLAS_WORKSPACE_CONFIG``, ...), in a fresh
+  process of run B started with run A's, replayed from the checkpoint;
+- the config, in a fresh process of run B's recipe rebuilt with run A's config (then key by key),
+  its checkpoint restored with the hyperparameters the config gives.
+
+For a difference in the data, the batch is what is compared: run B's batch fetched again under run
+A's loader and global streams, then in the fresh processes.
+
+Where the guarantees stop: a swap shows that a condition suffices to remove the difference, not
+that nothing else contributes; a script's config is its ``argv`` and is not swapped (the
+verdict names the differing keys from the records); versions and devices cannot be swapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..capture import env
+from ..capture.rng import tree_digest
+from ..capture.trace import first_difference
+from ..replay.launch import LaunchSpec
+from ..replay.replica import Replica, StepResult
+from .causes import Cause
+from .records import Records
+from .verdict import Confidence, Evidence, Verdict
+
+__all__ = ["Swaps"]
+
+
+def _outcome(matched: bool) -> str:
+    return "matches" if matched else "differs"
+
+
+def _differing(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+    a, b = a or {}, b or {}
+    return [name for name in a if name in b and tree_digest(a[name]) != tree_digest(b[name])]
+
+
+class Swaps:
+    """The swaps for one divergent step (see the module docstring)."""
+
+    def __init__(
+        self,
+        records: Records,
+        replicas: tuple[Replica, Replica],
+        specs: tuple[LaunchSpec, LaunchSpec],
+        checkpoint_b: int,
+        step: int,
+        evidence: list[Evidence],
+    ) -> None:
+        self.records, self.specs, self.checkpoint_b, self.step, self.evidence = records, specs, checkpoint_b, step, evidence
+        self.ra, self.rb = replicas
+
+    def _add(self, experiment: str, subject: str, matched: bool, detail: str) -> None:
+        self.evidence.append(Evidence(experiment=experiment, subject=subject, outcome=_outcome(matched), detail=detail))
+
+    # -- a step that computes differently ------------------------------------------------------
+    def compute(self, verdict: Verdict, trace_a: StepResult) -> None:
+        """Streams, settings, variables, config: the first that makes run B's step equal run A's."""
+        s = self.step
+
+        def matches(result: StepResult | None) -> bool:
+            return result is not None and first_difference(trace_a.entries, result.entries) is None
+
+        sa, sb = self.ra.streams(s)["streams"], self.rb.streams(s)["streams"]
+        differing = _differing(sa, sb)
+        if differing:
+
+            def with_streams(names: list[str]) -> bool:
+                return matches(self.rb.run(s, trace="full", streams={**sb, **{n: sa[n] for n in names}}))
+
+            if self._streams(verdict, "stream", differing, with_streams, "random streams"):
+                verdict.cause = Cause.RNG_STATE
+                return
+        if self._settings(verdict, lambda settings: matches(self.rb.run(s, trace="full", environment=settings))):
+            return
+        if self._fresh(verdict, lambda fetched, result: matches(result), data=False):
+            return
+        verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED
+
+    # -- a batch that differs ------------------------------------------------------------------
+    def data(self, verdict: Verdict, order: bool, fetched_a: dict[str, Any]) -> None:
+        """The loader's and the global streams, then variables and config, for run B's batch."""
+        s, kind = self.step, "order" if order else "batch"
+        verdict.cause = (
+            Cause.DATA_ORDER if order or (fetched_a.get("order") is None and fetched_a.get("indices") is None) else Cause.DATA_CONTENT
+        )
+        if not self.rb.reruns:
+            self._data_in_a_framework(verdict)
+            return
+        a, b = self.ra.streams(s), self.rb.streams(s)
+        epoch_a, epoch_b = (a["data"] or {}).get("epoch_streams"), (b["data"] or {}).get("epoch_streams")
+        differing = sorted({*_differing(a["pre_streams"], b["pre_streams"]), *_differing(epoch_a, epoch_b)})
+        if differing:
+
+            def with_streams(names: list[str]) -> bool:
+                pre = {**b["pre_streams"], **{n: a["pre_streams"][n] for n in names if n in a["pre_streams"]}}
+                epoch = {**epoch_b, **{n: epoch_a[n] for n in names if n in (epoch_a or {})}} if epoch_b is not None else None
+                return self.rb.data(s, pre_streams=pre, epoch_streams=epoch)[kind] == fetched_a[kind]
+
+            if self._streams(verdict, "data_streams", differing, with_streams, "loader and global streams"):
+                return
+        if not self._fresh(verdict, lambda fetched, _: fetched[kind] == fetched_a[kind], data=True):
+            verdict.confidence = Confidence.UNEXPLAINED
+
+    def _data_in_a_framework(self, verdict: Verdict) -> None:
+        """A framework's loader cannot fetch a batch again: name, from the records, the streams the
+        loader may have drawn from that differ at the step's start (inferred)."""
+        s, (a, b) = self.step, (self.records.a, self.records.b)
+        if s in a.snapshots and s in b.snapshots:
+            sa, sb = a.snapshot(s)["streams"], b.snapshot(s)["streams"]
+        else:
+            sa, sb = self.ra.streams(s)["streams"], self.rb.streams(s)["streams"]
+        differing = [n for n in _differing(sa, sb) if n == "torch" or "generator" in n or "sampler" in n]
+        detail = "a framework's data loader cannot fetch a batch again"
+        if differing:
+            detail += f"; the streams a loader shuffles and seeds its workers from differ at the step's start: {', '.join(differing)}"
+        self.evidence.append(
+            Evidence(experiment="data_streams", subject="run B's batch under run A's streams", outcome="inconclusive", detail=detail)
+        )
+        verdict.rng, verdict.confidence = differing, Confidence.INFERRED if differing else Confidence.UNEXPLAINED
+
+    # -- the kinds of conditions ---------------------------------------------------------------
+    def _narrowed(
+        self, experiment: str, subject: str, names: list[str], vanishes: Callable[[list[str]], bool], what: str
+    ) -> list[str] | None:
+        """Run A's ``names`` all at once (described by ``what``), then, when that removes the
+        difference and there are several, one by one: the names that suffice (``None``: none do)."""
+        matched = vanishes(names)
+        self._add(experiment, subject, matched, f"{what}: step {self.step} of run B {'matches run A' if matched else 'still differs'}")
+        if not matched:
+            return None
+        culprits = [n for n in names if vanishes([n])] if len(names) > 1 else names
+        for name in culprits if len(names) > 1 else ():
+            self._add(f"{experiment}:{name}", f"run B with run A's {name}", True, f"{name} alone makes step {self.step} match")
+        return culprits or names
+
+    def _streams(self, verdict: Verdict, experiment: str, names: list[str], vanishes: Callable[[list[str]], bool], what: str) -> bool:
+        culprits = self._narrowed(experiment, f"run B with run A's {what}", names, vanishes, f"with {', '.join(names)} as in run A")
+        if culprits is None:
+            return False
+        verdict.rng, verdict.confidence = culprits, Confidence.PROVEN
+        return True
+
+    def _settings(self, verdict: Verdict, vanishes: Callable[[dict[str, Any]], bool]) -> bool:
+        keys = [k for k in self.records.environment_diff if k in env.APPLICABLE]
+        if not keys:
+            return False
+        recorded = self.records.a.meta.get("environment", {})
+        shown = ", ".join(f"{k}={recorded.get(k)}" for k in keys)
+        culprits = self._narrowed(
+            "environment",
+            "run B under run A's in-process settings",
+            keys,
+            lambda names: vanishes({k: recorded.get(k) for k in names}),
+            f"with {shown}",
+        )
+        if culprits is None:
+            return False
+        verdict.cause, verdict.environment_keys, verdict.confidence = Cause.ENVIRONMENT, culprits, Confidence.PROVEN
+        return True
+
+    def _fresh(self, verdict: Verdict, vanishes: Callable[[dict[str, Any], StepResult | None], bool], *, data: bool) -> bool:
+        """Run B in a fresh process with run A's environment variables, then rebuilt with run A's config."""
+        spec_a, spec_b = self.specs
+        variables = [k for k in self.records.environment_diff if k.startswith("env.")]
+        if variables and spec_a.variables != spec_b.variables:
+            names = ", ".join(k.removeprefix("env.") for k in variables)
+            found = self._narrowed(
+                "environment_variables",
+                "run B with run A's environment variables",
+                [", ".join(variables)],
+                lambda _: vanishes(
+                    *self._variant(spec_b.with_variables(spec_a.variables), "run B with run A's environment variables", data)
+                ),
+                f"a fresh process of run B with {names} as in run A",
+            )
+            if found is not None:
+                verdict.cause, verdict.environment_keys, verdict.confidence = Cause.ENVIRONMENT, variables, Confidence.PROVEN
+                return True
+        config = self.records.config_diff
+        if not config or spec_b.kind != "recipe":
+            return False
+
+        def rebuilt(keys: list[str]) -> bool:
+            changed = {**spec_b.config, **{k: config[k][0] for k in keys}}
+            changed = {k: v for k, v in changed.items() if v is not None or k in spec_a.config}
+            return vanishes(*self._variant(spec_b.with_config(changed), f"run B rebuilt with run A's {', '.join(keys)}", data))
+
+        shown = ", ".join(f"{k}={v[0]!r}" if k in spec_a.config else f"{k} as the recipe's default" for k, v in config.items())
+        keys = self._narrowed("config", "run B rebuilt with run A's config", list(config), rebuilt, f"run B rebuilt with {shown}")
+        if keys is None:
+            return False
+        verdict.cause, verdict.config_keys, verdict.confidence = Cause.CONFIG, keys, Confidence.PROVEN
+        return True
+
+    def _variant(self, spec: LaunchSpec, label: str, data: bool) -> tuple[dict[str, Any], StepResult | None]:
+        """Run B's checkpoint restored in a fresh process of ``spec`` (with the hyperparameters its
+        config gives), replayed to the step: its fetch there and, unless ``data``, the step's trace."""
+        run = self.records.b
+        with Replica(spec, label) as replica:
+            replica.connect()
+            replica.restore(run.path, self.checkpoint_b, run.meta.get("environment"), rebuilt=spec.config != self.specs[1].config)
+            replica.skip(self.step)
+            fetched = replica.fetch()
+            return fetched, None if data else replica.run(self.step, trace="full")

@@ -1,0 +1,174 @@
+"""What ``compare`` returns: typed results, turned into JSON only at the edge (``to_json``).
+
+A :class:`Verdict` names a cause only with the experiments that showed it: its ``confidence`` is
+``proven`` when an experiment reproduced the difference or made it vanish (each one is an
+:class:`Evidence` item), ``inferred`` when only the records speak for it, and ``unexplained``
+when the experiments ran and none accounted for the difference.
+
+The JSON form is the ``bisect-repro/compare/2`` object documented in the README; version 2 added
+``confidence``, ``evidence``, ``reseeded``, ``config_keys``, ``environment_keys``, ``rank`` and
+``histogram`` to the verdict, ``parted`` to the replay, ``layers`` to the timeline and
+``ops_context`` to the result, and the cause ``hidden_state``; ``ranks`` (one
+:class:`RankResult` per rank compared, one for a single process) came later, within version 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from .causes import Cause
+
+__all__ = ["SCHEMA", "CompareResult", "Confidence", "Evidence", "RankResult", "ReplayInfo", "TimelineRow", "Verdict"]
+
+SCHEMA = "bisect-repro/compare/2"
+
+
+class Confidence(str, Enum):
+    PROVEN = "proven"
+    INFERRED = "inferred"
+    UNEXPLAINED = "unexplained"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """One experiment and what it showed."""
+
+    experiment: str
+    """What was run: ``records``, ``replay``, ``self_rerun``, ``reseed_fixed``, ``streams``, ``stream:<name>``,
+    ``environment``, ``environment_variables``, ``config``, ``config:<key>``, ``data_streams``, ``rebuild``, ``op_trace``."""
+    subject: str
+    """Which run it was run on, and how: ``run B with run A's streams``."""
+    outcome: str
+    """``differs``, ``matches`` (the difference vanished or the step repeated) or ``inconclusive``."""
+    detail: str
+    """What was seen, in a sentence."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(kw_only=True)
+class Verdict:
+    """Where two runs first part ways, why, how sure, and the fix."""
+
+    step: int
+    """The 0-based count of ``step()`` calls before the divergent one (0 for the initial state)."""
+    phase: str | None = None
+    """``init``, ``data``, ``forward``, ``backward``, ``optimizer`` or ``step`` (the loss, outside the model)."""
+    layer: str | None = None
+    tensor: str | None = None
+    op: str | None = None
+    rank: int | None = None
+    cause: Cause = Cause.UNKNOWN
+    confidence: Confidence = Confidence.INFERRED
+    rng: list[str] = field(default_factory=list)
+    """The random streams the cause names."""
+    reseeded: list[dict[str, Any]] = field(default_factory=list)
+    """Seeding calls from entropy the step made (``call``, ``stream``, ``where``)."""
+    config_keys: list[str] = field(default_factory=list)
+    environment_keys: list[str] = field(default_factory=list)
+    max_abs_diff: float | None = None
+    max_ulp: int | None = None
+    fraction_differing: float | None = None
+    histogram: dict[str, Any] | None = None
+    """Counts of ``|a - b|`` by power of ten over the differing elements of the first divergent tensor."""
+    explanation: str = ""
+    fix: str = ""
+    evidence: list[Evidence] = field(default_factory=list)
+
+    def set_difference(self, stats: dict[str, Any]) -> None:
+        for key in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram"):
+            if key in stats:
+                setattr(self, key, stats[key])
+
+    def to_json(self) -> dict[str, Any]:
+        found = {k: v for k, v in self.__dict__.items() if k != "evidence"}
+        found["cause"], found["confidence"] = self.cause.value, self.confidence.value
+        found["evidence"] = [e.to_json() for e in self.evidence]
+        return found
+
+
+@dataclass(kw_only=True)
+class ReplayInfo:
+    performed: bool = False
+    from_step: int | None = None
+    replayed_steps: int = 0
+    faithful: bool | None = None
+    """Every replayed step before the divergent one reproduced its own run's records (data order,
+    batch, loss, snapshots). The divergent step itself may not, when its cause is entropy."""
+    parted: list[dict[str, Any]] = field(default_factory=list)
+    """Where each replica first parted from its own records: ``run``, ``step``, ``what``."""
+    seconds: float = 0.0
+    commands: list[str] = field(default_factory=list)
+    """What was run to replay each run."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(kw_only=True)
+class TimelineRow:
+    step: int
+    equal: bool
+    differing_tensors: int
+    first_tensor: str | None
+    streams: list[str]
+    """Random streams in different states at this snapshot."""
+    layers: dict[str, int] = field(default_factory=dict)
+    """Differing tensors per layer (the module that owns them; ``optimizer`` state counts with its parameter's layer)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(kw_only=True)
+class RankResult:
+    """One rank of two runs compared: where its records part (``None``: they do not), and its timeline."""
+
+    rank: int
+    verdict: Verdict | None = None
+    timeline: list[TimelineRow] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "verdict": self.verdict.to_json() if self.verdict else None,
+            "timeline": [r.to_json() for r in self.timeline],
+        }
+
+
+@dataclass(kw_only=True)
+class CompareResult:
+    runs: list[str]
+    identical: bool = False
+    verdict: Verdict | None = None
+    config_diff: dict[str, list[Any]] = field(default_factory=dict)
+    environment_diff: dict[str, list[Any]] = field(default_factory=dict)
+    snapshots: dict[str, int | None] = field(default_factory=lambda: {"last_equal": None, "first_divergent": None})
+    replay: ReplayInfo = field(default_factory=ReplayInfo)
+    timeline: list[TimelineRow] = field(default_factory=list)
+    first_log_difference: dict[str, int | None] = field(default_factory=dict)
+    ops_context: list[dict[str, Any]] = field(default_factory=list)
+    """The ops around the first divergent op, in run A's order: ``op``, ``layer``, ``phase``, ``inputs_equal``, ``outputs_equal``."""
+    notes: list[str] = field(default_factory=list)
+    ranks: list[RankResult] = field(default_factory=list)
+    """Each rank compared (rank 0 alone for single-process runs); the verdict is the earliest of theirs."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "runs": self.runs,
+            "identical": self.identical,
+            "verdict": self.verdict.to_json() if self.verdict else None,
+            "config_diff": self.config_diff,
+            "environment_diff": self.environment_diff,
+            "snapshots": self.snapshots,
+            "replay": self.replay.to_json(),
+            "timeline": [row.to_json() for row in self.timeline],
+            "first_log_difference": self.first_log_difference,
+            "ops_context": self.ops_context,
+            "notes": self.notes,
+            "ranks": [rank.to_json() for rank in self.ranks],
+        }

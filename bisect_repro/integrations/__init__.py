@@ -1,0 +1,1 @@
+"""Integrations with training frameworks, each behind an optional extra."""

@@ -1,0 +1,112 @@
+"""Lightning: record a ``lightning.Trainer`` run with one callback, and replay it with ``compare``.
+
+    from bisect_repro.integrations.lightning import BisectRepro
+
+    trainer = lightning.Trainer(..., callbacks=[BisectRepro("runs/a", every=10, checkpoint_every=50)])
+
+A step is one optimizer update (``trainer.global_step``): with ``accumulate_grad_batches=k`` it
+spans k batches, each noted, and its loss is the last one ``training_step`` returned. The
+callback captures the model, the first optimizer and its first LR scheduler, every global random
+stream (those ``seed_everything`` seeds included) and the streams inside the train data loader
+(its generator, its sampler's); the config holds the module's ``hparams`` and the Trainer's
+settings, the environment the precision, the accumulation count and the devices.
+
+``compare`` replays such a run by running its script again (the callback then serves the
+replay instead of recording) from the script's own start: step 0, or the step a Lightning
+checkpoint (``trainer.fit(..., ckpt_path=...)``) resumes from, so that a resumed run is replayed
+from its resume and compared with the uninterrupted one.
+
+Where the guarantees stop: one optimizer and one scheduler are captured; a run resumed from a
+Lightning checkpoint replays only while that checkpoint file is where it was; the data order is
+known by the batches' contents, not by sample indices.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning
+from lightning.pytorch.callbacks import Callback
+
+from ..record.recorder import Recorder, RecordOptions
+from ._common import loader_streams, start_recorder
+
+__all__ = ["BisectRepro"]
+
+
+class BisectRepro(Callback):
+    """Records a ``lightning.Trainer`` fit into a bisect-repro run directory (see the module docstring)."""
+
+    def __init__(self, out: str | Path, *, every: int = 10, checkpoint_every: int | None = 100, force: bool = True) -> None:
+        super().__init__()
+        self.out = Path(out)
+        self.options = RecordOptions(every=every, checkpoint_every=checkpoint_every, force=force)
+        self.recorder: Recorder | None = None
+        self._step_open = False
+
+    @property
+    def state_key(self) -> str:
+        return f"BisectRepro[{self.out}]"  # unique per run directory: two callbacks never share checkpoint state
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        optimizer = trainer.optimizers[0]
+        schedulers = trainer.lr_scheduler_configs
+        loaders = trainer.train_dataloader
+        loaders = (
+            list(loaders.values()) if isinstance(loaders, dict) else list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+        )
+        config = {
+            **dict(getattr(pl_module, "hparams", {}) or {}),
+            "trainer.max_steps": trainer.max_steps,
+            "trainer.max_epochs": trainer.max_epochs,
+            "trainer.accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "trainer.gradient_clip_val": trainer.gradient_clip_val,
+        }
+        environment = {
+            "framework": f"lightning {lightning.__version__}",
+            "framework.precision": str(trainer.precision),
+            "framework.accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "framework.devices": f"{trainer.num_devices} x {type(trainer.accelerator).__name__}",
+            "framework.strategy": type(trainer.strategy).__name__,
+        }
+        options = RecordOptions(
+            steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
+            every=self.options.every,
+            checkpoint_every=self.options.checkpoint_every,
+            force=self.options.force,
+        )
+        self.recorder = start_recorder(
+            self.out,
+            model=pl_module,
+            optimizer=optimizer,
+            scheduler=schedulers[0].scheduler if schedulers else None,
+            streams=loader_streams(loader for loader in loaders if loader is not None),
+            options=options,
+            config=config,
+            environment=environment,
+            start_step=trainer.global_step,
+        )
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.recorder is None:
+            return
+        if not self._step_open:
+            self.recorder.begin_step()
+            self._step_open = True
+        self.recorder.note_batch(batch)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.recorder is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            self.recorder.log(loss)
+        if trainer.global_step > self.recorder.step:  # the optimizer stepped: the step is done
+            self.recorder.end_step()
+            self._step_open = False
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None

@@ -1,0 +1,117 @@
+"""The entry point of a replaying process: ``python -m bisect_repro.record.bootstrap``.
+
+The controller starts it with ``BISECT_REPRO_SPEC`` (a JSON object) and the channel's variables in
+the environment. It runs what the run recorded, the way it was run:
+
+- a recipe (``{"kind": "recipe", "target", "config"}``): built, then trained by the same loop as
+  ``bisect-repro record``, whose :class:`~bisect_repro.record.recorder.Recorder` serves the
+  controller;
+- a script (``{"kind": "script", "path", "argv"}``) or module (``{"kind": "module", "module",
+  "argv"}``): run as ``__main__`` with the recorded ``sys.argv``, as ``python train.py ...`` or
+  ``python -m pkg.train ...`` would; its own Recorder serves the controller.
+
+Under ``torchrun`` (the replay of a distributed run, see :mod:`bisect_repro.replay.ranks`; the
+spec's ``world_size`` says so) each rank runs this module: a recipe's process group is
+initialised first, as ``record --nproc-per-node`` does, and with ``BISECT_REPRO_RANK_LOGS`` set
+each rank writes its output to ``rank{r}.log`` in that folder, so that the controller can quote
+the rank that failed.
+
+Before that it can seed the global streams with fixed values (``"seeds": {"python": 1, ...}``),
+which ``compare`` uses to find which streams decide a model's initial parameters, and it notes
+whether the code pins the thread count (``doctor``).
+
+Where the guarantees stop: code that runs before the Recorder is built runs as in the recording
+(downloads, prints); a script that never reaches ``Recorder.batches()`` exits with code 3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import runpy
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..capture.seeding import SeedingWatch
+from ..errors import BisectReproError
+from . import serve
+
+SPEC_VARIABLE = "BISECT_REPRO_SPEC"
+LOGS_VARIABLE = "BISECT_REPRO_RANK_LOGS"
+
+
+def _rank_log() -> None:
+    """Under torchrun with ``BISECT_REPRO_RANK_LOGS``: this rank's output to its own log."""
+    folder = os.environ.get(LOGS_VARIABLE)
+    if not folder:
+        return
+    handle = os.open(Path(folder) / f"rank{int(os.environ.get('RANK', '0'))}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(handle, 1)
+    os.dup2(handle, 2)
+    os.close(handle)
+
+
+def _seed(seeds: dict[str, int]) -> None:
+    if "python" in seeds:
+        random.seed(seeds["python"])
+    if "numpy" in seeds:
+        np.random.seed(seeds["numpy"])
+    if "torch" in seeds:
+        torch.manual_seed(seeds["torch"])
+
+
+def _spy_threads() -> None:
+    set_num_threads = torch.set_num_threads
+
+    def spy(count: int) -> None:
+        serve.THREADS_SET.append(int(count))
+        set_num_threads(count)
+
+    torch.set_num_threads = spy
+
+
+def _run_recipe(target: str, config: dict[str, object], ranks: bool) -> None:
+    from .recipe import build
+    from .recorder import Recorder
+    from .torchrun import init_process_group
+
+    if ranks:  # a rank under torchrun: the group first, as record --nproc-per-node does
+        init_process_group()
+    trainee = build(target, config)
+    if trainee.step is None:
+        raise BisectReproError(f"{target}: the Trainee has no step function; give step=... to replay the recipe")
+    with Recorder("<replay>", trainee) as recorder:
+        for batch in recorder.batches():
+            recorder.log(trainee.step(batch))
+
+
+def main() -> None:
+    _rank_log()
+    spec = json.loads(os.environ[SPEC_VARIABLE])
+    _seed(spec.get("seeds") or {})
+    serve.WATCH = SeedingWatch().install()
+    _spy_threads()
+    try:
+        if spec["kind"] == "recipe":
+            _run_recipe(spec["target"], spec.get("config") or {}, ranks=spec.get("world_size") is not None)
+        elif spec["kind"] == "script":
+            sys.argv = list(spec["argv"])
+            sys.path.insert(0, str(Path(spec["path"]).parent))
+            runpy.run_path(spec["path"], run_name="__main__")
+        else:
+            sys.argv = list(spec["argv"])
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+    except BisectReproError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    print("bisect-repro: the code ended without reaching Recorder.batches(); nothing to replay", file=sys.stderr)
+    sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

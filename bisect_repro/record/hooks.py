@@ -1,0 +1,126 @@
+"""The recorder's replay mode when a framework drives the loop: serving the controller from its hooks.
+
+A framework (Lightning, the Hugging Face ``Trainer``) owns its training loop and its data loader,
+so the loop cannot be made to yield a batch again. Its integration calls the recorder at the
+start and the end of each optimizer step (:meth:`~bisect_repro.record.recorder.Recorder.begin_step`,
+``note_batch``, ``log``, ``end_step``); in a replay, :class:`HookServer` answers the controller's
+requests at the start of each step the controller wants to see, and lets the framework run the
+others untraced. It answers the same requests as :class:`~bisect_repro.record.serve.StepServer`
+with one difference: a step runs once per process, in order, from wherever the script starts
+(step 0, or the step a framework checkpoint resumes from). The controller repeats a step by
+starting another process (:class:`~bisect_repro.replay.replica.Replica` does it for it), and a
+batch cannot be fetched again under other streams.
+
+Where the guarantees stop: the batch a step trains on is known only once the framework hands it
+over, after the data loader drew it; overrides of the random streams apply from the start of the
+step's first micro-batch, so they reach the model's randomness (dropout) but not the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..capture.batch import batch_tensors, combine_digests
+from ..capture.hashing import hash_tensors
+from .instrument import InstrumentedStep, loss_value
+from .serve import StepServer
+
+__all__ = ["HookServer"]
+
+_NOT_HERE = ("data", "items")  # need a batch fetched again: not when a framework owns the loader
+
+
+class HookServer(StepServer):
+    """Serves the controller from a framework's step hooks (see the module docstring)."""
+
+    reruns = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.first: int | None = None
+        self._skip: dict[str, Any] | None = None
+        self._running: InstrumentedStep | None = None
+        self._start_streams: dict[str, Any] = {}
+        self._tensors: dict[str, Any] = {}
+        self._others: list[str] = []
+
+    # -- called by the recorder, from the framework's hooks ------------------------------------
+    def begin_step(self, step: int) -> None:
+        self.step = self.current = step
+        self.first = step if self.first is None else self.first
+        self._tensors, self._others, self.loss = {}, [], None
+        self._start_streams = self.state.streams.state_dict()
+        skip = self._skip
+        if skip is not None:
+            if step in skip["hashes_at"]:
+                skip["hashes"][str(step)] = self._state_hashes()
+            if step < skip["until"]:
+                return
+            self._skip = None
+            self.channel.send({"step": step, "records": skip["records"], "hashes": skip["hashes"]})
+        self._serve()
+
+    def note_batch(self, batch: Any) -> None:
+        tensors, others = batch_tensors(batch)
+        self._tensors.update({f"{len(self._tensors) + i}": t for i, t in enumerate(tensors.values())})
+        self._others += others
+        if self._running is not None:
+            self._running.note_batch(batch, None)
+
+    def end_step(self) -> None:
+        batch = combine_digests([*hash_tensors(self._tensors).values(), *self._others])
+        if self._running is not None:
+            running, self._running = self._running, None
+            running.__exit__(None, None, None)
+            running.loss = self.loss
+            reply, payload = running.reply(self.step)
+            self.channel.send({**reply, "batch": batch}, payload)
+        elif self._skip is not None:
+            self._skip["records"].append({"step": self.step, "order": None, "batch": batch, "loss": loss_value(self.loss)})
+
+    def end_training(self) -> None:
+        """The framework finished training: tell a waiting controller, and end the process."""
+        self.channel.send({"error": f"training ended after step {self.step}; the replay cannot go further"})
+        self._exit()
+
+    # -- requests ------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            request, tree = self.channel.receive()
+            op = request.get("op")
+            if op == "run" and int(request["step"]) == self.step:
+                self._start_run(request, tree)
+                return
+            if op == "skip" and int(request["until"]) > self.step:
+                self._skip = {"until": int(request["until"]), "hashes_at": set(request.get("hashes_at", ())), "records": [], "hashes": {}}
+                return
+            if op == "exit":
+                self._exit()
+            self.channel.send(*self._answer(op, request, tree))
+
+    def _answer(self, op: str | None, request: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
+        if op == "skip":  # already there
+            return {"step": self.step, "records": [], "hashes": {}}, None
+        if op == "restore":
+            if int(request["step"]) != self.first:
+                return {"error": f"a framework's run replays from its own start (step {self.first}), not from step {request['step']}"}, None
+            return {"step": self.step}, None
+        if op == "fetch":
+            return {"step": self.step, "indices": None, "order": None, "batch": None}, None
+        if op == "streams":
+            return {"step": self.step}, {"streams": self._start_streams, "pre_streams": self._start_streams, "data": None}
+        if op == "run":
+            return {"error": f"step {request['step']} cannot run here: this process stands at step {self.step}"}, None
+        if op in _NOT_HERE:
+            return {"error": f"{op!r} needs the batch fetched again, which a framework's loader does not allow"}, None
+        handler = getattr(self, f"_{op}", None)
+        if handler is None or op not in ("hashes", "describe"):
+            return {"error": f"unknown request {op!r}"}, None
+        return handler(request, tree)
+
+    def _start_run(self, request: dict[str, Any], tree: Any) -> None:
+        streams = (tree or {}).get("streams")
+        if streams is not None:
+            self.state.streams.load_state_dict(streams)
+        self._running = InstrumentedStep(self.trainee, self.state, self.watch, request, lambda: self._state_hashes(grads=True))
+        self._running.__enter__()

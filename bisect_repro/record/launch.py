@@ -1,0 +1,80 @@
+"""How a run was launched, so that ``compare`` can launch it again to replay it.
+
+A run records, in ``run.json`` under ``launch``: the interpreter, ``sys.argv``, the working
+directory, and the code that was run with its SHA-256: the recipe file of a TARGET, or the main
+script (``python train.py``) or module (``python -m pkg.train``) of a loop recorded with the
+:class:`~bisect_repro.record.recorder.Recorder`. ``compare`` replays a run only when that code is
+on this machine with the same content hash (:func:`code_changed`), so that what runs is what was
+recorded, and never runs anything from inside a run directory.
+
+Where the guarantees stop: only the main file (or the recipe file) is hashed, not the modules it
+imports; a change there is caught only by its effect (the replay parting from the records).
+Interactive sessions, ``python -c`` and test runners record no replayable main.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .recipe import recipe_file
+
+__all__ = ["NOT_REPLAYABLE", "code_changed", "file_digest", "launch_info"]
+
+NOT_REPLAYABLE = ("pytest", "_pytest", "ipykernel_launcher", "IPython", "unittest", "pdb", "bisect_repro")
+
+
+def file_digest(path: Path) -> str | None:
+    """The SHA-256 of a file, or ``None`` when it cannot be read."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _main() -> dict[str, Any] | None:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return None
+    path = str(Path(path).resolve())
+    if spec is not None and spec.name and spec.name != "__main__":
+        module = spec.name.removesuffix(".__main__")
+        if module.split(".")[0] in NOT_REPLAYABLE:
+            return None
+        return {"kind": "module", "module": module, "path": path, "sha256": file_digest(Path(path))}
+    if Path(path).name.split(".")[0] in NOT_REPLAYABLE or "pytest" in Path(path).name:
+        return None
+    return {"kind": "script", "path": path, "sha256": file_digest(Path(path))}
+
+
+def launch_info(target: str | None) -> dict[str, Any]:
+    """What this process is running, as ``run.json`` records it (see the module docstring)."""
+    info: dict[str, Any] = {"executable": sys.executable, "argv": list(sys.argv), "cwd": os.getcwd()}
+    if target:
+        path = recipe_file(target)
+        info["code"] = {
+            "kind": "recipe",
+            "target": target,
+            "path": str(path) if path else None,
+            "sha256": file_digest(path) if path else None,
+        }
+    else:
+        info["code"] = _main()
+    return info
+
+
+def code_changed(code: dict[str, Any]) -> str | None:
+    """Why the recorded code cannot be replayed here as it is (``None``: it can)."""
+    path = code.get("path")
+    if path is None:
+        return None  # a recipe in an installed module: imported by name
+    if not Path(path).is_file():
+        return f"{path} is not on this machine"
+    if code.get("sha256") and file_digest(Path(path)) != code["sha256"]:
+        return f"{path} changed since the run was recorded (its SHA-256 differs)"
+    return None

@@ -1,0 +1,180 @@
+"""Two runs replayed side by side, to the first step where they part ways.
+
+:class:`Lockstep` starts a :class:`~bisect_repro.replay.replica.Replica` for each run, restores
+each from its last checkpoint at or before the last snapshot the runs agree on, trains both
+untraced up to that snapshot, and from there steps them together, each step lightly traced (the
+batch, the loss, the state after it), until the traces differ: the divergent step. The replicas
+stay there, each holding the state its divergent step starts from, for the experiments.
+
+Every replayed step is checked against its own run's records (data order, batch content, loss,
+and the state hashes at each snapshot): ``faithful`` means the replay reproduced what was
+recorded, step by step, and ``parted`` names where a replica first did not. A replica that parts
+from its records before the divergence reads state no checkpoint holds (a counter in a closure),
+or runs in another environment; :meth:`Lockstep.find` then tries once more, in fresh processes,
+from the runs' first checkpoint, which a step counter kept outside the trainee does start from. A step where the
+replicas agree with each other but one of them not with its records is returned too
+(``parted_only``): a nondeterministic step that happened to agree in the replay.
+
+For a distributed run each replica is a :class:`~bisect_repro.replay.ranks.RankedReplica`: all
+its ranks step together, and what is checked and compared is the focus rank's (its replies against
+its own records, and against the other run's focus rank).
+
+Where the guarantees stop: the replay is only as exact as the recording: the steps between a
+checkpoint and the divergence are run again, so their cost is paid once more, and a
+nondeterministic kernel may make the replay part from the records by itself (``parted`` says so).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+from ..capture.trace import first_difference
+from ..store.run import Run
+from .launch import LaunchSpec
+from .replica import Replica, StepResult
+
+__all__ = ["Divergence", "Lockstep", "both"]
+
+T = TypeVar("T")
+Progress = Callable[[str, int, int], None]
+
+
+def both(first: Callable[[], T], second: Callable[[], T]) -> tuple[T, T]:
+    """Run two replica requests at once (each waits on its own process)."""
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.submit(first), pool.submit(second)
+        return a.result(), b.result()
+
+
+@dataclass
+class Divergence:
+    step: int
+    fetched: tuple[dict[str, Any], dict[str, Any]]
+    """Each replica's fetch reply at the divergent step (indices, order and batch digests)."""
+    light: tuple[StepResult, StepResult]
+    parted_only: bool = False
+    """The replicas agree at this step, but one of them parted from its own records here."""
+
+
+class Lockstep:
+    """Two replicas of two runs (see the module docstring)."""
+
+    def __init__(self, runs: tuple[Run, Run], specs: tuple[LaunchSpec, LaunchSpec], progress: Progress | None = None) -> None:
+        self.runs = runs
+        self.progress = progress or (lambda *args: None)
+        self.parted: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.from_step: int | None = None
+        self.replayed = 0
+        self.specs = specs
+        self.started = time.perf_counter()
+        self._launch()
+
+    def _launch(self) -> None:
+        runs, specs = self.runs, self.specs
+        self.replicas = (Replica(specs[0], f"run A ({runs[0].path})"), Replica(specs[1], f"run B ({runs[1].path})"))
+        try:
+            both(self.replicas[0].connect, self.replicas[1].connect)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            replica.close()
+
+    # -- faithfulness --------------------------------------------------------------------------
+    def _note_parted(self, which: int, step: int, what: str) -> None:
+        label = "AB"[which]
+        if not any(p["run"] == label for p in self.parted):
+            self.parted.append({"run": label, "step": step, "what": what})
+
+    def _check_record(self, which: int, step: int, order: Any, batch: Any, loss: Any) -> None:
+        recorded = self.runs[which].steps.get(step)
+        if recorded is None:
+            return
+        for key, value in (("order", order), ("batch", batch), ("loss", loss)):
+            if key in recorded and recorded[key] is not None and value is not None and recorded[key] != value:
+                self._note_parted(which, step, {"order": "data order", "batch": "batch content", "loss": "loss"}[key])
+                return
+
+    def _check_hashes(self, which: int, step: int, hashes: dict[str, str]) -> None:
+        run = self.runs[which]
+        if step in run.snapshots and run.snapshot(step)["hashes"] != hashes:
+            self._note_parted(which, step, "state at the snapshot")
+
+    # -- the walk ------------------------------------------------------------------------------
+    def _restore(self, checkpoints: tuple[int, int]) -> None:
+        for which, replica in enumerate(self.replicas):
+            run = self.runs[which]
+            replica.restore(run.path, checkpoints[which], run.meta.get("environment"))
+
+    def _skip(self, until: int) -> None:
+        def skip(which: int) -> None:
+            replica, run = self.replicas[which], self.runs[which]
+            assert replica.step is not None
+            hashes_at = [s for s in run.snapshots if replica.step < s <= until]
+            result = replica.skip(until, hashes_at, progress=lambda done: self.progress("replaying", done, until))
+            for record in result.records:
+                self._check_record(which, record["step"], record["order"], record["batch"], record["loss"])
+            for step, hashes in result.hashes.items():
+                self._check_hashes(which, step, hashes)
+
+        both(lambda: skip(0), lambda: skip(1))
+
+    def find(self, checkpoints: tuple[int, int], last_equal: int, end: int, first: tuple[int, int] | None = None) -> Divergence | None:
+        """Replay from the checkpoints to the first step in ``[last_equal, end]`` where the two
+        replicas differ; ``first``: the runs' first checkpoints, tried when a replica parts from its
+        records on the way (see the module docstring)."""
+        found = self._walk(checkpoints, last_equal, end)
+        if (found is None or found.parted_only) and self.parted and first is not None and first != checkpoints:
+            where = ", ".join(f"run {p['run']} at step {p['step']} ({p['what']})" for p in self.parted)
+            self.notes.append(
+                f"the replay from the checkpoints at steps {checkpoints[0]}/{checkpoints[1]} parted from the records ({where}): "
+                "the steps read state that the checkpoints do not hold; replaying from the first checkpoints instead"
+            )
+            self.parted.clear()
+            self.close()  # fresh processes: the state the first replay left in them is what misled it
+            self._launch()
+            found = self._walk(first, min(first), end)
+        return found
+
+    def _walk(self, checkpoints: tuple[int, int], last_equal: int, end: int) -> Divergence | None:
+        self.from_step = min(checkpoints)
+        self._restore(checkpoints)
+        self._skip(last_equal)
+        start = last_equal
+        hashes = both(self.replicas[0].hashes, self.replicas[1].hashes)
+        if hashes[0] != hashes[1]:
+            start = max(checkpoints)
+            self.notes.append(
+                f"the replayed runs already differ at step {last_equal}, where the records agree; replaying step by step from {start}"
+            )
+            self._restore(checkpoints)
+            self._skip(start)
+        total = end + 1 - self.from_step
+        for step in range(start, end + 1):
+            self.progress("replaying", step + 1 - self.from_step, total)
+            fetched = both(self.replicas[0].fetch, self.replicas[1].fetch)
+            trace = "light" if self.replicas[0].reruns else "full"  # a framework's step runs once: trace it in full at once
+            light = both(*(partial(replica.run, step, trace=trace, commit=True) for replica in self.replicas))
+            for which in (0, 1):
+                batch = fetched[which]["batch"] or light[which].batch  # a framework's loop tells the batch only as it runs
+                self._check_record(which, step, fetched[which]["order"], batch, light[which].loss)
+                if step + 1 in self.runs[which].snapshots:
+                    self._check_hashes(which, step + 1, self.replicas[which].hashes())
+            self.replayed = step + 1 - self.from_step
+            if first_difference(light[0].entries, light[1].entries) is not None:
+                return Divergence(step, fetched, light)
+            if any(int(p["step"]) == step for p in self.parted):  # the runs agree, but not with their records
+                return Divergence(step, fetched, light, parted_only=True)
+        return None
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started

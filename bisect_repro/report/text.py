@@ -1,0 +1,281 @@
+"""What the CLI prints: JSON objects and their human (rich) renderings.
+
+The JSON objects are made where their data is (``run_summary`` here, ``compare`` and ``doctor`` in
+their modules); the renderings read only those objects, so ``--json`` and the human report never
+disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..diagnose.causes import cause_title
+from ..diagnose.findings import SEVERITIES
+from ..diagnose.replicas import replica_drift
+from ..store.run import Run
+
+__all__ = ["render_comparison", "render_doctor", "render_summary", "run_summary", "verdict_where"]
+
+
+def run_summary(run: Run, *, verify: bool = False) -> dict[str, Any]:
+    """What a run holds, as one JSON-able object (``bisect-repro show --json``).
+
+    ``verify`` reads every committed snapshot and checkpoint (checksums, sizes, contents), not
+    only the last snapshot, of every rank. A distributed run adds ``distributed``, ``ranks`` (each
+    rank's completeness) and ``replicas`` (:func:`replica_drift`: where its replicas first part);
+    the rest is rank 0's.
+    """
+    ranks = [run.open_rank(rank) for rank in range(run.world_size)] if run.distributed else [run]
+    summary = _rank_summary(run, verify=verify)
+    for other in ranks[1:] if verify else []:
+        _rank_summary(other, verify=True)
+    if run.distributed:
+        summary["distributed"] = run.distributed
+        summary["ranks"] = [
+            {
+                "rank": r.rank,
+                "complete": r.complete,
+                "last_step": r.last_step,
+                "steps_logged": len(r.steps),
+                "host": r.rank_meta.get("hostname"),
+            }
+            for r in ranks
+        ]
+        summary["replicas"] = replica_drift(run).to_json()
+        summary["complete"] = all(r.complete for r in ranks)
+        summary["verified"] = sum(len(r.snapshots) + len(r.checkpoints) for r in ranks) if verify else None
+    return summary
+
+
+def _rank_summary(run: Run, *, verify: bool) -> dict[str, Any]:
+    losses = [loss for loss in run.losses().values() if loss is not None]
+    meta = run.meta
+    last_snapshot = run.snapshot(max(run.snapshots)) if run.snapshots else None
+    if verify:
+        for step in run.snapshots:
+            run.snapshot(step)
+        for step in run.checkpoints:
+            run.checkpoint(step)
+    return {
+        "schema": "bisect-repro/show/1",
+        "path": str(run.path),
+        "format": meta.get("format"),
+        "target": meta.get("target"),
+        "config": meta.get("config", {}),
+        "options": meta.get("options", {}),
+        "complete": run.complete,
+        "steps_logged": len(run.steps),
+        "last_step": run.last_step,
+        "snapshots": sorted(run.snapshots),
+        "checkpoints": sorted(run.checkpoints),
+        "streams": sorted(last_snapshot["streams"]) if last_snapshot else meta.get("streams", []),
+        "tensors_hashed": len(last_snapshot["hashes"]) if last_snapshot else 0,
+        "verified": len(run.snapshots) + len(run.checkpoints) if verify else None,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "bytes": {
+            "snapshots": sum(e.bytes for e in run.snapshots.values()),
+            "checkpoints": sum(e.bytes for e in run.checkpoints.values()),
+        },
+        "model": {kind: len(names) for kind, names in meta.get("model", {}).items()},
+        "loader": meta.get("loader", {}),
+        "environment": meta.get("environment", {}),
+    }
+
+
+def _short(values: list[int], limit: int = 12) -> str:
+    if len(values) <= limit:
+        return ", ".join(map(str, values))
+    return ", ".join(map(str, values[: limit // 2])) + ", ..., " + ", ".join(map(str, values[-limit // 2 :]))
+
+
+def render_summary(summary: dict[str, Any], console: Console) -> None:
+    status = "[green]complete[/]" if summary["complete"] else f"[yellow]incomplete[/] (last complete step {summary['last_step']})"
+    console.print(f"[bold]{summary['path']}[/]  {status}")
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_row("target", str(summary["target"]))
+    table.add_row("config", ", ".join(f"{k}={v!r}" for k, v in summary["config"].items()) or "-")
+    options = summary["options"]
+    table.add_row(
+        "options", f"steps={options.get('steps')} every={options.get('every')} checkpoint_every={options.get('checkpoint_every')}"
+    )
+    table.add_row("steps logged", str(summary["steps_logged"]))
+    table.add_row("snapshots", f"{len(summary['snapshots'])}: {_short(summary['snapshots'])}  ({summary['bytes']['snapshots']:,} bytes)")
+    table.add_row(
+        "checkpoints", f"{len(summary['checkpoints'])}: {_short(summary['checkpoints'])}  ({summary['bytes']['checkpoints']:,} bytes)"
+    )
+    table.add_row("tensors hashed", str(summary["tensors_hashed"]))
+    table.add_row("random streams", ", ".join(summary["streams"]))
+    table.add_row("loss", f"first {summary['first_loss']}, last {summary['last_loss']}")
+    loader = summary["loader"]
+    table.add_row("loader", ", ".join(f"{k}={v}" for k, v in loader.items()))
+    environment = summary["environment"]
+    keys = ("python", "torch", "numpy", "cuda", "cpu", "devices", "torch.get_num_threads", "torch.are_deterministic_algorithms_enabled")
+    table.add_row("environment", ", ".join(f"{k}={environment.get(k)}" for k in keys))
+    if "distributed" in summary:
+        described = summary["distributed"]
+        waiting = [f"rank {r['rank']} at step {r['last_step']}" for r in summary["ranks"] if not r["complete"]]
+        table.add_row(
+            "ranks",
+            f"{described.get('world_size')} ({described.get('layout')}, {described.get('backend')})"
+            + (f"; incomplete: {', '.join(waiting)}" if waiting else ""),
+        )
+        table.add_row("replicas", _replicas_line(summary["replicas"]))
+    console.print(table)
+
+
+def _replicas_line(drift: dict[str, Any], limit: int = 4) -> str:
+    if drift["replicated"] == "none":
+        return f"nothing replicated to compare (layout {drift['layout']})"
+    if drift["step"] is None:
+        compared = f"{drift['compared']} tensors compared across ranks"
+        return f"[green]equal[/] at {len(drift['snapshots'])} snapshots ({compared})"
+    parts = [f"[bold]{t['tensor']}[/] on rank {', '.join(map(str, t['ranks']))}" for t in drift["tensors"][:limit]]
+    more = f" and {len(drift['tensors']) - limit} more" if len(drift["tensors"]) > limit else ""
+    equal = f"equal up to step {drift['last_equal']}" if drift["last_equal"] is not None else "already at the first snapshot"
+    return f"[bold red]part at step {drift['step']}[/] ({equal}): {'; '.join(parts)}{more}"
+
+
+def _diff_table(title: str, diff: dict[str, list[Any]]) -> Table:
+    table = Table(title=title, title_justify="left", show_header=True, header_style="bold")
+    table.add_column("key")
+    table.add_column("run A")
+    table.add_column("run B")
+    for key, (a, b) in diff.items():
+        table.add_row(key, repr(a), repr(b))
+    return table
+
+
+def verdict_where(verdict: Mapping[str, Any], *, ranks: Sequence[Any] | None = None) -> list[tuple[str, str]]:
+    """Where a verdict places the divergence, as ``(label, value)`` pairs: ``("step", "14")``,
+    ``("", "forward pass")``, ``("layer", "body.2")``, ... (the rank only when the comparison's
+    ``ranks`` lists more than one)."""
+    where = [("step", str(verdict.get("step")))]
+    if len(ranks or ()) > 1 and verdict.get("rank") is not None:
+        where.append(("rank", str(verdict["rank"])))
+    phase = verdict.get("phase")
+    if phase:
+        where.append(("", f"{phase} pass" if phase not in ("init", "data") else str(phase)))
+    where += [(key, str(verdict[key])) for key in ("layer", "tensor", "op") if verdict.get(key)]
+    return where
+
+
+def render_comparison(result: dict[str, Any], console: Console) -> None:
+    """The human report: the verdict first, with its evidence, then the timeline."""
+    from rich.panel import Panel
+
+    verdict = result["verdict"]
+    if result["identical"]:
+        console.print(
+            Panel.fit(
+                f"[bold green]The runs are identical[/] at every common snapshot and step.\n{result['runs'][0]}\n{result['runs'][1]}",
+                title="verdict",
+            )
+        )
+    else:
+        assert verdict is not None
+        where = [f"{label} [bold]{value}[/]" if label else value for label, value in verdict_where(verdict, ranks=result.get("ranks"))]
+        named = [*verdict["rng"], *verdict.get("config_keys", []), *verdict.get("environment_keys", [])]
+        confidence = verdict.get("confidence", "inferred")
+        style = {"proven": "green", "inferred": "yellow", "unexplained": "red"}.get(confidence, "yellow")
+        lines = [
+            f"[bold red]The runs diverge[/] at {', '.join(where)}.",
+            f"Cause: [bold]{cause_title(verdict['cause'])}[/]"
+            + (f" ({', '.join(named)})" if named else "")
+            + f"  [{style}]{confidence}[/]",
+            f"{verdict['explanation']}.",
+            f"[bold green]Fix:[/] {verdict['fix']}",
+        ]
+        console.print(Panel("\n".join(lines), title="verdict", expand=False))
+        evidence = verdict.get("evidence") or []
+        if evidence:
+            table = Table(title="evidence", title_justify="left", header_style="bold")
+            table.add_column("experiment")
+            table.add_column("on")
+            table.add_column("result")
+            table.add_column("what was seen")
+            marks = {"matches": "[green]matches[/]", "differs": "[red]differs[/]"}
+            for item in evidence:
+                table.add_row(item["experiment"], item["subject"], marks.get(item["outcome"], item["outcome"]), item["detail"])
+            console.print(table)
+    if result["config_diff"]:
+        console.print(_diff_table("config diff", result["config_diff"]))
+    if result["environment_diff"]:
+        console.print(_diff_table("environment diff", result["environment_diff"]))
+    if verdict and verdict.get("max_abs_diff") is not None:
+        console.print(
+            f"first divergent tensor [bold]{verdict['tensor']}[/]: max |a-b| = {verdict['max_abs_diff']:.3g}, "
+            f"max ULP distance = {verdict['max_ulp']}, {100 * (verdict['fraction_differing'] or 0):.2f}% of elements differ"
+        )
+    if len(result.get("ranks") or []) > 1:
+        console.print(_ranks_table(result["ranks"]))
+    timeline = Table(title="snapshot timeline", title_justify="left", header_style="bold")
+    timeline.add_column("step", justify="right")
+    timeline.add_column("tensors")
+    timeline.add_column("random streams that differ")
+    for row in _condensed(result["timeline"]):
+        state = "[green]equal[/]" if row["equal"] else f"[red]{row['differing_tensors']} differ[/] (first: {row['first_tensor']})"
+        timeline.add_row(str(row["step"]), state, ", ".join(row["streams"]) or "-")
+    console.print(timeline)
+    replay = result["replay"]
+    if replay["performed"]:
+        faithful = "[green]reproduced both runs' records[/]" if replay["faithful"] else "[yellow]did not reproduce the records exactly[/]"
+        if replay["from_step"] is None:
+            console.print(f"replay: the code built again in fresh processes, {replay['seconds']:.2f}s")
+        else:
+            steps = f"{replay['replayed_steps']} step(s) in {replay['seconds']:.2f}s"
+            console.print(f"replay: from the checkpoint at step {replay['from_step']}, {steps}; {faithful}")
+    for note in result["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+def _ranks_table(ranks: list[dict[str, Any]]) -> Table:
+    table = Table(title="ranks", title_justify="left", header_style="bold")
+    table.add_column("rank", justify="right")
+    table.add_column("first difference in its records")
+    table.add_column("cause")
+    for entry in ranks:
+        verdict = entry["verdict"]
+        if verdict is None:
+            table.add_row(str(entry["rank"]), "[green]identical[/]", "-")
+        else:
+            table.add_row(str(entry["rank"]), f"step {verdict['step']}", cause_title(verdict["cause"]))
+    return table
+
+
+def _condensed(rows: list[dict[str, Any]], keep: int = 4) -> list[dict[str, Any]]:
+    """The timeline around the first divergence, not every snapshot of a long run."""
+    first = next((i for i, row in enumerate(rows) if not row["equal"]), len(rows) - 1)
+    chosen = sorted({0, *range(max(0, first - keep), min(len(rows), first + keep)), len(rows) - 1})
+    return [rows[i] for i in chosen]
+
+
+_SEVERITY_STYLES = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
+
+
+def render_doctor(result: Mapping[str, Any], console: Console) -> None:
+    """Verdict first, then each finding with its evidence and fix."""
+    from rich.panel import Panel
+
+    findings = result["findings"]
+    counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}
+    tally = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n) or "no findings"
+    subject = result["target"] or "this environment"
+    if result["target"] is None:
+        headline = f"[bold green]Nothing in this environment alone makes runs irreproducible[/] ({tally})."
+    elif result["reproducible"]:
+        headline = f"[bold green]Reproducible on this machine[/] ({tally})."
+    else:
+        headline = f"[bold red]Not reproducible on this machine[/] ({tally})."
+    note = f"\n{subject}" + (f", {result['steps']} step(s) checked" if result["target"] else "") + f", {result['seconds']:.1f}s"
+    console.print(Panel(headline + note, title="doctor", expand=False))
+    for finding in findings:
+        where = ", ".join(x for x in (f"layer {finding['layer']}" if finding["layer"] else "", finding["op"] or "") if x)
+        style = _SEVERITY_STYLES[finding["severity"]]
+        console.print(f"\n[{style}]{finding['severity'].upper()}[/] [bold]{finding['id']}[/]" + (f"  ({where})" if where else ""))
+        console.print(f"  {finding['evidence']}", highlight=False)
+        console.print(f"  [bold green]Fix:[/] {finding['fix']}", highlight=False)

@@ -1,0 +1,249 @@
+"""State trees to bytes and back: safetensors for tensors, JSON for everything else, zstandard.
+
+A state tree is what ``state_dict()`` methods return: dicts, lists, tuples, tensors, NumPy
+arrays, numbers, strings, booleans, ``None`` and ``torch.dtype``. :func:`encode` splits a tree
+into its tensors (stored as safetensors) and a JSON skeleton (stored in the safetensors header's
+``__metadata__``, where each tensor is a ``{"__tensor__": key}`` reference), then compresses the
+whole file with zstandard. Nothing is ever pickled, and decoding never imports or runs anything.
+
+Encoding is split in two so that the recorder can write in the background: :func:`prepare` runs
+on the training thread and takes host copies of every tensor (the training may change its own the
+moment it goes on) and a JSON-only skeleton, sharing nothing mutable with the tree;
+:func:`encode_prepared` turns that into bytes on any thread.
+
+:func:`decode` validates before it touches data, in the manner of safetensors itself: the
+compressed size and checksum against what the index declared, the declared decompressed size
+against a cap, the header length against the file, every tensor's offsets within the data and
+non-overlapping; the skeleton's markers are interpreted as data only (a ``__dtype__`` must name a
+``torch.dtype``, never any other attribute). Any failure is a :class:`RunFormatError` naming the
+file.
+
+Where the guarantees stop: the memory a decode takes is bounded by the decompressed size the
+caller declares (the run index), and a declared size larger than this machine's memory is refused
+up front; a run that honestly declares a huge snapshot still needs that much memory to read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors
+import torch
+import zstandard
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from ..errors import RunFormatError, UnstorableError
+
+__all__ = ["Prepared", "checksum", "decode", "encode", "encode_prepared", "prepare"]
+
+_HEADER_CAP = 100 * 1024 * 1024
+_DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}  # fmt: skip
+
+
+def checksum(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor that shares no storage with the training state."""
+    tensor = tensor.detach()
+    if tensor.device.type == "cpu":
+        return tensor.clone(memory_format=torch.contiguous_format)
+    return tensor.to("cpu").contiguous()
+
+
+def _flatten(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    if isinstance(tree, torch.Tensor):
+        key = str(len(tensors))
+        tensors[key] = _host_copy(tree)
+        return {"__tensor__": key}
+    if isinstance(tree, np.ndarray):
+        key = str(len(tensors))
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(tree)).clone()
+        return {"__ndarray__": key}
+    if isinstance(tree, dict):
+        if all(isinstance(k, str) for k in tree):
+            if any(k.startswith("__") and k.endswith("__") for k in tree):
+                return {"__dict__": [[k, _flatten(v, tensors, f"{where}.{k}")] for k, v in tree.items()]}
+            return {k: _flatten(v, tensors, f"{where}.{k}") for k, v in tree.items()}
+        return {"__dict__": [[_flatten(k, tensors, where), _flatten(v, tensors, f"{where}.{k}")] for k, v in tree.items()]}
+    if isinstance(tree, tuple):
+        return {"__tuple__": [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(tree)]}
+    if isinstance(tree, list):
+        return [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(tree)]
+    if isinstance(tree, torch.dtype):
+        return {"__dtype__": str(tree).removeprefix("torch.")}
+    if isinstance(tree, (np.integer, np.floating, np.bool_)):
+        return tree.item()
+    if tree is None or isinstance(tree, (bool, int, float, str)):
+        return tree
+    raise UnstorableError(
+        f"{where}: a {type(tree).__name__} cannot be stored without pickle; "
+        "keep state dicts to tensors, arrays, numbers, strings, lists, tuples and dicts"
+    )
+
+
+def _unflatten(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(tree, list):
+        return [_unflatten(v, tensors) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if "__tensor__" in tree:
+        return tensors[tree["__tensor__"]]
+    if "__ndarray__" in tree:
+        return tensors[tree["__ndarray__"]].numpy()
+    if "__tuple__" in tree:
+        return tuple(_unflatten(v, tensors) for v in tree["__tuple__"])
+    if "__dtype__" in tree:
+        dtype = getattr(torch, tree["__dtype__"], None) if isinstance(tree["__dtype__"], str) else None
+        if not isinstance(dtype, torch.dtype):  # a name is looked up, never anything else handed back
+            raise ValueError(f"{tree['__dtype__']!r} is not a torch dtype")
+        return dtype
+    if "__dict__" in tree:
+        return {_hashable(_unflatten(k, tensors)): _unflatten(v, tensors) for k, v in tree["__dict__"]}
+    return {k: _unflatten(v, tensors) for k, v in tree.items()}
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(key) if isinstance(key, list) else key
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A state tree taken apart for writing: a JSON skeleton and host tensors that alias nothing."""
+
+    skeleton: str
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.skeleton) + sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def prepare(tree: Any) -> Prepared:
+    """Host copies of a tree's tensors and its skeleton; after this the tree may change freely."""
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = _flatten(tree, tensors, "state")
+    return Prepared(json.dumps(skeleton), tensors)
+
+
+_COMPRESSORS = threading.local()  # one compressor per thread and level: a new one costs a context allocation
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    kept: dict[int, zstandard.ZstdCompressor] | None = getattr(_COMPRESSORS, "by_level", None)
+    if kept is None:
+        kept = _COMPRESSORS.by_level = {}
+    found = kept.get(level)
+    if found is None:
+        found = kept[level] = zstandard.ZstdCompressor(level=level)
+    return found
+
+
+def encode_prepared(prepared: Prepared, *, level: int = 3) -> tuple[bytes, int]:
+    """The compressed file for a prepared tree, and its uncompressed size.
+
+    The bytes are those of a fresh compressor: a compressor reused on one thread (one-shot
+    ``compress`` calls) keeps no history from one file to the next."""
+    raw = save_safetensors(prepared.tensors, metadata={"bisect_repro": prepared.skeleton})
+    return _compressor(level).compress(raw), len(raw)
+
+
+def encode(tree: Any, *, level: int = 3) -> tuple[bytes, int]:
+    """The compressed file for a state tree, and its uncompressed size."""
+    return encode_prepared(prepare(tree), level=level)
+
+
+def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, Any], int]:
+    if len(raw) < 8:
+        raise RunFormatError(path, "truncated safetensors data (no header length)", "the file is damaged")
+    (length,) = struct.unpack("<Q", raw[:8])
+    if length > min(_HEADER_CAP, len(raw) - 8):
+        raise RunFormatError(path, f"safetensors header length {length} exceeds the file ({len(raw)} bytes)", "the file is damaged")
+    try:
+        header = json.loads(raw[8 : 8 + length])
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise RunFormatError(path, f"safetensors header is not valid JSON ({error.__class__.__name__})", "the file is damaged") from None
+    if not isinstance(header, dict):
+        raise RunFormatError(path, "safetensors header is not a JSON object", "the file is damaged")
+    return header, 8 + length
+
+
+def _validate_layout(path: Path, header: dict[str, Any], data_size: int) -> None:
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            ok = dtype in _DTYPE_SIZES and all(int(d) >= 0 for d in shape) and 0 <= begin <= end <= data_size
+            ok = ok and end - begin == count * _DTYPE_SIZES[dtype]
+        except (KeyError, TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            raise RunFormatError(path, f"safetensors entry {name!r} has a bad dtype, shape or offsets", "the file is damaged")
+        spans.append((begin, end, name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
+        if begin < end:
+            raise RunFormatError(path, f"safetensors entries {first!r} and {second!r} overlap", "the file is damaged")
+
+
+def decode(data: bytes, path: Path, *, raw_size: int, digest: str | None = None) -> Any:
+    """The state tree in a file's bytes, after validating everything it declares."""
+    if digest is not None and checksum(data) != digest:
+        raise RunFormatError(
+            path, "checksum does not match the run index (the file is damaged or was changed)", "re-record the run or restore the file"
+        )
+    try:
+        declared = zstandard.frame_content_size(data)
+    except zstandard.ZstdError:
+        raise RunFormatError(path, "not a zstandard frame", "the file is damaged") from None
+    if declared != raw_size:
+        raise RunFormatError(path, f"zstandard frame declares {declared} bytes, the run index {raw_size}", "the file is damaged")
+    if raw_size > _memory_cap():
+        raise RunFormatError(
+            path, f"declares {raw_size} bytes decompressed, more than this machine's memory", "read the run on a larger machine"
+        )
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_size)
+    except zstandard.ZstdError as error:
+        raise RunFormatError(path, f"truncated or corrupt zstandard frame ({error})", "the file is damaged") from None
+    except MemoryError:
+        raise RunFormatError(path, f"{raw_size} bytes decompressed do not fit in memory", "free memory or use a larger machine") from None
+    if len(raw) != raw_size:
+        raise RunFormatError(path, f"decompressed to {len(raw)} bytes, the run index declares {raw_size}", "the file is damaged")
+    header, start = _parse_header(path, raw)
+    _validate_layout(path, header, len(raw) - start)
+    metadata = header.get("__metadata__") or {}
+    try:
+        skeleton = json.loads(metadata["bisect_repro"])
+        tensors = load_safetensors(raw)  # safetensors: tensors only, never a pickle
+        return _unflatten(skeleton, tensors)
+    except (KeyError, TypeError, ValueError, RecursionError, safetensors.SafetensorError) as error:
+        problem = " ".join(str(error).split())[:200]  # one line, whatever the library said
+        raise RunFormatError(
+            path, f"inconsistent snapshot contents ({error.__class__.__name__}: {problem})", "the file is damaged"
+        ) from None
+
+
+def _memory_cap() -> int:
+    """Physical memory: no decode may declare more (a lying header must not trigger a huge allocation)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: fall back to a fixed bound
+        return 1 << 40

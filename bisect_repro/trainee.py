@@ -1,0 +1,90 @@
+"""The recipe contract: :class:`Trainee`, everything bisect-repro needs to run, record and replay a training.
+
+It is the currency between the layers: ``capture`` takes a trainee's state, ``record`` records
+one, ``replay`` rebuilds one. A recipe is a function that builds everything and returns one (see
+:mod:`bisect_repro.record.recipe`); a loop you drive yourself wraps its pieces in one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+import torch
+
+from .errors import RecipeError
+from .stateful import Stateful
+
+__all__ = ["RandomSource", "Trainee"]
+
+RandomSource = Union[torch.Generator, np.random.Generator, np.random.RandomState, random.Random]  # noqa: UP007 (a runtime alias on 3.10)
+"""A random stream a recipe may own: a torch, NumPy or Python generator."""
+
+
+@dataclass
+class Trainee:
+    """Everything bisect-repro needs to run, record and replay a training."""
+
+    model: torch.nn.Module
+    """The model; its parameters and buffers are hashed by ``named_parameters`` names."""
+    optimizer: torch.optim.Optimizer
+    """The optimizer whose ``step`` the step function calls; its state is hashed per parameter."""
+    loader: Iterable[Any]
+    """Any iterable of batches, usually a ``torch.utils.data.DataLoader``; iterated for as many epochs as needed."""
+    step: Callable[[Any], torch.Tensor] | None = None
+    """``step(batch)`` runs one optimisation step and returns the loss. ``None`` for loops you drive yourself."""
+    scheduler: Stateful | None = None
+    """An optional LR scheduler (anything :class:`Stateful`), saved in checkpoints."""
+    generators: Mapping[str, RandomSource] | None = None
+    """Extra random streams the recipe uses, by name: torch, NumPy or ``random.Random`` generators."""
+    state: Mapping[str, Stateful] | None = None
+    """Any other state a step reads, by name (a counter, a curriculum, an EMA): objects with
+    ``state_dict()`` / ``load_state_dict()``, saved in checkpoints, hashed in snapshots and restored
+    with the rest, so that a replayed step sees what the recorded one saw. A step that reads state
+    kept anywhere else (a closure, a global) cannot be replayed exactly, and compare says so."""
+
+    @classmethod
+    def supervised(
+        cls,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loader: Iterable[Any],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        scheduler: Stateful | None = None,
+        generators: Mapping[str, RandomSource] | None = None,
+        state: Mapping[str, Stateful] | None = None,
+    ) -> Trainee:
+        """A trainee whose step is the usual one on ``(inputs, targets)`` batches: zero the
+        gradients, ``loss_fn(model(inputs), targets)``, backward, ``optimizer.step()``, then
+        ``scheduler.step()`` when there is a scheduler."""
+
+        def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            inputs, targets = batch
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()  # type: ignore[attr-defined]
+            return loss
+
+        return cls(model, optimizer, loader, step, scheduler=scheduler, generators=generators, state=state)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, torch.nn.Module):
+            raise RecipeError(f"Trainee: model is a {type(self.model).__name__}, expected a torch.nn.Module")
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise RecipeError(f"Trainee: optimizer is a {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
+        if not isinstance(self.loader, Iterable):
+            raise RecipeError(f"Trainee: loader is a {type(self.loader).__name__}, which cannot be iterated")
+        if self.scheduler is not None and not isinstance(self.scheduler, Stateful):
+            raise RecipeError(f"Trainee: scheduler is a {type(self.scheduler).__name__} without state_dict/load_state_dict")
+        for name, value in (self.state or {}).items():
+            if not isinstance(value, Stateful):
+                raise RecipeError(f"Trainee: state[{name!r}] is a {type(value).__name__} without state_dict/load_state_dict")
+        if self.step is not None and not callable(self.step):
+            raise RecipeError("Trainee: step must be callable as step(batch) -> loss")

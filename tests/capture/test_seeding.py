@@ -1,0 +1,66 @@
+"""The seeding watch names who seeds a stream, from where, and whether from entropy; with a fixed
+seed, entropy seeding repeats; several watches at once leave the functions as they found them."""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+from bisect_repro.capture.seeding import SeedingWatch
+
+
+def test_each_seeding_call_is_noted_with_its_stream_and_call_site() -> None:
+    watch = SeedingWatch().install()
+    try:
+        line = sys._getframe().f_lineno + 1
+        torch.seed()
+        random.seed(3)
+        np.random.default_rng()
+    finally:
+        watch.uninstall()
+    calls = [(c.stream, c.call, c.entropy) for c in watch.calls]
+    assert calls[0] == ("torch", "torch.seed()", True) and calls[1] == ("python", "random.seed(3)", False)
+    assert calls[2] == ("new numpy Generator", "np.random.default_rng()", True)
+    assert watch.calls[0].where == f"{__file__}:{line}"
+
+
+def test_the_standard_library_seeding_its_own_private_random_is_not_noted() -> None:
+    watch = SeedingWatch().install()
+    try:
+        next(tempfile._RandomNameSequence())  # tempfile seeds a private Random() from entropy, as mkstemp does
+        mine = random.Random()
+    finally:
+        watch.uninstall()
+    assert [(c.stream, c.call, c.entropy) for c in watch.calls] == [("random.Random", "random.Random.seed()", True)]
+    assert mine.random() != random.Random().random()
+
+
+def test_a_fixed_seed_makes_entropy_seeding_repeat() -> None:
+    watch = SeedingWatch(fixed=7).install()
+    try:
+        draws = []
+        for _ in range(2):
+            torch.seed()
+            draws.append(torch.rand(3))
+    finally:
+        watch.uninstall()
+    assert torch.equal(draws[0], draws[1])
+    torch.seed()
+    assert not torch.equal(torch.rand(3), draws[0])  # uninstalled: entropy again
+
+
+def test_watches_installed_and_removed_in_any_order_restore_the_functions() -> None:
+    originals = (torch.seed, torch.manual_seed, random.seed, np.random.seed, random.Random.seed)
+    first, second = SeedingWatch().install(), SeedingWatch().install()
+    assert torch.seed is not originals[0]
+    torch.manual_seed(1)
+    first.uninstall()
+    torch.manual_seed(2)
+    second.uninstall()
+    assert (torch.seed, torch.manual_seed, random.seed, np.random.seed, random.Random.seed) == originals
+    assert [c.call for c in first.calls] == ["torch.manual_seed(1)"]
+    assert [c.call for c in second.calls] == ["torch.manual_seed(1)", "torch.manual_seed(2)"]

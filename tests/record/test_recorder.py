@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+import torch
+
+from bisect_repro import Recorder, RecordOptions, Run, Trainee, record
+from bisect_repro.record.recipe import build
+
+
+def record_example(examples, name, out, steps=20, every=5, checkpoint_every=10, **config):
+    trainee = build(f"{examples / name}:build", config)
+    return Run.open(record(trainee, out, RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every), config=config))
+
+
+@pytest.mark.parametrize("name, config", [("mlp.py", {"num_workers": 0}), ("cnn.py", {"num_workers": 2})])
+def test_a_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(examples, tmp_path, name, config) -> None:
+    whole = record_example(examples, name, tmp_path / "whole", steps=45, **config)  # 32/16 batches an epoch: crosses epochs
+    trainee = build(f"{examples / name}:build", {**config, "seed": 7})  # a different start: the resume must overwrite it
+    options = RecordOptions(steps=45, every=5, checkpoint_every=10)
+    with Recorder(tmp_path / "resumed", trainee, options, resume_from=(whole.path, 20)) as recorder:
+        for batch in recorder.batches():
+            recorder.log(trainee.step(batch))  # type: ignore[misc]
+    resumed = Run.open(tmp_path / "resumed")
+    assert sorted(resumed.snapshots) == [20, 25, 30, 35, 40, 45]
+    for step in resumed.snapshots:
+        assert resumed.snapshot(step)["hashes"] == whole.snapshot(step)["hashes"], f"step {step}"
+    for step in range(20, 45):
+        assert resumed.steps[step]["order"] == whole.steps[step]["order"]
+        assert resumed.steps[step]["batch"] == whole.steps[step]["batch"]
+        assert resumed.steps[step]["loss"] == whole.steps[step]["loss"]
+
+
+def test_without_the_streams_a_resume_diverges(examples, tmp_path) -> None:
+    whole = record_example(examples, "mlp.py", tmp_path / "whole", steps=20)
+    trainee = build(f"{examples / 'mlp.py'}:build", {"seed": 7})
+    with Recorder(
+        tmp_path / "bad", trainee, RecordOptions(steps=20, every=5), resume_from=(whole.path, 10), restore_streams=False
+    ) as recorder:
+        for batch in recorder.batches():
+            recorder.log(trainee.step(batch))  # type: ignore[misc]
+    bad = Run.open(tmp_path / "bad")
+    assert bad.snapshot(10)["hashes"] == whole.snapshot(10)["hashes"]
+    assert bad.snapshot(15)["hashes"] != whole.snapshot(15)["hashes"]  # dropout drew other masks
+
+
+def test_a_run_holds_what_the_issue_lists(examples, tmp_path) -> None:
+    run = record_example(examples, "cnn.py", tmp_path / "r", steps=12, every=5, checkpoint_every=10)
+    assert sorted(run.snapshots) == [0, 5, 10, 12] and sorted(run.checkpoints) == [0, 10] and run.complete
+    assert sorted(run.steps) == list(range(12))
+    assert all(r["order"] and r["batch"] and isinstance(r["loss"], float) for r in run.steps.values())
+    snapshot = run.snapshot(12)
+    assert {"0.weight", "1.running_mean", "optimizer.0.weight.momentum_buffer"} <= set(snapshot["hashes"])
+    assert {"python", "numpy", "torch", "loader.generator"} <= set(snapshot["streams"])
+    assert snapshot["data"]["epoch"] == 0 and snapshot["data"]["batch"] == 12 and snapshot["data"]["base_seed"] is not None
+    environment = run.meta["environment"]
+    for key in (
+        "torch.get_num_threads",
+        "torch.backends.cudnn.benchmark",
+        "torch.get_float32_matmul_precision",
+        "env.PYTHONHASHSEED",
+        "cpu",
+    ):
+        assert key in environment
+    assert run.meta["model"]["parameters"]["0.weight"] == [[16, 1, 3, 3], "float32"]
+
+
+def test_own_loop_and_record_write_the_same_run(examples, tmp_path) -> None:
+    driven = record_example(examples, "mlp.py", tmp_path / "a", steps=10)
+    trainee = build(f"{examples / 'mlp.py'}:build", {})
+    with Recorder(tmp_path / "b", trainee, RecordOptions(steps=10, every=5, checkpoint_every=10)) as recorder:
+        for batch in recorder.batches():
+            recorder.log(trainee.step(batch))  # type: ignore[misc]
+    own = Run.open(tmp_path / "b")
+    assert sorted(own.snapshots) == sorted(driven.snapshots)
+    assert own.snapshot(10)["hashes"] == driven.snapshot(10)["hashes"]
+
+
+class Watched(torch.Tensor):
+    """A loss that notes every torch function applied to it."""
+
+    seen: ClassVar[list[str]] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_steps_without_snapshot_leave_the_loss_unread(examples, tmp_path) -> None:
+    trainee = build(f"{examples / 'mlp.py'}:build", {})
+    with Recorder(tmp_path / "r", trainee, RecordOptions(steps=10, every=10)) as recorder:
+        for step, batch in enumerate(recorder.batches()):
+            Watched.seen.clear()
+            recorder.log(trainee.step(batch).as_subclass(Watched))  # type: ignore[misc]
+            if step < 9:
+                assert set(Watched.seen) <= {"detach"}, Watched.seen
+    run = Run.open(tmp_path / "r")
+    assert len(run.steps) == 10 and all(isinstance(r["loss"], float) for r in run.steps.values())
+
+
+def test_batch_hashes_equal_the_hash_of_each_batch_whether_deferred_or_not(examples, tmp_path, monkeypatch) -> None:
+    from bisect_repro.capture.hashing import hash_tensor
+    from bisect_repro.capture.state import TrainingState
+    from bisect_repro.record import recorder as recorder_module
+
+    deferred = record_example(examples, "mlp.py", tmp_path / "deferred", steps=8, every=4)
+    monkeypatch.setattr(recorder_module, "_DEFERRED_BATCH_BYTES", 0)  # hash every batch as it comes
+    eager = record_example(examples, "mlp.py", tmp_path / "eager", steps=8, every=4)
+    assert deferred.steps == eager.steps
+    trainee = build(f"{examples / 'mlp.py'}:build", {})
+    state = TrainingState(trainee)
+    _, indices = state.data.next_batch()
+    state.close()
+    assert deferred.steps[0]["order"] == hash_tensor(torch.tensor(indices, dtype=torch.int64))
+
+
+@pytest.mark.cuda
+def test_steps_without_a_snapshot_never_synchronise_with_the_device(tmp_path, monkeypatch) -> None:
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
+    inputs, targets = torch.randn(512, 32, device=device), torch.randn(512, 1, device=device)
+    loader = DataLoader(TensorDataset(inputs, targets), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+    trainee = Trainee.supervised(model, torch.optim.Adam(model.parameters(), lr=1e-3), loader, nn.functional.mse_loss)
+    snapshot = Recorder._snapshot
+
+    def snapshot_may_synchronise(self, step):  # fetching hashes and losses at a snapshot is the one allowed transfer
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return snapshot(self, step)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(Recorder, "_snapshot", snapshot_may_synchronise)
+    recorder = Recorder(tmp_path / "r", trainee, RecordOptions(steps=40, every=10))
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call on a step without a snapshot raises
+    try:
+        with recorder:
+            for batch in recorder.batches():
+                recorder.log(trainee.step(batch))  # type: ignore[misc]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    run = Run.open(tmp_path / "r")
+    assert run.complete and len(run.steps) == 40 and all(isinstance(r["loss"], float) for r in run.steps.values())

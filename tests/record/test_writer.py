@@ -1,0 +1,148 @@
+"""The recorder's background writer: same bytes, same order, bounded memory, host copies."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from bisect_repro import Recorder, RecordOptions, Run
+from bisect_repro.record.recipe import build
+from bisect_repro.store import writer as store
+
+OPTIONS = {"steps": 12, "every": 2, "checkpoint_every": 4}
+
+
+def run_mlp(examples, out, depth, **options):
+    trainee = build(f"{examples / 'mlp.py'}:build", {"hidden": 16})
+    with Recorder(out, trainee, RecordOptions(**{**OPTIONS, **options}), max_pending_writes=depth) as recorder:
+        for batch in recorder.batches():
+            recorder.log(trainee.step(batch))  # type: ignore[misc]
+    return Run.open(out)
+
+
+def test_background_writes_the_bytes_the_synchronous_writer_writes(examples, tmp_path, monkeypatch) -> None:
+    sync = run_mlp(examples, tmp_path / "sync", depth=0)
+    slow = store.RunWriter.commit_prepared
+
+    def lagging(self, kind, step, prepared):  # the training runs ahead and changes its tensors meanwhile
+        time.sleep(0.02)
+        return slow(self, kind, step, prepared)
+
+    monkeypatch.setattr(store.RunWriter, "commit_prepared", lagging)
+    background = run_mlp(examples, tmp_path / "background", depth=2)
+    for name in ("steps.jsonl", "index.jsonl"):
+        assert (tmp_path / "sync" / "rank0" / name).read_bytes() == (tmp_path / "background" / "rank0" / name).read_bytes(), name
+    for entry in [*sync.snapshots.values(), *sync.checkpoints.values()]:
+        assert (sync.path / "rank0" / entry.file).read_bytes() == (background.path / "rank0" / entry.file).read_bytes(), entry.file
+    assert background.complete and sorted(background.checkpoints) == [0, 4, 8, 12]
+
+
+def test_each_commit_is_step_lines_then_file_then_index_line_in_step_order(examples, tmp_path, monkeypatch) -> None:
+    events: list[tuple[str, object]] = []
+    append, atomic = store._append_lines, store.write_atomic
+
+    def logged_append(path, records):
+        if records:  # an empty append writes nothing
+            events.append((path.name, tuple((r.get("kind"), r["step"]) if "kind" in r else r["step"] for r in records)))
+        return append(path, records)
+
+    def logged_atomic(path, data):
+        events.append(("file", f"{path.parent.name}/{path.name}"))
+        return atomic(path, data)
+
+    monkeypatch.setattr(store, "_append_lines", logged_append)
+    monkeypatch.setattr(store, "write_atomic", logged_atomic)
+    run_mlp(examples, tmp_path / "r", depth=2)
+    expected: list[tuple[str, object]] = [("file", "r/run.json")]
+    previous = 0
+    for step in (0, 2, 4, 6, 8, 10, 12):
+        if step:
+            expected.append(("steps.jsonl", tuple(range(previous, step))))
+        expected += [("file", f"snapshots/step-{step:08d}.st.zst"), ("index.jsonl", (("snapshot", step),))]
+        if step % 4 == 0:
+            expected += [("file", f"checkpoints/step-{step:08d}.st.zst"), ("index.jsonl", (("checkpoint", step),))]
+        previous = step
+    expected.append(("index.jsonl", (("end", 12),)))
+    assert events == expected
+
+
+def hold_writes(monkeypatch) -> threading.Event:
+    """Every write waits until the returned event is set: a disk that has stopped answering."""
+    gate = threading.Event()
+    written = store.RunWriter.commit_prepared
+
+    def held(self, kind, step, prepared):
+        gate.wait(timeout=30)
+        return written(self, kind, step, prepared)
+
+    monkeypatch.setattr(store.RunWriter, "commit_prepared", held)
+    return gate
+
+
+def test_a_slow_disk_makes_training_wait_instead_of_memory_grow(examples, tmp_path, monkeypatch) -> None:
+    gate = hold_writes(monkeypatch)
+    trainee = build(f"{examples / 'mlp.py'}:build", {"hidden": 16})
+    recorder = Recorder(tmp_path / "r", trainee, RecordOptions(steps=20, every=1), max_pending_writes=2)
+
+    def train() -> None:
+        with recorder:
+            for batch in recorder.batches():
+                recorder.log(trainee.step(batch))  # type: ignore[misc]
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    deadline = time.monotonic() + 30  # a loaded machine may take a while to get there
+    while recorder.step < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # and it must stay there
+    # snapshot 0 is being written, 1 and 2 wait in the queue, snapshot 3 waits for room
+    assert recorder.step == 3 and thread.is_alive()
+    gate.set()
+    thread.join(timeout=60)
+    run = Run.open(tmp_path / "r")
+    assert run.complete and sorted(run.snapshots) == list(range(21))
+
+
+def test_close_waits_for_every_queued_write(examples, tmp_path, monkeypatch) -> None:
+    written = store.RunWriter.commit_prepared
+
+    def slow(self, kind, step, prepared):
+        time.sleep(0.05)
+        return written(self, kind, step, prepared)
+
+    monkeypatch.setattr(store.RunWriter, "commit_prepared", slow)
+    run = run_mlp(examples, tmp_path / "r", depth=3, every=1)
+    assert run.complete and sorted(run.snapshots) == list(range(13))
+    for step in run.snapshots:
+        run.snapshot(step)
+
+
+def test_the_queued_checkpoint_is_the_state_at_its_step_not_later(examples, tmp_path, monkeypatch) -> None:
+    gate = hold_writes(monkeypatch)
+    trainee = build(f"{examples / 'mlp.py'}:build", {"hidden": 16})
+    with Recorder(tmp_path / "r", trainee, RecordOptions(steps=3, every=10), max_pending_writes=2) as recorder:
+        at_zero = {k: v.clone() for k, v in trainee.model.state_dict().items()}
+        for batch in recorder.batches():
+            recorder.log(trainee.step(batch))  # type: ignore[misc]
+            if recorder.step == 2:
+                gate.set()
+    checkpoint = Run.open(tmp_path / "r").checkpoint(0)
+    assert all(torch.equal(checkpoint["model"][k], v) for k, v in at_zero.items())
+    assert not all(torch.equal(trainee.model.state_dict()[k], v) for k, v in at_zero.items())
+
+
+def test_the_writer_thread_is_gone_after_close(examples, tmp_path) -> None:
+    before = {t.name for t in threading.enumerate()}
+    run_mlp(examples, tmp_path / "r", depth=2)
+    assert {t.name for t in threading.enumerate()} - before == set()
+
+
+@pytest.mark.parametrize("depth", [-1])
+def test_a_negative_queue_is_refused(examples, tmp_path, depth) -> None:
+    from bisect_repro.errors import BisectReproError
+
+    with pytest.raises(BisectReproError, match="max_pending_writes"):
+        run_mlp(examples, tmp_path / "r", depth=depth)
