@@ -18,6 +18,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .capture import vml
 from .capture.hashing import hash_tensors
 from .diagnose.compare import compare
 from .diagnose.doctor import doctor
@@ -25,6 +26,8 @@ from .errors import BisectReproError
 from .record.recorder import Recorder, RecordOptions, current_step, record
 from .store.run import Run
 from .trainee import Trainee
+
+vml.settle()  # the first call of MKL's vector math, made before any code this process records or replays
 
 __all__ = [
     "BisectReproError",

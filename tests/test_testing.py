@@ -41,9 +41,9 @@ def test_a_script_with_its_own_loop(reproducibility, examples) -> None:
     with pytest.raises(pytest.fail.Exception) as failure:
         reproducibility.script([*script, "--reseed-at", "4"])
     message = str(failure.value)
-    assert "is not reproducible: the runs diverge at step 4, forward pass, layer body.2" in message
-    assert "Cause: a random stream not seeded alike (torch), proven." in message
-    assert "Fix: remove the reseeding from entropy (torch.seed() at " in message and "own_loop.py:64" in message
+    assert "is not reproducible: the runs diverge at step 4, forward pass, layer body.2" in message, message
+    assert "Cause: a random stream not seeded alike (torch), proven." in message, message
+    assert "Fix: remove the reseeding from entropy (torch.seed() at " in message and "own_loop.py:64" in message, message
 
 
 def test_a_script_must_say_where_its_run_goes() -> None:
