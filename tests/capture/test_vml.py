@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -25,10 +26,10 @@ def test_a_fresh_process_has_settled_before_the_code_it_records_runs() -> None:
         "torch.Tensor.sqrt = lambda self: calls.append(self.numel()) or sqrt(self)\n"
         "import bisect_repro\n"
         "from bisect_repro.capture import vml\n"
-        "print(calls, vml.settled, torch.backends.mkl.is_available())\n"
+        "print(json.dumps({'calls': calls, 'settled': vml.settled, 'mkl': torch.backends.mkl.is_available()}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    calls, settled, mkl = done.stdout.strip().rsplit(" ", 2)[0], *done.stdout.split()[-2:]
-    if mkl == "False":
+    done = subprocess.run([sys.executable, "-c", f"import json\n{probe}"], capture_output=True, text=True, check=True)
+    seen = json.loads(done.stdout.splitlines()[-1])
+    if not seen["mkl"]:
         pytest.skip("torch built without MKL: nothing to settle")
-    assert calls == "[8192, 8192]" and settled == "8192", done.stdout
+    assert seen["calls"] == [8192, 8192] and seen["settled"] == 8192, seen
