@@ -88,6 +88,15 @@ class Channel:
             tree = codec.decode(payload, Path(self.name), raw_size=int(header.get("raw_size", -1)))
         return header, tree
 
+    def receive_reply(self, wait: Callable[[], None], progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], Any]:
+        """The reply to a request: the next frame that is not a progress report (those go to ``progress``)."""
+        while True:
+            reply, payload = self.receive(wait)
+            if "progress" not in reply:
+                return reply, payload
+            if progress is not None:
+                progress(int(reply["progress"]))
+
     def _read(self, size: int, wait: Callable[[], None] | None) -> bytes:
         chunks, left = [], size
         while left:

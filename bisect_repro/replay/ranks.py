@@ -179,17 +179,12 @@ class RankedReplica(Replica):
     def _reply(self, rank: int, op: str, progress: Progress | None) -> tuple[dict[str, Any], Any]:
         channel = self.channels[rank]
         try:
-            while True:
-                reply, payload = channel.receive(self._check_alive)
-                if "progress" in reply:
-                    if progress is not None:
-                        progress(int(reply["progress"]))
-                    continue
-                if "error" in reply:
-                    self._fail(f"could not {op}", rank, str(reply["error"]))
-                return reply, payload
+            reply, payload = channel.receive_reply(self._check_alive, progress)
         except (ChannelClosed, OSError):
             self._fail(f"stopped during {op!r}", rank)
+        if "error" in reply:
+            self._fail(f"could not {op}", rank, str(reply["error"]))
+        return reply, payload
 
     # -- requests that differ by rank ----------------------------------------------------------
     def restore(self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False) -> None:

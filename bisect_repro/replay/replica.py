@@ -224,21 +224,16 @@ class Replica:
         assert channel is not None, "connect() first"
         try:
             channel.send({"op": op, **args}, tree)
-            while True:
-                reply, payload = channel.receive(self._check_alive)
-                if "progress" in reply:
-                    if progress is not None:
-                        progress(int(reply["progress"]))
-                    continue
-                if "error" in reply:
-                    raise ReplicaFailed(f"replay of {self.label}: {reply['error']}")
-                return reply, payload
+            reply, payload = channel.receive_reply(self._check_alive, progress)
         except (ChannelClosed, OSError) as error:
             self.process.wait(timeout=30)
             raise ReplicaFailed(
                 f"replay of {self.label} ({self.spec.describe()}) stopped during {op!r} (exit code {self.process.returncode}): "
                 f"{self._last_output()}"
             ) from error
+        if "error" in reply:
+            raise ReplicaFailed(f"replay of {self.label}: {reply['error']}")
+        return reply, payload
 
     # -- requests ------------------------------------------------------------------------------
     def restore(self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False) -> None:
