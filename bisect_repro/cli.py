@@ -11,13 +11,14 @@ import json
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from .demo import record_pair
 from .diagnose.compare import compare
@@ -26,8 +27,10 @@ from .errors import BisectReproError
 from .record.recipe import build, parse_settings
 from .record.recorder import RecordingWarning, RecordOptions, record
 from .record.torchrun import record_ranks
+from .replay.launch import Consent, LaunchSpec
 from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
 from .report.text import render_comparison, render_doctor, render_summary, run_summary
+from .store.printable import printable
 from .store.run import Run
 
 app = typer.Typer(
@@ -42,8 +45,13 @@ stderr = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _line(label: str, style: str, message: object) -> None:
+    """One line on stderr: a styled label, then the message as plain text (no markup, control characters escaped)."""
+    stderr.print(Text(label, style=style), Text(printable(message)), highlight=False, soft_wrap=True)
+
+
 def _warn_line(message: Warning | str) -> None:
-    stderr.print(f"[bold yellow]warning:[/] {message}", markup=True, highlight=False, soft_wrap=True)
+    _line("warning:", "bold yellow", message)
 
 
 def _exits_cleanly(command: F) -> F:
@@ -57,7 +65,7 @@ def _exits_cleanly(command: F) -> F:
                 warnings.showwarning = lambda message, *_, **__: _warn_line(message)  # one line, not a source excerpt
                 return command(*args, **kwargs)
         except BisectReproError as error:
-            stderr.print(f"[bold red]error:[/] {error}", markup=True, highlight=False, soft_wrap=True)
+            _line("error:", "bold red", error)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
@@ -164,16 +172,20 @@ def compare_command(
     accept_changed_code: Annotated[
         bool, typer.Option("--accept-changed-code", help="Replay a script or recipe even if it changed since it was recorded.")
     ] = False,
+    trust: Annotated[
+        bool, typer.Option("--trust", help="Replay runs you did not record on this machine (their code runs here); read what runs first.")
+    ] = False,
     html: Html = None,
 ) -> None:
     """Find the first step, layer and op where two runs diverge, with the cause, the evidence and the fix.
 
-    The replay runs each run's own script or recipe again (what it runs is printed first).
+    The replay runs each run's own script or recipe again (what it runs is printed first). A run
+    you did not record on this machine is replayed only with --trust or your yes at the prompt.
     Exit code 0: identical; 1: they diverge; 2: bad input.
     """
     if html is not None:
         check_html_path(html)
-    result = _compare(run_a, run_b, replay=not no_replay, quiet=as_json, accept_changed_code=accept_changed_code)
+    result = _compare(run_a, run_b, replay=not no_replay, quiet=as_json, accept_changed_code=accept_changed_code, trust=trust)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
@@ -183,12 +195,38 @@ def compare_command(
     raise typer.Exit(0 if result["identical"] else 1)
 
 
-def _compare(run_a: Path, run_b: Path, *, replay: bool, quiet: bool, accept_changed_code: bool = False) -> dict[str, Any]:
+def _announce(label: str, spec: LaunchSpec, verb: str) -> None:
+    """What a replay runs, on stderr, as plain text (the spec escapes control characters)."""
+    command, *details = spec.announcement()
+    stderr.print(Text(f"{verb} run {label} by running: {command}", style="dim"), highlight=False, soft_wrap=True)
+    for detail in details:
+        stderr.print(Text(f"  {detail}", style="dim"), highlight=False, soft_wrap=True)
+
+
+def _consent(trust: bool) -> Consent:
+    """Runs this user did not record here: replayed with --trust, or after a yes at a terminal."""
+
+    def ask(foreign: Sequence[tuple[str, LaunchSpec]]) -> bool:
+        if trust:
+            return True
+        if not (sys.stdin.isatty() and sys.stderr.isatty()):
+            return False
+        for label, spec in foreign:
+            stderr.print(Text(f"Run {label} was not recorded by you on this machine.", style="bold yellow"), highlight=False)
+            _announce(label, spec, "Replaying it would replay")
+        return typer.confirm("Run this code here to replay it?", default=False, err=True)
+
+    return ask
+
+
+def _compare(
+    run_a: Path, run_b: Path, *, replay: bool, quiet: bool, accept_changed_code: bool = False, trust: bool = False
+) -> dict[str, Any]:
     console = Console(stderr=True, quiet=quiet)
 
-    def announce(commands: list[str]) -> None:  # always, even with --json: nothing runs unannounced
-        for label, command in zip("AB", commands, strict=True):
-            stderr.print(f"[dim]replaying run {label} by running: {command}[/]", highlight=False, soft_wrap=True)
+    def announce(specs: list[LaunchSpec]) -> None:  # always, even with --json: nothing runs unannounced
+        for label, spec in zip("AB", specs, strict=True):
+            _announce(label, spec, "replaying")
 
     with _progress(console, transient=True) as progress:
         task = progress.add_task("comparing", total=None, extra="")
@@ -196,7 +234,15 @@ def _compare(run_a: Path, run_b: Path, *, replay: bool, quiet: bool, accept_chan
         def on_progress(stage: str, done: int, total: int) -> None:
             progress.update(task, description=stage, completed=done, total=total)
 
-        result = compare(run_a, run_b, replay=replay, accept_changed_code=accept_changed_code, progress=on_progress, announce=announce)
+        result = compare(
+            run_a,
+            run_b,
+            replay=replay,
+            accept_changed_code=accept_changed_code,
+            consent=_consent(trust),
+            progress=on_progress,
+            announce=announce,
+        )
     return result.to_json()
 
 

@@ -23,16 +23,20 @@ have; the replay runs only the recorded world size.
 
 ``compare`` returns a :class:`~bisect_repro.diagnose.verdict.CompareResult`; its ``to_json()`` is
 the ``bisect-repro/compare/2`` object documented in the README. ``announce`` is called with what
-will be executed before anything is; ``replay=False`` executes nothing.
+will be executed before anything is; ``replay=False`` executes nothing. A run that this user did
+not record here (its launch claim is not signed with this user's key, see
+:mod:`bisect_repro.replay.launch`) is replayed only when ``consent`` agrees; otherwise the verdict
+is the records' and a note says how to allow the replay.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RunFormatError, RunMismatchError
-from ..replay.launch import LaunchSpec, ReplayUnavailable, spec_for_run
+from ..replay.launch import Consent, LaunchSpec, ReplayUnavailable, spec_for_run
 from ..replay.lockstep import Lockstep
 from ..replay.replica import ReplicaFailed
 from ..store.run import Run
@@ -46,7 +50,7 @@ from .verdict import CompareResult, Confidence, Evidence, RankResult, Verdict
 __all__ = ["compare"]
 
 Progress = Callable[[str, int, int], None]
-Announce = Callable[[list[str]], None]
+Announce = Callable[[list[LaunchSpec]], None]
 
 
 def compare(
@@ -55,25 +59,25 @@ def compare(
     *,
     replay: bool = True,
     accept_changed_code: bool = False,
+    consent: Consent | None = None,
     progress: Progress | None = None,
     announce: Announce | None = None,
 ) -> CompareResult:
     """Compare two runs (see the module docstring)."""
     a, b = Run.open(path_a), Run.open(path_b)
+    allow = _Allow(accept_changed_code, consent)
     if a.distributed or b.distributed:
-        return _compare_ranks(a, b, replay=replay, accept_changed_code=accept_changed_code, progress=progress, announce=announce)
-    result = _compare_pair(a, b, replay=replay, accept_changed_code=accept_changed_code, progress=progress, announce=announce)
+        return _compare_ranks(a, b, replay=replay, allow=allow, progress=progress, announce=announce)
+    result = _compare_pair(a, b, replay=replay, allow=allow, progress=progress, announce=announce)
     result.ranks = [RankResult(rank=0, verdict=result.verdict, timeline=result.timeline)]
     return result
 
 
-def _compare_pair(
-    a: Run, b: Run, *, replay: bool, accept_changed_code: bool, progress: Progress | None, announce: Announce | None
-) -> CompareResult:
-    if a.meta["format"] != b.meta["format"]:
+def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Progress | None, announce: Announce | None) -> CompareResult:
+    if a.meta.format != b.meta.format:
         raise RunFormatError(
             b.path / "run.json",
-            f"format {b.meta['format']} differs from {a.path}'s format {a.meta['format']}",
+            f"format {b.meta.format} differs from {a.path}'s format {a.meta.format}",
             "re-record both runs with one bisect-repro version",
         )
     records = read_records(a, b)
@@ -86,11 +90,11 @@ def _compare_pair(
     if records.identical:
         _identical(records, result)
         return result
-    specs = _specs(records, result, accept_changed_code) if replay else None
+    specs = _specs(records, result, allow) if replay else None
     if specs is not None:
         result.replay.commands = [spec.describe() for spec in specs]
         if announce is not None:
-            announce(result.replay.commands)
+            announce(list(specs))
         try:
             result.verdict = _replayed(records, specs, result, progress)
         except (ReplicaFailed, ReplayUnavailable) as error:
@@ -110,14 +114,12 @@ def _identical(records: Records, result: CompareResult) -> None:
 
 
 def _layout(run: Run) -> str:
-    mesh = (run.distributed or {}).get("mesh") or {}
+    mesh = (run.distributed.mesh if run.distributed is not None else None) or {}
     shape = f" over a {'x'.join(map(str, mesh['shape']))} mesh" if mesh.get("shape") else ""
     return f"{run.world_size} rank{'s' if run.world_size != 1 else ''} ({run.layout}{shape})"
 
 
-def _compare_ranks(
-    a: Run, b: Run, *, replay: bool, accept_changed_code: bool, progress: Progress | None, announce: Announce | None
-) -> CompareResult:
+def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Progress | None, announce: Announce | None) -> CompareResult:
     """Distributed runs: rank by rank from the records, then both replayed on all their ranks,
     focused on the first divergent rank."""
     layouts = _layout(a), _layout(b)
@@ -142,24 +144,24 @@ def _compare_ranks(
         shared = "rank 0" if len(ranks) == 1 else f"ranks 0 to {len(ranks) - 1}"
         result.notes.append(f"run A ran on {layouts[0]}, run B on {layouts[1]}: only {shared}, which both have, compared")
     elif replay and verdict is not None:
-        _replay_ranks(records, verdict, result, accept_changed_code, progress, announce)
+        _replay_ranks(records, verdict, result, allow, progress, announce)
     return result
 
 
 def _replay_ranks(
-    records: Records, verdict: Verdict, result: CompareResult, accept_changed: bool, progress: Progress | None, announce: Announce | None
+    records: Records, verdict: Verdict, result: CompareResult, allow: _Allow, progress: Progress | None, announce: Announce | None
 ) -> None:
     """Both runs replayed on every rank, focused on the rank of the records' verdict: its verdict
     replaces the records' when the replay reproduces the divergence."""
     focus = records.a.rank
-    specs = _specs(records, result, accept_changed)
+    specs = _specs(records, result, allow)
     if specs is None:
         return
     world = records.a.world_size
     specs = specs[0].on_ranks(world, focus), specs[1].on_ranks(world, focus)
     result.replay.commands = [spec.describe() for spec in specs]
     if announce is not None:
-        announce(result.replay.commands)
+        announce(list(specs))
     try:
         replayed = _replayed(records, specs, result, progress)
     except (ReplicaFailed, ReplayUnavailable) as error:
@@ -173,12 +175,32 @@ def _replay_ranks(
     result.verdict = replayed
 
 
-def _specs(records: Records, result: CompareResult, accept_changed: bool) -> tuple[LaunchSpec, LaunchSpec] | None:
+@dataclass(frozen=True)
+class _Allow:
+    """What the user allowed to run: a changed script or recipe, and runs recorded by someone else."""
+
+    accept_changed: bool
+    consent: Consent | None
+
+
+def _specs(records: Records, result: CompareResult, allow: _Allow) -> tuple[LaunchSpec, LaunchSpec] | None:
+    """What replays each run, if both may be replayed: checked (:func:`spec_for_run`), and either
+    recorded by this user here or allowed by ``consent``; otherwise a note says why not."""
     try:
-        return spec_for_run(records.a, accept_changed=accept_changed), spec_for_run(records.b, accept_changed=accept_changed)
+        specs = spec_for_run(records.a, accept_changed=allow.accept_changed), spec_for_run(records.b, accept_changed=allow.accept_changed)
     except ReplayUnavailable as error:
         result.notes.append(f"no replay: {error}")
         return None
+    foreign = [(label, spec) for label, spec in zip("AB", specs, strict=True) if not spec.signed]
+    if foreign and (allow.consent is None or not allow.consent(foreign)):
+        names = " and ".join(f"run {label}" for label, _ in foreign)
+        result.notes.append(
+            f"no replay: {names} {'was' if len(foreign) == 1 else 'were'} not recorded by you on this machine (no signature of yours), "
+            "and a replay runs the code a run names; the verdict is from the records alone. To replay, read what would run "
+            f"({'; '.join(f'run {label}: {spec.describe()}' for label, spec in foreign)}) and pass --trust, or answer yes at the prompt"
+        )
+        return None
+    return specs
 
 
 def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: CompareResult, progress: Progress | None) -> Verdict | None:
@@ -235,9 +257,9 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
 def _checkpoint_at(run: Run, step: int) -> int | None:
     """The checkpoint a replay of ``run`` starts from: the last at or before ``step`` (``-1``: the
     first); a framework's run replays from its own start, whatever its checkpoints."""
-    options = run.meta.get("options") or {}
-    if options.get("replay") == "from_start":
-        start = int(options.get("start_step", 0))
+    options = run.meta.options
+    if options.replay == "from_start":
+        start = options.start_step
         return start if start <= step or step < 0 else None
     if step < 0:
         return min(run.checkpoints, default=None)
@@ -267,9 +289,9 @@ def _init_verdict(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result
     tensor = row.first_tensor
     verdict = Verdict(step=row.step, phase="init", tensor=tensor, layer=layer_of(tensor) if tensor else None)
     a, b = records.a, records.b
-    if row.step in a.checkpoints and row.step in b.checkpoints and tensor in a.meta.get("model", {}).get("parameters", {}):
+    if row.step in a.checkpoints and row.step in b.checkpoints and tensor in a.meta.model.get("parameters", {}):
         verdict.set_difference(difference_stats(a.checkpoint(row.step)["model"][tensor], b.checkpoint(row.step)["model"][tensor]))
-    resumed = bool((b.meta.get("options") or {}).get("resumed_from"))
+    resumed = b.meta.options.resumed_from is not None
     cause, confidence, streams, reseeds, evidence = streams_deciding_init(specs)
     result.replay.performed = True
     verdict.cause, verdict.confidence, verdict.rng, verdict.reseeded, verdict.evidence = cause, confidence, streams, reseeds, evidence

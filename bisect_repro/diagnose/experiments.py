@@ -121,7 +121,7 @@ class StepAnalysis:
             "matches",
             f"replayed, the runs agree at step {step} and each repeats it, but not what was recorded there",
         )
-        recorded = self.records.a.meta.get("environment", {})
+        recorded = self.records.a.meta.environment
         here = env.diff(recorded, self.ra.describe()["environment"])
         machine = [k for k in here if k in _MACHINE]
         verdict = Verdict(step=step, evidence=self.evidence)
@@ -155,13 +155,13 @@ class StepAnalysis:
         else? And, as the control, afresh without them: does it then compute what the replay did?
         (A nondeterministic kernel changes the first and fails the control.)"""
         run, first = self.records.a, self.checkpoints[0]
-        extra = max(3, first - run.meta.get("options", {}).get("start_step", 0))
+        extra = max(3, first - run.meta.options.start_step)
         label = f"run A with its first step run {extra} extra times"
 
         def replayed(times: int) -> StepResult:
             with Replica(self.swaps.specs[0], label) as replica:
                 replica.connect()
-                replica.restore(run.path, first, run.meta.get("environment"))
+                replica.restore(run.path, first, run.meta.environment)
                 replica.fetch()
                 for _ in range(times):
                     replica.run(first, trace="none")
@@ -263,7 +263,7 @@ class StepAnalysis:
         keys = [k for k in self.records.environment_diff if "determinis" in k or "cudnn" in k]
         if not keys:
             return
-        settings = {k: self.records.a.meta["environment"].get(k) for k in keys}
+        settings = {k: self.records.a.meta.environment.get(k) for k in keys}
         runs = [self.rb.run(self.step, trace="full", environment=settings) for _ in range(3)]
         repeats = all(first_difference(runs[0].entries, r.entries) is None for r in runs[1:])
         verdict.environment_keys = keys
@@ -326,18 +326,18 @@ class StepAnalysis:
         )
         if verdict.phase == "data" and verdict.rng and verdict.confidence is not Confidence.PROVEN:
             verdict.explanation += f"; the streams the loader draws from differ there: {', '.join(verdict.rng)}"
-        resumed_here = int((self.records.b.meta.get("options") or {}).get("start_step", 0)) == self.step > 0
+        resumed_here = self.records.b.meta.options.start_step == self.step > 0
         if resumed_here:  # run B resumed at this very step: what differs is what the resume did not restore
             verdict.explanation = f"run B resumed at step {self.step}, and the resume did not restore everything: {verdict.explanation}"
         records = self.records
-        resumed = bool((records.b.meta.get("options") or {}).get("resumed_from")) or resumed_here
+        resumed = records.b.meta.options.resumed_from is not None or resumed_here
         config = {k: v for k, v in records.config_diff.items() if k in verdict.config_keys}
         verdict.fix = fix_for(
             verdict.cause,
             streams=verdict.rng,
             reseeds=verdict.reseeded,
             resumed=resumed,
-            loader=records.a.meta.get("loader", {}),
+            loader=records.a.meta.loader,
             op=verdict.op,
             keys=verdict.environment_keys,
             config=config,

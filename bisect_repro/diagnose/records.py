@@ -148,7 +148,7 @@ def _first_log_differences(a: Run, b: Run) -> dict[str, int | None]:
 
 
 def read_records(a: Run, b: Run) -> Records:
-    config_a, config_b = a.meta.get("config", {}), b.meta.get("config", {})
+    config_a, config_b = a.meta.config, b.meta.config
     records = Records(
         a,
         b,
@@ -156,7 +156,7 @@ def read_records(a: Run, b: Run) -> Records:
             k: [config_a.get(k), config_b.get(k)] for k in dict.fromkeys([*config_a, *config_b]) if config_a.get(k) != config_b.get(k)
         },
         environment_diff=env.diff(a.environment, b.environment),
-        structure=_structure_difference(a.meta.get("model", {}), b.meta.get("model", {})),
+        structure=_structure_difference(a.meta.model, b.meta.model),
     )
     if records.structure is not None:
         return records
@@ -175,7 +175,7 @@ def structure_verdict(records: Records) -> Verdict:
     name = records.structure
     assert name is not None
     shapes = [
-        run.meta.get("model", {}).get("parameters", {}).get(name) or run.meta.get("model", {}).get("buffers", {}).get(name) or "absent"
+        run.meta.model.get("parameters", {}).get(name) or run.meta.model.get("buffers", {}).get(name) or "absent"
         for run in (records.a, records.b)
     ]
     detail = f"{name} is {shapes[0]} in run A and {shapes[1]} in run B"
@@ -213,7 +213,7 @@ def records_verdict(records: Records) -> Verdict:
     verdict = Verdict(step=max(end, 0), confidence=Confidence.INFERRED, evidence=evidence)
     if end < 0:  # the first snapshots (before step 0) already differ: the runs part at initialisation
         verdict.phase = "init"
-    loader = records.a.meta.get("loader", {})
+    loader = records.a.meta.loader
     if logs.get("order") is not None and logs["order"] <= end:
         verdict.step, verdict.phase, verdict.cause, verdict.tensor = logs["order"], "data", Cause.DATA_ORDER, "batch.indices"
         verdict.rng = [s for s in changed if "generator" in s or s == "torch"]
@@ -233,7 +233,7 @@ def records_verdict(records: Records) -> Verdict:
         verdict.cause, verdict.environment_keys = Cause.ENVIRONMENT, list(records.environment_diff)
     elif all_along:
         verdict.cause, verdict.rng = Cause.RNG_STATE, all_along
-    resumed = bool((records.b.meta.get("options") or {}).get("resumed_from"))
+    resumed = records.b.meta.options.resumed_from is not None
     verdict.fix = fix_for(
         verdict.cause,
         streams=verdict.rng,

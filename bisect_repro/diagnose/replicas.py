@@ -93,11 +93,10 @@ class _Groups:
     """Which ranks must hold each tensor equal, as the run recorded it."""
 
     def __init__(self, run: Run, ranks: list[Run]) -> None:
-        described = run.distributed or {}
-        self.replicated = str(described.get("replicated", "none"))
-        self.rank_local = set(described.get("rank_local") or [])
+        self.replicated = run.distributed.replicated if run.distributed is not None else "none"
+        self.rank_local = set(run.distributed.rank_local if run.distributed is not None else ())
         self.world = tuple(range(run.world_size))
-        declared = {tuple(r.rank_meta.get("replica_group") or self.world) for r in ranks}
+        declared = {(r.rank_meta.replica_group if r.rank_meta is not None else None) or self.world for r in ranks}
         self.data_parallel = sorted(g for g in declared if len(g) > 1)
 
     def of(self, name: str, snapshot: dict[str, Any]) -> list[tuple[int, ...]]:
@@ -121,8 +120,8 @@ def _departing(values: dict[int, str | None]) -> list[int]:
 
 def replica_drift(run: Run) -> ReplicaDrift:
     """Compare the replicas of ``run`` across its ranks, snapshot by snapshot (see the module docstring)."""
-    described = run.distributed or {}
-    drift = ReplicaDrift(layout=run.layout, world_size=run.world_size, replicated=str(described.get("replicated", "none")))
+    replicated = run.distributed.replicated if run.distributed is not None else "none"
+    drift = ReplicaDrift(layout=run.layout, world_size=run.world_size, replicated=replicated)
     if run.world_size < 2 or drift.replicated == "none":
         return drift
     ranks = [run.open_rank(rank) for rank in range(run.world_size)]

@@ -156,7 +156,7 @@ class Swaps:
         keys = [k for k in self.records.environment_diff if k in env.APPLICABLE]
         if not keys:
             return False
-        recorded = self.records.a.meta.get("environment", {})
+        recorded = self.records.a.meta.environment
         shown = ", ".join(f"{k}={recorded.get(k)}" for k in keys)
         culprits = self._narrowed(
             "environment",
@@ -210,7 +210,7 @@ class Swaps:
         run = self.records.b
         with Replica(spec, label) as replica:
             replica.connect()
-            replica.restore(run.path, self.checkpoint_b, run.meta.get("environment"), rebuilt=spec.config != self.specs[1].config)
+            replica.restore(run.path, self.checkpoint_b, run.meta.environment, rebuilt=spec.config != self.specs[1].config)
             replica.skip(self.step)
             fetched = replica.fetch()
             return fetched, None if data else replica.run(self.step, trace="full")

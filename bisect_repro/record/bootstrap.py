@@ -20,6 +20,13 @@ Before that it can seed the global streams with fixed values (``"seeds": {"pytho
 which ``compare`` uses to find which streams decide a model's initial parameters, and it notes
 whether the code pins the thread count (``doctor``).
 
+The process starts in the controller's private folder, so that nothing from the recorded working
+directory is imported: :func:`_isolate` drops that folder from ``sys.path``, then moves to the
+recorded working directory (``"cwd"``). The code then runs from the file the controller checked
+(``"path"``, see :mod:`bisect_repro.replay.launch`): a script by its path, a module from its
+``"root"`` once the module name is seen to resolve to that file, a recipe only if its function
+is defined in that file.
+
 Where the guarantees stop: code that runs before the Recorder is built runs as in the recording
 (downloads, prints); a script that never reaches ``Recorder.batches()`` exits with code 3.
 """
@@ -32,6 +39,7 @@ import random
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +47,7 @@ import torch
 from ..capture.seeding import SeedingWatch
 from ..errors import BisectReproError
 from . import serve
+from .recipe import build, module_file
 
 SPEC_VARIABLE = "BISECT_REPRO_SPEC"
 LOGS_VARIABLE = "BISECT_REPRO_RANK_LOGS"
@@ -74,14 +83,37 @@ def _spy_threads() -> None:
     torch.set_num_threads = spy
 
 
-def _run_recipe(target: str, config: dict[str, object], ranks: bool) -> None:
-    from .recipe import build
+def _isolate(spec: dict[str, Any]) -> None:
+    """Drop the private folder this process started in from the import path, put a module's root
+    there instead, and move to the recorded working directory."""
+    start = os.path.realpath(os.getcwd())
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != start]
+    if spec.get("root"):
+        sys.path.insert(0, spec["root"])
+    if spec.get("cwd"):
+        os.chdir(spec["cwd"])
+
+
+def _check_module(module: str, path: str | None) -> None:
+    """Refuse to run ``module`` unless it resolves to the file whose hash was checked."""
+    if path is None:
+        return
+    name = f"{module}.__main__" if Path(path).name == "__main__.py" and not module.endswith("__main__") else module
+    found = module_file(name)
+    if found != Path(path).resolve():
+        raise BisectReproError(f"{module}: imports {found or 'nothing'} here, not {path}, the file that was checked; nothing was run")
+
+
+def _run_recipe(spec: dict[str, Any], ranks: bool) -> None:
     from .recorder import Recorder
     from .torchrun import init_process_group
 
+    target, expected = spec["target"], Path(spec["path"]) if spec.get("path") else None
+    if expected is not None and spec.get("root"):  # a module recipe: its module must be the checked file
+        _check_module(target.rpartition(":")[0], spec["path"])
     if ranks:  # a rank under torchrun: the group first, as record --nproc-per-node does
         init_process_group()
-    trainee = build(target, config)
+    trainee = build(target, spec.get("config") or {}, expected=expected)
     if trainee.step is None:
         raise BisectReproError(f"{target}: the Trainee has no step function; give step=... to replay the recipe")
     with Recorder("<replay>", trainee) as recorder:
@@ -92,19 +124,20 @@ def _run_recipe(target: str, config: dict[str, object], ranks: bool) -> None:
 def main() -> None:
     _rank_log()
     spec = json.loads(os.environ[SPEC_VARIABLE])
+    _isolate(spec)
     _seed(spec.get("seeds") or {})
     serve.WATCH = SeedingWatch().install()
     _spy_threads()
     try:
         if spec["kind"] == "recipe":
-            _run_recipe(spec["target"], spec.get("config") or {}, ranks=spec.get("world_size") is not None)
+            _run_recipe(spec, ranks=spec.get("world_size") is not None)
         elif spec["kind"] == "script":
             sys.argv = list(spec["argv"])
             sys.path.insert(0, str(Path(spec["path"]).parent))
             runpy.run_path(spec["path"], run_name="__main__")
         else:
             sys.argv = list(spec["argv"])
-            sys.path.insert(0, os.getcwd())
+            _check_module(spec["module"], spec.get("path"))
             runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
     except BisectReproError as error:
         print(f"error: {error}", file=sys.stderr)

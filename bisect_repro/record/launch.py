@@ -4,8 +4,9 @@ A run records, in ``run.json`` under ``launch``: the interpreter, ``sys.argv``, 
 directory, and the code that was run with its SHA-256: the recipe file of a TARGET, or the main
 script (``python train.py``) or module (``python -m pkg.train``) of a loop recorded with the
 :class:`~bisect_repro.record.recorder.Recorder`. ``compare`` replays a run only when that code is
-on this machine with the same content hash (:func:`code_changed`), so that what runs is what was
-recorded, and never runs anything from inside a run directory.
+on this machine with the same content hash (:mod:`bisect_repro.replay.launch`), so that what runs is what was
+recorded, and never runs anything from inside a run directory. A recipe named by module
+(``package.module:function``) records the module's file, so that it too is checked by its hash.
 
 Where the guarantees stop: only the main file (or the recipe file) is hashed, not the modules it
 imports; a change there is caught only by its effect (the replay parting from the records).
@@ -20,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .recipe import recipe_file
+from .recipe import module_file, recipe_file
 
-__all__ = ["NOT_REPLAYABLE", "code_changed", "file_digest", "launch_info"]
+__all__ = ["NOT_REPLAYABLE", "file_digest", "launch_info"]
 
 NOT_REPLAYABLE = ("pytest", "_pytest", "ipykernel_launcher", "IPython", "unittest", "pdb", "bisect_repro")
 
@@ -56,7 +57,7 @@ def launch_info(target: str | None) -> dict[str, Any]:
     """What this process is running, as ``run.json`` records it (see the module docstring)."""
     info: dict[str, Any] = {"executable": sys.executable, "argv": list(sys.argv), "cwd": os.getcwd()}
     if target:
-        path = recipe_file(target)
+        path = recipe_file(target) or module_file(target.rpartition(":")[0])
         info["code"] = {
             "kind": "recipe",
             "target": target,
@@ -68,13 +69,3 @@ def launch_info(target: str | None) -> dict[str, Any]:
     return info
 
 
-def code_changed(code: dict[str, Any]) -> str | None:
-    """Why the recorded code cannot be replayed here as it is (``None``: it can)."""
-    path = code.get("path")
-    if path is None:
-        return None  # a recipe in an installed module: imported by name
-    if not Path(path).is_file():
-        return f"{path} is not on this machine"
-    if code.get("sha256") and file_digest(Path(path)) != code["sha256"]:
-        return f"{path} changed since the run was recorded (its SHA-256 differs)"
-    return None

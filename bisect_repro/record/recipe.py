@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import RecipeError
 from ..trainee import Trainee
 
-__all__ = ["build", "parse_settings", "recipe_file"]
+__all__ = ["build", "module_file", "parse_settings", "recipe_file"]
 
 
 def parse_settings(items: Iterable[str]) -> dict[str, Any]:
@@ -86,13 +86,34 @@ def _load_module(target: str) -> ModuleType:
     return module
 
 
-def build(target: str, settings: Mapping[str, Any] | None = None) -> Trainee:
-    """Import TARGET and call it with ``settings`` as keyword arguments."""
+def module_file(name: str) -> Path | None:
+    """The file module ``name`` is imported from, resolved (``None``: not found). Finding it imports
+    the module's parent packages, as importing it would."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin).resolve() if spec is not None and spec.origin and spec.has_location else None
+
+
+def _defined_in(function: Any, expected: Path) -> bool:
+    """Whether ``function`` is a Python function whose code lives in ``expected``."""
+    function = inspect.unwrap(function)
+    return inspect.isfunction(function) and Path(function.__code__.co_filename).resolve() == expected
+
+
+def build(target: str, settings: Mapping[str, Any] | None = None, *, expected: Path | None = None) -> Trainee:
+    """Import TARGET and call it with ``settings`` as keyword arguments.
+
+    ``expected`` (a replay): the file whose SHA-256 was checked; the module imported and the
+    function called must both be that file's, or nothing is called."""
     _, name = _split(target)
     module = _load_module(target)
     function = getattr(module, name, None)
     if not callable(function):
         raise RecipeError(f"{target}: {module.__name__} has no function {name!r}")
+    if expected is not None and not _defined_in(function, expected):
+        raise RecipeError(f"{target}: {name} is not a function defined in {expected}, the file that was checked; nothing was run")
     kwargs = dict(settings or {})
     try:
         inspect.signature(function).bind(**kwargs)

@@ -228,7 +228,8 @@ class Recorder:
         self.writer, resumed = resume_writer(out, info)
         try:
             meta = resumed.meta
-            recorded = meta.get("options", {})
+            written = meta.raw.get("options") or {}
+            recorded = {k: getattr(meta.options, k) for k in (*_SCHEDULE, "on_error") if k in written}
             if options is None:
                 options = RecordOptions(**{k: recorded[k] for k in (*_SCHEDULE, "on_error") if k in recorded})
             for key in _SCHEDULE:
@@ -237,18 +238,16 @@ class Recorder:
                     raise BisectReproError(
                         f"{out}: was recorded with {flag} {recorded[key]}, not {getattr(options, key)}; resume with the same options"
                     )
-            if config is not None and dict(config) != meta.get("config", {}):
-                raise BisectReproError(
-                    f"{out}: was recorded with --set {meta.get('config')}, not {dict(config)}; resume with the same settings"
-                )
-            if target is not None and meta.get("target") not in (None, target):
-                warnings.warn(f"{out}: was recorded from {meta.get('target')}, resumed from {target}", stacklevel=4)
+            if config is not None and dict(config) != meta.config:
+                raise BisectReproError(f"{out}: was recorded with --set {meta.config}, not {dict(config)}; resume with the same settings")
+            if target is not None and meta.target not in (None, target):
+                warnings.warn(f"{out}: was recorded from {meta.target}, resumed from {target}", stacklevel=4)
             self.state.load_state_dict(resumed.checkpoint)
             self.step = resumed.step
-            self.start_step = int(recorded.get("start_step", 0))
+            self.start_step = meta.options.start_step
             self._last_snapshot = self._committed = resumed.step  # committed already: not written again
-            resumes = [*meta.get("resumes", []), {"step": resumed.step, "created": _now()}]
-            changed = env.diff(meta.get("environment", {}), env.fingerprint())
+            resumes = [*(meta.raw.get("resumes") or []), {"step": resumed.step, "created": _now()}]
+            changed = env.diff(meta.environment, env.fingerprint())
             if changed:
                 resumes[-1]["environment"] = changed
             if info is None or info.rank == 0:

@@ -112,7 +112,7 @@ class Lockstep:
     def _restore(self, checkpoints: tuple[int, int]) -> None:
         for which, replica in enumerate(self.replicas):
             run = self.runs[which]
-            replica.restore(run.path, checkpoints[which], run.meta.get("environment"))
+            replica.restore(run.path, checkpoints[which], run.meta.environment)
 
     def _skip(self, until: int) -> None:
         def skip(which: int) -> None:

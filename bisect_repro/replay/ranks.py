@@ -64,7 +64,7 @@ class RankedReplica(Replica):
         with open(self.log, "wb") as output:
             self.process = subprocess.Popen(
                 [*command, "-m", "bisect_repro.record.bootstrap"],
-                cwd=self.spec.cwd or None,
+                cwd=self.listener.folder,  # private, as a single replica's (see Replica._start)
                 env=environment,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
@@ -195,7 +195,7 @@ class RankedReplica(Replica):
             return
         run = Path(run).resolve()
         opened = Run.open(run)
-        own = {r: opened.open_rank(r).rank_meta.get("environment") or environment or {} for r in range(self.world_size)}
+        own = {r: opened.open_rank(r).environment or environment or {} for r in range(self.world_size)}
         self._broadcast("restore", {r: {"run": str(run), "step": step, "environment": own[r], "rebuilt": rebuilt} for r in own})
         self._restored = (run, step, environment)
         self.step = step

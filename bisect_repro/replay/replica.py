@@ -124,7 +124,7 @@ class Replica:
         and the channel's."""
         package_root = str(Path(__file__).resolve().parents[2])
         environment = {k: v for k, v in os.environ.items() if not k.startswith("BISECT_REPRO_")}
-        for name, value in self.spec.variables.items():
+        for name, value in self.spec.variables.items():  # REPLAYED_VARIABLES only (see launch.py)
             if value is None:
                 environment.pop(name, None)
             else:
@@ -140,7 +140,7 @@ class Replica:
         with open(self.log, "wb") as output:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "bisect_repro.record.bootstrap"],
-                cwd=self.spec.cwd or None,
+                cwd=self.listener.folder,  # private: the recorded cwd never enters sys.path; the bootstrap moves there
                 env=self._environment(),
                 stdin=subprocess.DEVNULL,
                 stdout=output,

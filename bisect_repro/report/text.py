@@ -2,7 +2,9 @@
 
 The JSON objects are made where their data is (``run_summary`` here, ``compare`` and ``doctor`` in
 their modules); the renderings read only those objects, so ``--json`` and the human report never
-disagree.
+disagree. Every string in them that a run supplied (paths, target, config, names, environment,
+notes) enters rich markup through :func:`bisect_repro.report.safe.safe_text`: ``[red]`` in a run
+is printed as text and a control character as a visible escape, never sent to the terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ..diagnose.causes import cause_title
 from ..diagnose.findings import SEVERITIES
 from ..diagnose.replicas import replica_drift
 from ..store.run import Run
+from .safe import safe_text
 
 __all__ = ["render_comparison", "render_doctor", "render_summary", "run_summary", "verdict_where"]
 
@@ -34,14 +37,14 @@ def run_summary(run: Run, *, verify: bool = False) -> dict[str, Any]:
     for other in ranks[1:] if verify else []:
         _rank_summary(other, verify=True)
     if run.distributed:
-        summary["distributed"] = run.distributed
+        summary["distributed"] = run.meta.raw["distributed"]
         summary["ranks"] = [
             {
                 "rank": r.rank,
                 "complete": r.complete,
                 "last_step": r.last_step,
                 "steps_logged": len(r.steps),
-                "host": r.rank_meta.get("hostname"),
+                "host": r.rank_meta.hostname if r.rank_meta is not None else None,
             }
             for r in ranks
         ]
@@ -63,16 +66,16 @@ def _rank_summary(run: Run, *, verify: bool) -> dict[str, Any]:
     return {
         "schema": "bisect-repro/show/1",
         "path": str(run.path),
-        "format": meta.get("format"),
-        "target": meta.get("target"),
-        "config": meta.get("config", {}),
-        "options": meta.get("options", {}),
+        "format": meta.format,
+        "target": meta.target,
+        "config": meta.config,
+        "options": meta.raw.get("options") or {},
         "complete": run.complete,
         "steps_logged": len(run.steps),
         "last_step": run.last_step,
         "snapshots": sorted(run.snapshots),
         "checkpoints": sorted(run.checkpoints),
-        "streams": sorted(last_snapshot["streams"]) if last_snapshot else meta.get("streams", []),
+        "streams": sorted(last_snapshot["streams"]) if last_snapshot else list(meta.streams),
         "tensors_hashed": len(last_snapshot["hashes"]) if last_snapshot else 0,
         "verified": len(run.snapshots) + len(run.checkpoints) if verify else None,
         "first_loss": losses[0] if losses else None,
@@ -81,9 +84,9 @@ def _rank_summary(run: Run, *, verify: bool) -> dict[str, Any]:
             "snapshots": sum(e.bytes for e in run.snapshots.values()),
             "checkpoints": sum(e.bytes for e in run.checkpoints.values()),
         },
-        "model": {kind: len(names) for kind, names in meta.get("model", {}).items()},
-        "loader": meta.get("loader", {}),
-        "environment": meta.get("environment", {}),
+        "model": {kind: len(names) for kind, names in meta.model.items()},
+        "loader": meta.loader,
+        "environment": meta.environment,
     }
 
 
@@ -95,13 +98,14 @@ def _short(values: list[int], limit: int = 12) -> str:
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     status = "[green]complete[/]" if summary["complete"] else f"[yellow]incomplete[/] (last complete step {summary['last_step']})"
-    console.print(f"[bold]{summary['path']}[/]  {status}")
+    console.print(f"[bold]{safe_text(summary['path'])}[/]  {status}")
     table = Table(show_header=False, box=None, padding=(0, 2))
-    table.add_row("target", str(summary["target"]))
-    table.add_row("config", ", ".join(f"{k}={v!r}" for k, v in summary["config"].items()) or "-")
+    table.add_row("target", safe_text(summary["target"]))
+    table.add_row("config", safe_text(", ".join(f"{k}={v!r}" for k, v in summary["config"].items()) or "-"))
     options = summary["options"]
     table.add_row(
-        "options", f"steps={options.get('steps')} every={options.get('every')} checkpoint_every={options.get('checkpoint_every')}"
+        "options",
+        safe_text(f"steps={options.get('steps')} every={options.get('every')} checkpoint_every={options.get('checkpoint_every')}"),
     )
     table.add_row("steps logged", str(summary["steps_logged"]))
     table.add_row("snapshots", f"{len(summary['snapshots'])}: {_short(summary['snapshots'])}  ({summary['bytes']['snapshots']:,} bytes)")
@@ -109,20 +113,22 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         "checkpoints", f"{len(summary['checkpoints'])}: {_short(summary['checkpoints'])}  ({summary['bytes']['checkpoints']:,} bytes)"
     )
     table.add_row("tensors hashed", str(summary["tensors_hashed"]))
-    table.add_row("random streams", ", ".join(summary["streams"]))
-    table.add_row("loss", f"first {summary['first_loss']}, last {summary['last_loss']}")
+    table.add_row("random streams", safe_text(", ".join(map(str, summary["streams"]))))
+    table.add_row("loss", safe_text(f"first {summary['first_loss']}, last {summary['last_loss']}"))
     loader = summary["loader"]
-    table.add_row("loader", ", ".join(f"{k}={v}" for k, v in loader.items()))
+    table.add_row("loader", safe_text(", ".join(f"{k}={v}" for k, v in loader.items())))
     environment = summary["environment"]
     keys = ("python", "torch", "numpy", "cuda", "cpu", "devices", "torch.get_num_threads", "torch.are_deterministic_algorithms_enabled")
-    table.add_row("environment", ", ".join(f"{k}={environment.get(k)}" for k in keys))
+    table.add_row("environment", safe_text(", ".join(f"{k}={environment.get(k)}" for k in keys)))
     if "distributed" in summary:
         described = summary["distributed"]
         waiting = [f"rank {r['rank']} at step {r['last_step']}" for r in summary["ranks"] if not r["complete"]]
         table.add_row(
             "ranks",
-            f"{described.get('world_size')} ({described.get('layout')}, {described.get('backend')})"
-            + (f"; incomplete: {', '.join(waiting)}" if waiting else ""),
+            safe_text(
+                f"{described.get('world_size')} ({described.get('layout')}, {described.get('backend')})"
+                + (f"; incomplete: {', '.join(waiting)}" if waiting else "")
+            ),
         )
         table.add_row("replicas", _replicas_line(summary["replicas"]))
     console.print(table)
@@ -130,14 +136,14 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
 
 def _replicas_line(drift: dict[str, Any], limit: int = 4) -> str:
     if drift["replicated"] == "none":
-        return f"nothing replicated to compare (layout {drift['layout']})"
+        return f"nothing replicated to compare (layout {safe_text(drift['layout'])})"
     if drift["step"] is None:
-        compared = f"{drift['compared']} tensors compared across ranks"
+        compared = f"{safe_text(drift['compared'])} tensors compared across ranks"
         return f"[green]equal[/] at {len(drift['snapshots'])} snapshots ({compared})"
-    parts = [f"[bold]{t['tensor']}[/] on rank {', '.join(map(str, t['ranks']))}" for t in drift["tensors"][:limit]]
+    parts = [f"[bold]{safe_text(t['tensor'])}[/] on rank {safe_text(', '.join(map(str, t['ranks'])))}" for t in drift["tensors"][:limit]]
     more = f" and {len(drift['tensors']) - limit} more" if len(drift["tensors"]) > limit else ""
-    equal = f"equal up to step {drift['last_equal']}" if drift["last_equal"] is not None else "already at the first snapshot"
-    return f"[bold red]part at step {drift['step']}[/] ({equal}): {'; '.join(parts)}{more}"
+    equal = f"equal up to step {safe_text(drift['last_equal'])}" if drift["last_equal"] is not None else "already at the first snapshot"
+    return f"[bold red]part at step {safe_text(drift['step'])}[/] ({equal}): {'; '.join(parts)}{more}"
 
 
 def _diff_table(title: str, diff: dict[str, list[Any]]) -> Table:
@@ -146,7 +152,7 @@ def _diff_table(title: str, diff: dict[str, list[Any]]) -> Table:
     table.add_column("run A")
     table.add_column("run B")
     for key, (a, b) in diff.items():
-        table.add_row(key, repr(a), repr(b))
+        table.add_row(safe_text(key), safe_text(repr(a)), safe_text(repr(b)))
     return table
 
 
@@ -172,23 +178,27 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
     if result["identical"]:
         console.print(
             Panel.fit(
-                f"[bold green]The runs are identical[/] at every common snapshot and step.\n{result['runs'][0]}\n{result['runs'][1]}",
+                "[bold green]The runs are identical[/] at every common snapshot and step.\n"
+                f"{safe_text(result['runs'][0])}\n{safe_text(result['runs'][1])}",
                 title="verdict",
             )
         )
     else:
         assert verdict is not None
-        where = [f"{label} [bold]{value}[/]" if label else value for label, value in verdict_where(verdict, ranks=result.get("ranks"))]
-        named = [*verdict["rng"], *verdict.get("config_keys", []), *verdict.get("environment_keys", [])]
+        where = [
+            f"{label} [bold]{safe_text(value)}[/]" if label else safe_text(value)
+            for label, value in verdict_where(verdict, ranks=result.get("ranks"))
+        ]
+        named = [safe_text(name) for name in (*verdict["rng"], *verdict.get("config_keys", []), *verdict.get("environment_keys", []))]
         confidence = verdict.get("confidence", "inferred")
         style = {"proven": "green", "inferred": "yellow", "unexplained": "red"}.get(confidence, "yellow")
         lines = [
             f"[bold red]The runs diverge[/] at {', '.join(where)}.",
-            f"Cause: [bold]{cause_title(verdict['cause'])}[/]"
+            f"Cause: [bold]{safe_text(cause_title(verdict['cause']))}[/]"
             + (f" ({', '.join(named)})" if named else "")
-            + f"  [{style}]{confidence}[/]",
-            f"{verdict['explanation']}.",
-            f"[bold green]Fix:[/] {verdict['fix']}",
+            + f"  [{style}]{safe_text(confidence)}[/]",
+            f"{safe_text(verdict['explanation'])}.",
+            f"[bold green]Fix:[/] {safe_text(verdict['fix'])}",
         ]
         console.print(Panel("\n".join(lines), title="verdict", expand=False))
         evidence = verdict.get("evidence") or []
@@ -200,7 +210,8 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
             table.add_column("what was seen")
             marks = {"matches": "[green]matches[/]", "differs": "[red]differs[/]"}
             for item in evidence:
-                table.add_row(item["experiment"], item["subject"], marks.get(item["outcome"], item["outcome"]), item["detail"])
+                outcome = marks.get(item["outcome"]) or safe_text(item["outcome"])
+                table.add_row(safe_text(item["experiment"]), safe_text(item["subject"]), outcome, safe_text(item["detail"]))
             console.print(table)
     if result["config_diff"]:
         console.print(_diff_table("config diff", result["config_diff"]))
@@ -208,19 +219,12 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
         console.print(_diff_table("environment diff", result["environment_diff"]))
     if verdict and verdict.get("max_abs_diff") is not None:
         console.print(
-            f"first divergent tensor [bold]{verdict['tensor']}[/]: max |a-b| = {verdict['max_abs_diff']:.3g}, "
+            f"first divergent tensor [bold]{safe_text(verdict['tensor'])}[/]: max |a-b| = {verdict['max_abs_diff']:.3g}, "
             f"max ULP distance = {verdict['max_ulp']}, {100 * (verdict['fraction_differing'] or 0):.2f}% of elements differ"
         )
     if len(result.get("ranks") or []) > 1:
         console.print(_ranks_table(result["ranks"]))
-    timeline = Table(title="snapshot timeline", title_justify="left", header_style="bold")
-    timeline.add_column("step", justify="right")
-    timeline.add_column("tensors")
-    timeline.add_column("random streams that differ")
-    for row in _condensed(result["timeline"]):
-        state = "[green]equal[/]" if row["equal"] else f"[red]{row['differing_tensors']} differ[/] (first: {row['first_tensor']})"
-        timeline.add_row(str(row["step"]), state, ", ".join(row["streams"]) or "-")
-    console.print(timeline)
+    console.print(_timeline_table(result["timeline"]))
     replay = result["replay"]
     if replay["performed"]:
         faithful = "[green]reproduced both runs' records[/]" if replay["faithful"] else "[yellow]did not reproduce the records exactly[/]"
@@ -230,7 +234,7 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
             steps = f"{replay['replayed_steps']} step(s) in {replay['seconds']:.2f}s"
             console.print(f"replay: from the checkpoint at step {replay['from_step']}, {steps}; {faithful}")
     for note in result["notes"]:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {safe_text(note)}")
 
 
 def _ranks_table(ranks: list[dict[str, Any]]) -> Table:
@@ -241,17 +245,44 @@ def _ranks_table(ranks: list[dict[str, Any]]) -> Table:
     for entry in ranks:
         verdict = entry["verdict"]
         if verdict is None:
-            table.add_row(str(entry["rank"]), "[green]identical[/]", "-")
+            table.add_row(safe_text(entry["rank"]), "[green]identical[/]", "-")
         else:
-            table.add_row(str(entry["rank"]), f"step {verdict['step']}", cause_title(verdict["cause"]))
+            table.add_row(safe_text(entry["rank"]), f"step {safe_text(verdict['step'])}", safe_text(cause_title(verdict["cause"])))
     return table
 
 
-def _condensed(rows: list[dict[str, Any]], keep: int = 4) -> list[dict[str, Any]]:
-    """The timeline around the first divergence, not every snapshot of a long run."""
+def _timeline_table(rows: list[dict[str, Any]]) -> Table:
+    """The snapshot timeline, condensed around the first divergence; a row says how many snapshots it leaves out."""
+    table = Table(title="snapshot timeline", title_justify="left", header_style="bold")
+    table.add_column("step", justify="right")
+    table.add_column("tensors")
+    table.add_column("random streams that differ")
+    if not rows:  # models of another structure, say: nothing was compared snapshot by snapshot
+        table.add_row("-", "[dim]no snapshots compared[/]", "-")
+    for row in _condensed(rows):
+        if isinstance(row, int):
+            table.add_row("…", f"[dim]… {row} snapshot{'s' if row != 1 else ''} not shown …[/]", "")
+            continue
+        first = safe_text(row["first_tensor"])
+        state = "[green]equal[/]" if row["equal"] else f"[red]{safe_text(row['differing_tensors'])} differ[/] (first: {first})"
+        table.add_row(safe_text(row["step"]), state, safe_text(", ".join(map(str, row["streams"]))) or "-")
+    return table
+
+
+def _condensed(rows: list[dict[str, Any]], keep: int = 4) -> list[dict[str, Any] | int]:
+    """The timeline around the first divergence, not every snapshot of a long run: the first row,
+    ``keep`` rows either side of the first that differs (else of the last) and the last; an ``int``
+    in their place counts the rows left out there."""
+    if not rows:
+        return []
     first = next((i for i, row in enumerate(rows) if not row["equal"]), len(rows) - 1)
     chosen = sorted({0, *range(max(0, first - keep), min(len(rows), first + keep)), len(rows) - 1})
-    return [rows[i] for i in chosen]
+    condensed: list[dict[str, Any] | int] = []
+    for before, index in zip([-1, *chosen[:-1]], chosen, strict=True):
+        if index - before > 1:
+            condensed.append(index - before - 1)
+        condensed.append(rows[index])
+    return condensed
 
 
 _SEVERITY_STYLES = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
@@ -264,7 +295,7 @@ def render_doctor(result: Mapping[str, Any], console: Console) -> None:
     findings = result["findings"]
     counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}
     tally = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n) or "no findings"
-    subject = result["target"] or "this environment"
+    subject = safe_text(result["target"]) if result["target"] else "this environment"
     if result["target"] is None:
         headline = f"[bold green]Nothing in this environment alone makes runs irreproducible[/] ({tally})."
     elif result["reproducible"]:
@@ -274,8 +305,9 @@ def render_doctor(result: Mapping[str, Any], console: Console) -> None:
     note = f"\n{subject}" + (f", {result['steps']} step(s) checked" if result["target"] else "") + f", {result['seconds']:.1f}s"
     console.print(Panel(headline + note, title="doctor", expand=False))
     for finding in findings:
-        where = ", ".join(x for x in (f"layer {finding['layer']}" if finding["layer"] else "", finding["op"] or "") if x)
+        where = safe_text(", ".join(x for x in (f"layer {finding['layer']}" if finding["layer"] else "", finding["op"] or "") if x))
         style = _SEVERITY_STYLES[finding["severity"]]
-        console.print(f"\n[{style}]{finding['severity'].upper()}[/] [bold]{finding['id']}[/]" + (f"  ({where})" if where else ""))
-        console.print(f"  {finding['evidence']}", highlight=False)
-        console.print(f"  [bold green]Fix:[/] {finding['fix']}", highlight=False)
+        title = f"[{style}]{safe_text(finding['severity'].upper())}[/] [bold]{safe_text(finding['id'])}[/]"
+        console.print("\n" + title + (f"  ({where})" if where else ""))
+        console.print(f"  {safe_text(finding['evidence'])}", highlight=False)
+        console.print(f"  [bold green]Fix:[/] {safe_text(finding['fix'])}", highlight=False)

@@ -13,14 +13,23 @@ moment it goes on) and a JSON-only skeleton, sharing nothing mutable with the tr
 
 :func:`decode` validates before it touches data, in the manner of safetensors itself: the
 compressed size and checksum against what the index declared, the declared decompressed size
-against a cap, the header length against the file, every tensor's offsets within the data and
-non-overlapping; the skeleton's markers are interpreted as data only (a ``__dtype__`` must name a
-``torch.dtype``, never any other attribute). Any failure is a :class:`RunFormatError` naming the
-file.
+against a cap, the header length against the file and against the caps below (read from the
+first 8 bytes decompressed alone, before the rest), every tensor's dtype, shape and offsets
+(integers, not booleans, multiplied exactly: no wrap) within the data and non-overlapping; the
+skeleton's markers are interpreted as data only (a ``__dtype__`` must name a ``torch.dtype``,
+never any other attribute). Any failure is a :class:`RunFormatError` naming the file.
+
+JSON is measured before it is parsed (the caps and their reasons are at ``_HEADER_CAP``): the
+header at most 100 MB (safetensors' own limit) and 1 MiB + 64 bytes per compressed byte, with at
+most 1 million + 16 values per compressed byte (16 million in all); the skeleton at most 64 MiB +
+4 KiB per tensor entry and 4 million + 64 values per entry.
 
 Where the guarantees stop: the memory a decode takes is bounded by the decompressed size the
 caller declares (the run index), and a declared size larger than this machine's memory is refused
 up front; a run that honestly declares a huge snapshot still needs that much memory to read it.
+Within the caps, a crafted file can still make a decode parse up to 16 JSON values for each byte
+it ships (about 1 KB of memory per byte), and a highly compressible file of zeros can declare as
+much decompressed data as the machine has memory.
 """
 
 from __future__ import annotations
@@ -43,10 +52,29 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from ..errors import RunFormatError, UnstorableError
+from .files import parse_json
 
-__all__ = ["Prepared", "checksum", "decode", "encode", "encode_prepared", "prepare"]
+__all__ = ["Prepared", "checksum", "decode", "encode", "encode_prepared", "memory_cap", "prepare"]
 
-_HEADER_CAP = 100 * 1024 * 1024
+# Caps on the JSON inside a file, set where no real file reaches and a crafted one is refused
+# before it is parsed (json.loads builds about 64 bytes of objects per value: a 22 KB file whose
+# 99 MB skeleton was parsed took 5 GB). Measured: a snapshot of 200,000 hashes (a 50,000-tensor
+# model with Adam, DeepSeek-V3's size) has a 20 MB header, 6.6 times its compressed file, and
+# 470,000 values; a checkpoint of 80,000 one-element zero tensors, the most compressible real
+# case, has a header 13 times its compressed file and 1.7 values per compressed byte.
+_HEADER_CAP = 100_000_000  # safetensors' own limit on a header
+_HEADER_FLOOR = 1 << 20
+_HEADER_RATIO = 64  # header bytes per compressed byte: 5x the most measured; a bomb is 1,000x and more
+_HEADER_NODES = 16_000_000
+_NODE_FLOOR = 1_000_000
+_NODE_RATIO = 16  # header values per compressed byte: 9x the most measured
+# The skeleton (state without its tensors): a checkpoint's is about 100 bytes and 5 values per
+# tensor entry; a snapshot's holds hashes, not tensors, and has few entries, which the floors
+# cover (the 200,000-hash snapshot above is 20 MB and 470,000 values: a third of the floor and less).
+_SKELETON_FLOOR = 64 << 20
+_SKELETON_PER_ENTRY = 4096
+_SKELETON_NODES = 4_000_000
+_SKELETON_NODES_PER_ENTRY = 64
 _DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
     "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8,
@@ -167,19 +195,58 @@ def encode(tree: Any, *, level: int = 3) -> tuple[bytes, int]:
     return encode_prepared(prepare(tree), level=level)
 
 
-def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, Any], int]:
-    if len(raw) < 8:
-        raise RunFormatError(path, "truncated safetensors data (no header length)", "the file is damaged")
-    (length,) = struct.unpack("<Q", raw[:8])
-    if length > min(_HEADER_CAP, len(raw) - 8):
-        raise RunFormatError(path, f"safetensors header length {length} exceeds the file ({len(raw)} bytes)", "the file is damaged")
+def _header_length(path: Path, data: bytes, raw_size: int) -> int:
+    """The safetensors header's length, from the first 8 bytes decompressed alone, checked against
+    the file and the caps before the whole frame is decompressed (a bomb costs nothing to refuse)."""
     try:
-        header = json.loads(raw[8 : 8 + length])
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise RunFormatError(path, f"safetensors header is not valid JSON ({error.__class__.__name__})", "the file is damaged") from None
+        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+            first = reader.read(8)
+    except zstandard.ZstdError as error:
+        raise RunFormatError(path, f"truncated or corrupt zstandard frame ({error})", "the file is damaged") from None
+    if raw_size < 8:
+        raise RunFormatError(path, "truncated safetensors data (no header length)", "the file is damaged")
+    if len(first) < 8:
+        raise RunFormatError(path, f"truncated or corrupt zstandard frame ({len(first)} bytes of {raw_size})", "the file is damaged")
+    (length,) = struct.unpack("<Q", first)
+    if length > raw_size - 8:
+        raise RunFormatError(path, f"safetensors header length {length} exceeds the file ({raw_size} bytes)", "the file is damaged")
+    cap = min(_HEADER_CAP, _HEADER_FLOOR + _HEADER_RATIO * len(data))
+    if length > cap:
+        raise RunFormatError(
+            path,
+            f"safetensors header of {length} bytes in {len(data)} compressed bytes, more than a real one (at most {cap})",
+            "the file is crafted or damaged",
+        )
+    return length
+
+
+def _parse_header(path: Path, raw: bytes, length: int, compressed: int) -> dict[str, Any]:
+    nodes = min(_HEADER_NODES, _NODE_FLOOR + _NODE_RATIO * compressed)
+    header = parse_json(raw[8 : 8 + length], path, "safetensors header", max_nodes=nodes)
     if not isinstance(header, dict):
         raise RunFormatError(path, "safetensors header is not a JSON object", "the file is damaged")
-    return header, 8 + length
+    return header
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0  # not a bool, not a float: exact arithmetic below
+
+
+def _elements(shape: list[int], bound: int) -> int:
+    """The product of a shape in Python's exact integers (``np.prod`` in int64 wraps: [2**32, 2**32]
+    is 0), stopped once past ``bound``: a thousand huge dimensions never make a huge number."""
+    if 0 in shape:
+        return 0
+    count = 1
+    for dimension in shape:
+        count *= dimension
+        if count > bound:
+            break
+    return count
+
+
+def _named(name: str) -> str:
+    return repr(name if len(name) <= 80 else name[:80] + "...")  # a crafted name may be megabytes long
 
 
 def _validate_layout(path: Path, header: dict[str, Any], data_size: int) -> None:
@@ -187,20 +254,33 @@ def _validate_layout(path: Path, header: dict[str, Any], data_size: int) -> None
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            ok = dtype in _DTYPE_SIZES and all(int(d) >= 0 for d in shape) and 0 <= begin <= end <= data_size
-            ok = ok and end - begin == count * _DTYPE_SIZES[dtype]
-        except (KeyError, TypeError, ValueError, OverflowError):
-            ok = False
+        dtype, shape, offsets = (info.get(k) for k in ("dtype", "shape", "data_offsets")) if isinstance(info, dict) else (None,) * 3
+        ok = isinstance(dtype, str) and dtype in _DTYPE_SIZES and isinstance(shape, list) and all(map(_is_count, shape))
+        ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets))
+        if ok:
+            begin, end = offsets
+            ok = begin <= end <= data_size and end - begin == _elements(shape, data_size) * _DTYPE_SIZES[dtype]
         if not ok:
-            raise RunFormatError(path, f"safetensors entry {name!r} has a bad dtype, shape or offsets", "the file is damaged")
+            raise RunFormatError(path, f"safetensors entry {_named(name)} has a bad dtype, shape or offsets", "the file is damaged")
         spans.append((begin, end, name))
     spans.sort()
     for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
         if begin < end:
-            raise RunFormatError(path, f"safetensors entries {first!r} and {second!r} overlap", "the file is damaged")
+            raise RunFormatError(path, f"safetensors entries {_named(first)} and {_named(second)} overlap", "the file is damaged")
+
+
+def _skeleton(path: Path, header: dict[str, Any]) -> Any:
+    """The JSON skeleton in ``__metadata__``, parsed only within caps set by the tensor entries the header declares."""
+    metadata = header.get("__metadata__")
+    skeleton = metadata.get("bisect_repro") if isinstance(metadata, dict) else None
+    if not isinstance(skeleton, str):
+        raise RunFormatError(path, "safetensors metadata holds no bisect-repro state", "the file is damaged or not a bisect-repro file")
+    entries = len(header) - 1
+    cap = _SKELETON_FLOOR + _SKELETON_PER_ENTRY * entries
+    if len(skeleton) > cap:
+        problem = f"state of {len(skeleton)} characters for {entries} tensors, more than a real one ({cap})"
+        raise RunFormatError(path, problem, "the file is crafted or damaged")
+    return parse_json(skeleton, path, "state", max_nodes=_SKELETON_NODES + _SKELETON_NODES_PER_ENTRY * entries)
 
 
 def decode(data: bytes, path: Path, *, raw_size: int, digest: str | None = None) -> Any:
@@ -219,6 +299,7 @@ def decode(data: bytes, path: Path, *, raw_size: int, digest: str | None = None)
         raise RunFormatError(
             path, f"declares {raw_size} bytes decompressed, more than this machine's memory", "read the run on a larger machine"
         )
+    length = _header_length(path, data, raw_size)
     try:
         raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_size)
     except zstandard.ZstdError as error:
@@ -227,11 +308,10 @@ def decode(data: bytes, path: Path, *, raw_size: int, digest: str | None = None)
         raise RunFormatError(path, f"{raw_size} bytes decompressed do not fit in memory", "free memory or use a larger machine") from None
     if len(raw) != raw_size:
         raise RunFormatError(path, f"decompressed to {len(raw)} bytes, the run index declares {raw_size}", "the file is damaged")
-    header, start = _parse_header(path, raw)
-    _validate_layout(path, header, len(raw) - start)
-    metadata = header.get("__metadata__") or {}
+    header = _parse_header(path, raw, length, len(data))
+    _validate_layout(path, header, len(raw) - 8 - length)
+    skeleton = _skeleton(path, header)
     try:
-        skeleton = json.loads(metadata["bisect_repro"])
         tensors = load_safetensors(raw)  # safetensors: tensors only, never a pickle
         return _unflatten(skeleton, tensors)
     except (KeyError, TypeError, ValueError, RecursionError, safetensors.SafetensorError) as error:
@@ -239,6 +319,11 @@ def decode(data: bytes, path: Path, *, raw_size: int, digest: str | None = None)
         raise RunFormatError(
             path, f"inconsistent snapshot contents ({error.__class__.__name__}: {problem})", "the file is damaged"
         ) from None
+
+
+def memory_cap() -> int:
+    """The most bytes a read may declare: this machine's physical memory."""
+    return _memory_cap()
 
 
 def _memory_cap() -> int:

@@ -23,6 +23,12 @@ Design decisions (writing, crash safety, the locks and resume: :mod:`bisect_repr
   the name the step and kind imply (no path leaves the run), checks that it is a regular file of
   the declared size and its checksum before decompressing it, and refuses a decompression bomb by
   the size the index declared.
+- Every file is reached from the run directory one name at a time, through no symbolic link
+  (``rank0/``, ``snapshots/``, ``run.json``, a snapshot: a link is refused, never followed), opened
+  without blocking and checked to be a regular file before a byte is read
+  (:mod:`bisect_repro.store.files`): a FIFO or a device in a run is an error, not a hang.
+- JSON is measured before it is parsed: ``run.json`` and ``rank.json`` at most 16 MiB and 2
+  million values, a log line at most 1 MiB and 65,536 values; a log is read line by line.
 - A run (a rank) is complete when its index ends with an ``end`` line; otherwise its last
   complete step is the last committed snapshot.
 - A reader opens one rank (:meth:`Run.open` with ``rank=``, :meth:`Run.open_rank`); every rank
@@ -32,33 +38,38 @@ Design decisions (writing, crash safety, the locks and resume: :mod:`bisect_repr
 
 Where the guarantees stop: the logs have no checksums, so a bit flipped inside a step line's
 number is read as a number; a crafted run can carry consistent wrong data with matching checksums.
+The run directory as the user names it may itself be a link, and is followed (the user chose it).
+A log has no total cap: its memory grows with its lines, as a long real run's does. Each file is
+opened afresh from the run directory, so a run changed while it is read is read as it then is.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import RunFormatError, RunNotFoundError
-from . import codec
+from . import codec, files
+from .meta import DISTRIBUTED_FORMAT, FORMAT, Distributed, RankMeta, RunMeta
 
 __all__ = ["DISTRIBUTED_FORMAT", "FORMAT", "FileEntry", "Run", "file_name", "rank_folder"]
 
-FORMAT = 1
-"""The format of a single-process run, as it always was."""
-DISTRIBUTED_FORMAT = 2
-"""The format of a distributed run, and the newest this reads."""
 _META = "run.json"
 _RANK_META = "rank.json"
 _RANK = "rank0"
 _LOCK = ".lock"
-_META_CAP = 64 * 1024 * 1024
+# run.json and rank.json: a real one is kilobytes; its largest part, 'model', takes about 8 JSON
+# values per tensor, so 2 million values is a model of 250,000 tensors (several times the largest
+# published), and 16 MiB is 60 bytes for each of them. A step or index line is about 150 bytes and
+# 20 values. Each cap bounds what json.loads can build (about 64 bytes a value) before it runs.
+_META_CAP = 16 * 1024 * 1024
+_META_NODES = 2_000_000
+_LINE_CAP = 1024 * 1024
+_LINE_NODES = 65_536
 _KINDS = ("snapshot", "checkpoint")
 _HEX = re.compile(r"[0-9a-f]+")
 
@@ -101,92 +112,44 @@ class FileEntry:
         return entry
 
 
-def _read_regular(path: Path, cap: int | None = None) -> bytes:
-    """A regular file's bytes, at most ``cap + 1`` of them: never a device or FIFO that does not end."""
-    with open(path, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise RunFormatError(path, "not a regular file", "the run was damaged or tampered with")
-        return handle.read() if cap is None else handle.read(cap + 1)
+def _log_lines(path: Path, root: Path | None = None) -> list[tuple[bytes, dict[str, Any]]]:
+    """Every whole JSON line with its bytes (newline included); a torn last line is skipped with a warning.
 
-
-def _log_lines(path: Path) -> list[tuple[bytes, dict[str, Any]]]:
-    """Every whole JSON line with its bytes (newline included); a torn last line is skipped with a warning."""
-    if not path.exists():
-        return []
-    lines = _read_regular(path).split(b"\n")
+    ``path`` is reached from ``root`` (the run directory; its parent when not given) through no
+    link; each line is at most ``_LINE_CAP`` bytes and ``_LINE_NODES`` JSON values."""
+    root = path.parent if root is None else root
     found: list[tuple[bytes, dict[str, Any]]] = []
-    for number, line in enumerate(lines, 1):
+    bad: int | None = None  # a line that is not a JSON object: torn if it is the last, damage if any line follows
+    for number, line in enumerate(files.lines(root, path.relative_to(root).as_posix(), _LINE_CAP), 1):
+        if bad is not None:
+            raise RunFormatError(path, f"line {bad} is not a JSON object", "the file is damaged")
+        line = line.removesuffix(b"\n")
         if not line.strip():
             continue
+        if files.json_nodes(line) > _LINE_NODES:
+            raise RunFormatError(path, f"line {number} holds more than {_LINE_NODES:,} JSON values", "the file is damaged or crafted")
         try:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError("not an object")
         except (ValueError, RecursionError):
-            if number >= len(lines) - 1:
-                warnings.warn(f"{path}: line {number} is torn (the recorder was interrupted); it is skipped", stacklevel=4)
-                break
-            raise RunFormatError(path, f"line {number} is not a JSON object", "the file is damaged") from None
+            bad = number
+            continue
         found.append((line + b"\n", record))
+    if bad is not None:
+        warnings.warn(f"{path}: line {bad} is torn (the recorder was interrupted); it is skipped", stacklevel=3)
     return found
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
+def _read_lines(path: Path, root: Path) -> list[dict[str, Any]]:
     """Every whole JSON line; a torn last line is skipped with a warning."""
-    return [record for _, record in _log_lines(path)]
+    return [record for _, record in _log_lines(path, root)]
 
 
-_META_TYPES: dict[str, type | tuple[type, ...]] = {
-    "target": (str, type(None)),
-    "config": dict,
-    "options": dict,
-    "environment": dict,
-    "model": dict,
-    "loader": dict,
-    "streams": list,
-    "resumes": list,
-    "distributed": dict,
-}
-
-
-def _check_meta(path: Path, meta: Any) -> dict[str, Any]:
-    if not isinstance(meta, dict) or type(meta.get("format")) is not int:
-        raise RunFormatError(path, "no format version", "the file is damaged or not a bisect-repro run")
-    if meta["format"] > DISTRIBUTED_FORMAT:
-        newest = DISTRIBUTED_FORMAT
-        raise RunFormatError(path, f"format {meta['format']} is newer than this bisect-repro reads ({newest})", "upgrade bisect-repro")
-    if meta["format"] < 1:
-        raise RunFormatError(path, f"unknown format version {meta['format']}", "the file is damaged")
-    for key, kind in _META_TYPES.items():
-        if key in meta and not isinstance(meta[key], kind):
-            raise RunFormatError(path, f"{key!r} is a {type(meta[key]).__name__}", "the file is damaged")
-    if not all(isinstance(v, dict) for v in meta.get("model", {}).values()):
-        raise RunFormatError(path, "'model' does not map kinds to tensors", "the file is damaged")
-    if (meta["format"] >= 2) != ("distributed" in meta):
-        without = "out" if meta["format"] >= 2 else ""
-        raise RunFormatError(path, f"format {meta['format']} with{without} 'distributed'", "the file is damaged")
-    world = meta.get("distributed", {}).get("world_size", 1)
-    if type(world) is not int or world < 1:
-        raise RunFormatError(path, f"world size {world!r} is not a number of ranks", "the file is damaged")
-    return meta
-
-
-def _read_json(path: Path, what: str) -> Any:
-    """A JSON file of at most ``_META_CAP`` bytes, or one line naming what is wrong with it."""
-    try:
-        text = _read_regular(path, _META_CAP)
-        if len(text) > _META_CAP:
-            raise RunFormatError(path, f"too large to be {what}", "the file is damaged")
-        return json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        problem = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise RunFormatError(path, f"not valid JSON ({problem})", "the file is damaged or truncated") from None
-    except RecursionError:
-        raise RunFormatError(path, "not valid JSON (nested too deeply)", "the file is damaged") from None
-    except FileNotFoundError:
-        raise
-    except OSError as error:
-        raise RunFormatError(path, f"cannot be read ({error.strerror or error})", "check its permissions") from None
+def _read_json(root: Path, relative: str, what: str) -> Any:
+    """A JSON file of the run of at most ``_META_CAP`` bytes and ``_META_NODES`` values, or one line naming what is wrong with it."""
+    path = root / relative
+    return files.parse_json(files.read_file(root, relative, _META_CAP, what), path, what, max_nodes=_META_NODES)
 
 
 @dataclass
@@ -195,14 +158,14 @@ class Run:
     Reading never imports or executes anything."""
 
     path: Path
-    meta: dict[str, Any]
+    meta: RunMeta
     steps: dict[int, dict[str, Any]] = field(default_factory=dict)
     snapshots: dict[int, FileEntry] = field(default_factory=dict)
     checkpoints: dict[int, FileEntry] = field(default_factory=dict)
     complete: bool = False
     rank: int = 0
-    rank_meta: dict[str, Any] = field(default_factory=dict)
-    """``rank{r}/rank.json`` of a distributed run (who the rank was, its environment); ``{}`` otherwise."""
+    rank_meta: RankMeta | None = None
+    """``rank{r}/rank.json`` of a distributed run (who the rank was, its environment); ``None`` otherwise."""
 
     @classmethod
     def open(cls, path: Path | str, rank: int = 0) -> Run:
@@ -211,48 +174,44 @@ class Run:
         if not path.exists():
             raise RunNotFoundError(f"{path}: no such run directory; check the path")
         missing = RunNotFoundError(f"{path}: not a bisect-repro run (no {_META}); give a directory written by 'bisect-repro record'")
-        if not path.is_dir() or not (path / _META).is_file():
+        if not path.is_dir():  # the run directory itself may be a link: the user named it
             raise missing
         meta_path = path / _META
         try:
-            meta = _read_json(meta_path, "run metadata")
+            meta = _read_json(path, _META, "run metadata")
         except FileNotFoundError:
             raise missing from None
-        return cls._open_rank(path, _check_meta(meta_path, meta), rank)
+        return cls._open_rank(path, RunMeta.parse(meta_path, meta), rank)
 
     def open_rank(self, rank: int) -> Run:
         """Another rank of the same run (``run.json`` is not read again)."""
         return self._open_rank(self.path, self.meta, rank)
 
     @classmethod
-    def _open_rank(cls, path: Path, meta: dict[str, Any], rank: int) -> Run:
-        world = meta.get("distributed", {}).get("world_size", 1)
+    def _open_rank(cls, path: Path, meta: RunMeta, rank: int) -> Run:
+        world = meta.world_size
         if type(rank) is not int or not 0 <= rank < world:
             raise RunNotFoundError(f"{path}: has no rank {rank} (its world size is {world}); give a rank from 0 to {world - 1}")
         run = cls(path, meta, rank=rank)
         folder = path / rank_folder(rank)
-        if "distributed" in meta:
-            if not folder.is_dir():
+        if meta.distributed is not None:
+            if not files.is_folder(path, rank_folder(rank)):
                 raise RunFormatError(folder, f"rank {rank} of {world} has no records", "the run was partly copied, or the rank never ran")
             try:
-                rank_meta = _read_json(folder / _RANK_META, "rank metadata")
+                rank_meta = _read_json(path, f"{rank_folder(rank)}/{_RANK_META}", "rank metadata")
             except FileNotFoundError:
                 raise RunFormatError(folder / _RANK_META, "missing", "the rank was stopped as it started; record the run again") from None
-            if not isinstance(rank_meta, dict) or rank_meta.get("rank") != rank:
-                raise RunFormatError(folder / _RANK_META, f"does not describe rank {rank}", "the file is damaged or was moved")
-            if not isinstance(rank_meta.get("environment", {}), dict):
-                raise RunFormatError(folder / _RANK_META, "'environment' is not an object", "the file is damaged")
-            run.rank_meta = rank_meta
+            run.rank_meta = RankMeta.parse(folder / _RANK_META, rank_meta, rank)
         log = folder
         try:
             log = folder / "steps.jsonl"
-            for record in _read_lines(log):
+            for record in _read_lines(log, path):
                 step = record["step"]
                 if type(step) is not int or step < 0:
                     raise ValueError(f"step {step!r} is not a step number")
                 run.steps[step] = record
             log = folder / "index.jsonl"
-            for record in _read_lines(log):
+            for record in _read_lines(log, path):
                 if record.get("kind") == "end":
                     run.complete = True
                     continue
@@ -266,23 +225,23 @@ class Run:
         return run
 
     @property
-    def distributed(self) -> dict[str, Any] | None:
+    def distributed(self) -> Distributed | None:
         """``run.json``'s ``distributed`` (world size, backend, layout, mesh); ``None`` for a single process."""
-        return self.meta.get("distributed")
+        return self.meta.distributed
 
     @property
     def world_size(self) -> int:
-        return int((self.distributed or {}).get("world_size", 1))
+        return self.meta.world_size
 
     @property
     def layout(self) -> str:
         """``single``, ``ddp``, ``fsdp`` or ``dtensor`` (see :mod:`bisect_repro.capture.parallel`)."""
-        return str((self.distributed or {}).get("layout", "single"))
+        return self.meta.distributed.layout if self.meta.distributed is not None else "single"
 
     @property
     def environment(self) -> dict[str, Any]:
         """This rank's environment fingerprint (``rank.json``'s, else ``run.json``'s)."""
-        return self.rank_meta.get("environment") or self.meta.get("environment", {})
+        return (self.rank_meta.environment if self.rank_meta is not None else None) or self.meta.environment
 
     @property
     def folder(self) -> Path:
@@ -299,14 +258,15 @@ class Run:
 
     def _load(self, entry: FileEntry) -> Any:
         file = self.folder / entry.file
-        try:
-            data = _read_regular(file, entry.bytes)
+        if entry.bytes > codec.memory_cap():
+            problem = f"the run index declares {entry.bytes} bytes, more than this machine's memory"
+            raise RunFormatError(file, problem, "read the run on a larger machine")
+        try:  # no more than the index declares is read: fstat must agree before a byte is
+            data = files.read_file(self.path, f"{rank_folder(self.rank)}/{entry.file}", entry.bytes, entry.kind, size=entry.bytes)
         except FileNotFoundError:
             raise RunFormatError(
                 file, f"{entry.kind} for step {entry.step} is in the index but missing", "the run was damaged or partly copied"
             ) from None
-        except OSError as error:
-            raise RunFormatError(file, f"cannot be read ({error.strerror or error})", "check its permissions") from None
         if len(data) != entry.bytes:
             raise RunFormatError(file, f"{len(data)} bytes, the run index declares {entry.bytes}", "the file is truncated or damaged")
         tree = codec.decode(data, file, raw_size=entry.raw_bytes, digest=entry.checksum)

@@ -22,6 +22,10 @@ See :mod:`bisect_repro.store.run` for the layout and the reader. Design decision
   deleted: dropped lines and files move to ``rank{r}/superseded/resume-NNN/``, because a run that is
   not reproducible may record different snapshots the second time, and the first ones are
   evidence.
+- ``run.json`` carries this user's signature over its launch claim (:mod:`bisect_repro.store.signing`),
+  so that ``compare`` replays the runs this user recorded with no flag and any other only with
+  consent. A resume rewrites ``run.json`` with the signature it had: it never signs a launch it
+  did not write.
 
 Where the guarantees stop: durability is what ``fsync`` gives on the file system (a network file
 system or a disk that lies about flushes may lose the last commits, never tear a committed file);
@@ -44,7 +48,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import RecordingError, RunFormatError, RunLockedError, RunNotFoundError
-from . import codec
+from . import codec, signing
+from .meta import RunMeta
 from .run import _KINDS, _LOCK, _META, _RANK_META, DISTRIBUTED_FORMAT, FORMAT, FileEntry, Run, _log_lines, file_name, rank_folder
 
 try:
@@ -153,13 +158,25 @@ def _recording_error(path: Path, doing: str, error: OSError) -> RecordingError:
     return RecordingError(f"{path}: cannot {doing}: {cause}{where}; check the path, its permissions and free space")
 
 
+def _signed_meta(meta: dict[str, Any]) -> bytes:
+    """``run.json``'s bytes: ``meta`` with its format and this user's signature over its launch
+    claim, computed on the values as a reader will see them (see :mod:`bisect_repro.store.signing`)."""
+    version = DISTRIBUTED_FORMAT if "distributed" in meta else FORMAT
+    written = json.loads(json.dumps({"format": version, **meta}))
+    written.pop("signature", None)
+    signature = signing.sign(written)
+    if signature is not None:
+        written["signature"] = signature
+    return json.dumps(written, indent=2).encode()
+
+
 @dataclass
 class Resumed:
     """What :meth:`RunWriter.resume` went back to."""
 
     step: int
     checkpoint: dict[str, Any]
-    meta: dict[str, Any]
+    meta: RunMeta
     superseded: Path | None
 
 
@@ -186,8 +203,7 @@ class RunWriter:
                 self.path.mkdir(parents=True, exist_ok=True)
                 self._lock = RunLock(self.path)
             # run.json first: a directory killed before it holds only the lock file and counts as empty
-            version = DISTRIBUTED_FORMAT if "distributed" in meta else FORMAT
-            write_atomic(self.path / _META, json.dumps({"format": version, **meta}, indent=2).encode())
+            write_atomic(self.path / _META, _signed_meta(meta))
             self._make_folder(rank_meta)
             _fsync_dir(self.path)
 

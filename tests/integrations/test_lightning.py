@@ -17,8 +17,8 @@ def test_a_reseed_in_training_step_is_found_at_its_step_layer_and_stream(train, 
     train(SCRIPT, "--out", "a")
     train(SCRIPT, "--out", "b", "--reseed-at", "7")
     run = Run.open(tmp_path / "a")
-    assert len(run.steps) == 20 and run.meta["options"]["replay"] == "from_start"
-    assert run.meta["config"]["lr"] == 0.01 and run.meta["environment"]["framework.precision"] == "32-true"
+    assert len(run.steps) == 20 and run.meta.options.replay == "from_start"
+    assert run.meta.config["lr"] == 0.01 and run.meta.environment["framework.precision"] == "32-true"
     code, report = compare("a", "b")
     verdict = report["verdict"]
     assert code == 1 and (verdict["step"], verdict["phase"], verdict["layer"]) == (7, "forward", "net.2")
@@ -31,7 +31,7 @@ def test_identical_runs_with_gradient_accumulation(train, compare, tmp_path) -> 
     train(SCRIPT, "--out", "b", "--accumulate", "2", "--steps", "10")
     run = Run.open(tmp_path / "a")
     assert sorted(run.steps) == list(range(10))  # one step per optimizer update, two batches each
-    assert run.meta["environment"]["framework.accumulate_grad_batches"] == 2
+    assert run.meta.environment["framework.accumulate_grad_batches"] == 2
     code, report = compare("a", "b")
     assert code == 0 and report["identical"]
 

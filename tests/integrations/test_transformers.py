@@ -16,7 +16,7 @@ def test_a_reseed_in_compute_loss_is_found_at_its_step_layer_and_stream(train, c
     train(SCRIPT, "--out", "a")
     train(SCRIPT, "--out", "b", "--reseed-at", "7")
     run = Run.open(tmp_path / "a")
-    assert len(run.steps) == 20 and run.meta["config"]["args.seed"] == 0 and run.meta["environment"]["framework.precision"] == "fp32"
+    assert len(run.steps) == 20 and run.meta.config["args.seed"] == 0 and run.meta.environment["framework.precision"] == "fp32"
     code, report = compare("a", "b")
     verdict = report["verdict"]
     assert code == 1 and (verdict["step"], verdict["phase"], verdict["layer"]) == (7, "forward", "transformer.drop")
@@ -28,7 +28,7 @@ def test_identical_runs_with_gradient_accumulation(train, compare, tmp_path) -> 
     train(SCRIPT, "--out", "a", "--accumulate", "2", "--steps", "8")
     train(SCRIPT, "--out", "b", "--accumulate", "2", "--steps", "8")
     run = Run.open(tmp_path / "a")
-    assert sorted(run.steps) == list(range(8)) and run.meta["environment"]["framework.gradient_accumulation_steps"] == 2
+    assert sorted(run.steps) == list(range(8)) and run.meta.environment["framework.gradient_accumulation_steps"] == 2
     code, report = compare("a", "b")
     assert code == 0 and report["identical"]
 
@@ -36,7 +36,7 @@ def test_identical_runs_with_gradient_accumulation(train, compare, tmp_path) -> 
 def test_a_resume_from_a_trainer_checkpoint_is_exact(train, compare, tmp_path) -> None:
     train(SCRIPT, "--out", "a", "--save-every", "10")
     train(SCRIPT, "--out", "resumed", "--resume", "out/checkpoint-10")
-    assert Run.open(tmp_path / "resumed").meta["options"]["start_step"] == 10
+    assert Run.open(tmp_path / "resumed").meta.options.start_step == 10
     code, report = compare("a", "resumed")
     assert code == 0 and report["identical"]  # the Trainer restores the model, optimizer, scheduler, RNG and data position
     assert [row["step"] for row in report["timeline"]] == [10, 15, 20]

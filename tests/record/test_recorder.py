@@ -54,7 +54,7 @@ def test_a_run_holds_what_the_issue_lists(examples, tmp_path) -> None:
     assert {"0.weight", "1.running_mean", "optimizer.0.weight.momentum_buffer"} <= set(snapshot["hashes"])
     assert {"python", "numpy", "torch", "loader.generator"} <= set(snapshot["streams"])
     assert snapshot["data"]["epoch"] == 0 and snapshot["data"]["batch"] == 12 and snapshot["data"]["base_seed"] is not None
-    environment = run.meta["environment"]
+    environment = run.meta.environment
     for key in (
         "torch.get_num_threads",
         "torch.backends.cudnn.benchmark",
@@ -63,7 +63,7 @@ def test_a_run_holds_what_the_issue_lists(examples, tmp_path) -> None:
         "cpu",
     ):
         assert key in environment
-    assert run.meta["model"]["parameters"]["0.weight"] == [[16, 1, 3, 3], "float32"]
+    assert run.meta.model["parameters"]["0.weight"] == [[16, 1, 3, 3], "float32"]
 
 
 def test_own_loop_and_record_write_the_same_run(examples, tmp_path) -> None:

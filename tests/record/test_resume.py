@@ -68,7 +68,7 @@ def test_resumed_run_equals_the_uninterrupted_one(examples, tmp_path, whole, at)
     resumed = resume(examples, tmp_path / "r")
     assert_equal_runs(resumed, whole)
     last_checkpoint = max(before.checkpoints)
-    assert resumed.meta["resumes"][0]["step"] == last_checkpoint
+    assert resumed.meta.resumes[0].step == last_checkpoint
 
 
 def test_resume_keeps_what_it_drops(examples, tmp_path, whole) -> None:
@@ -107,7 +107,7 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_one_before(examples, tmp_pa
     damaged.write_bytes(bytes(data))
     with pytest.warns(UserWarning, match="step-00000018.*checksum.*earlier checkpoint"):
         resumed = resume(examples, tmp_path / "r")
-    assert resumed.meta["resumes"][0]["step"] == 9
+    assert resumed.meta.resumes[0].step == 9
     assert_equal_runs(resumed, whole)
 
 

@@ -25,7 +25,7 @@ def test_a_replica_reproduces_its_records_step_by_step(examples, tmp_path) -> No
     run = recorded(examples, tmp_path, "mlp.py", "--steps", "10", "--every", "5", "--set", "num_workers=2")
     with Replica(spec_for_run(run), "A") as replica:
         replica.connect()
-        replica.restore(run.path, 0, run.meta["environment"])
+        replica.restore(run.path, 0, run.meta.environment)
         skipped = replica.skip(10, hashes_at=[5, 10])
         assert skipped.step == 10
         assert [(r["order"], r["batch"], r["loss"]) for r in skipped.records] == [
@@ -38,7 +38,7 @@ def test_a_kept_step_runs_again_from_its_start(examples, tmp_path) -> None:
     run = recorded(examples, tmp_path, "cnn.py", "--steps", "2", "--every", "1")
     with Replica(spec_for_run(run), "A") as replica:
         replica.connect()
-        replica.restore(run.path, 0, run.meta["environment"])
+        replica.restore(run.path, 0, run.meta.environment)
         fetched = replica.fetch()
         assert (fetched["order"], fetched["batch"]) == (run.steps[0]["order"], run.steps[0]["batch"])
         light = replica.run(0, trace="light", commit=True)

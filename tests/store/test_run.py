@@ -132,7 +132,7 @@ def test_a_distributed_run_has_a_folder_per_rank_and_is_format_2(tmp_path) -> No
     run = Run.open(run_path)
     assert (run.rank, run.world_size, run.layout) == (0, 2, "ddp")
     other = run.open_rank(1)
-    assert other.rank == 1 and other.rank_meta["rank"] == 1 and other.snapshot(2)["hashes"] == {"w": "c"}
+    assert other.rank == 1 and other.rank_meta.rank == 1 and other.snapshot(2)["hashes"] == {"w": "c"}
     assert Run.open(run_path, 1).snapshot(2)["hashes"] == {"w": "c"} and other.complete
     with pytest.raises(RunNotFoundError, match="has no rank 2"):
         run.open_rank(2)
@@ -161,7 +161,7 @@ def test_each_rank_folder_has_one_writer_and_force_waits_for_them(tmp_path) -> N
     first.close()
     with pytest.raises(RunLockedError):  # rank 1 still writes: its folder is not deleted under it
         RunWriter(tmp_path / "r", meta, force=True, rank_meta={"rank": 0})
-    assert Run.open(tmp_path / "r").rank_meta == {"rank": 0}  # nothing was deleted
+    assert Run.open(tmp_path / "r").rank_meta.rank == 0  # nothing was deleted
     second.close()
     RunWriter(tmp_path / "r", meta, force=True, rank_meta={"rank": 0}).close()
     assert not (tmp_path / "r" / "rank1").exists()
@@ -172,5 +172,5 @@ def test_each_rank_folder_has_one_writer_and_force_waits_for_them(tmp_path) -> N
 def test_a_single_process_run_stays_format_1_without_rank_metadata(tmp_path) -> None:
     make_run(tmp_path / "r").finish(3)
     run = Run.open(tmp_path / "r")
-    assert run.meta["format"] == 1 and run.distributed is None and run.world_size == 1 and run.rank_meta == {}
+    assert run.meta.format == 1 and run.distributed is None and run.world_size == 1 and run.rank_meta is None
     assert sorted(p.name for p in (tmp_path / "r" / "rank0").iterdir()) == ["checkpoints", "index.jsonl", "snapshots", "steps.jsonl"]

@@ -1,0 +1,122 @@
+"""Who recorded a run: the recorder signs what it writes about the launch, with this user's key.
+
+``compare`` replays a run by running the code its ``run.json`` names, so a run directory handed
+over by someone else must not decide what runs on this machine. The recorder signs the *launch
+claim* (:func:`launch_claim`: the target, the config, the launch record, the environment
+variables and the distributed layout: everything that decides what a replay runs) with
+HMAC-SHA256 under a key kept in this user's configuration folder
+(``$XDG_CONFIG_HOME/bisect-repro/signing.key``, else ``~/.config/...``), created on first use
+with mode 0600. A run whose claim verifies under that key was recorded by this user on this
+machine (or one sharing the key) and replays with no flag; any other run (copied from another
+user, edited, unsigned) replays only with the user's consent, as ``weights_only`` and
+``trust_remote_code`` decide elsewhere in this ecosystem.
+
+Design decisions:
+- A MAC, not a public-key signature: the only party that ever verifies is the one that signed.
+- The claim is canonical JSON (sorted keys, no spaces, ASCII) of values as a JSON reader sees
+  them, so what is signed at write time is what is checked at read time.
+- The key file is trusted only when it is a regular file owned by this user and readable by
+  nobody else; otherwise nothing verifies (every run needs consent) and nothing is signed.
+
+Where the guarantees stop: the signature says who wrote the launch claim, not that the code it
+names is harmless: the code is still checked against its recorded SHA-256 before it runs
+(:mod:`bisect_repro.replay.launch`). Anyone who can read the key file can forge a signature;
+keep it as private as an SSH key. A run recorded before signing existed needs consent once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["key_path", "launch_claim", "sign", "verify"]
+
+_KEY_BYTES = 32
+_CLAIM_KEYS = ("target", "config", "launch", "distributed")
+
+
+def key_path() -> Path:
+    """Where this user's signing key lives."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "bisect-repro" / "signing.key"
+
+
+def launch_claim(meta: Mapping[str, Any]) -> bytes:
+    """The canonical bytes of what decides a replay: target, config, launch, variables, layout."""
+    claim = {key: meta.get(key) for key in _CLAIM_KEYS}
+    environment = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
+    claim["variables"] = {k: v for k, v in environment.items() if isinstance(k, str) and k.startswith("env.")}
+    return json.dumps(claim, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True).encode()
+
+
+def _read_key(path: Path) -> bytes | None:
+    """The key, if the file is this user's own regular file that nobody else can read."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(handle)
+        private = stat.S_ISREG(info.st_mode) and info.st_mode & 0o077 == 0
+        if not private or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
+            return None
+        key = bytes.fromhex(os.read(handle, 4 * _KEY_BYTES).decode("ascii", "replace").strip())
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(handle)
+    return key if len(key) == _KEY_BYTES else None
+
+
+def _create_key(path: Path) -> bytes | None:
+    """A new key, written with mode 0600 (exclusively: a key another process made first wins)."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return _read_key(path)
+    except OSError:
+        return None
+    key = secrets.token_bytes(_KEY_BYTES)
+    try:
+        os.write(handle, key.hex().encode() + b"\n")
+        os.fsync(handle)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+    finally:
+        os.close(handle)
+    return key
+
+
+def _key_id(key: bytes) -> str:
+    return hashlib.sha256(b"bisect-repro key id\0" + key).hexdigest()[:16]
+
+
+def sign(meta: Mapping[str, Any]) -> dict[str, str] | None:
+    """``run.json``'s ``signature`` for ``meta`` (creating this user's key on first use); ``None``
+    when no private key can be had (the run is then replayed only with consent)."""
+    path = key_path()
+    key = _read_key(path) if path.exists() else _create_key(path)
+    if key is None:
+        return None
+    return {"key": _key_id(key), "mac": hmac.new(key, launch_claim(meta), hashlib.sha256).hexdigest()}
+
+
+def verify(meta: Mapping[str, Any]) -> bool:
+    """Whether ``meta``'s signature is this user's over its launch claim as it is now."""
+    signature = meta.get("signature")
+    key = _read_key(key_path())
+    if key is None or not isinstance(signature, dict) or not isinstance(signature.get("mac"), str):
+        return False
+    expected = hmac.new(key, launch_claim(meta), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, signature["mac"])
