@@ -25,7 +25,7 @@ directory is imported: :func:`_isolate` drops that folder from ``sys.path``, the
 recorded working directory (``"cwd"``). The code then runs from the file the controller checked
 (``"path"``, see :mod:`bisect_repro.replay.launch`): a script by its path, a module from its
 ``"root"`` once the module name is seen to resolve to that file, a recipe only if its function
-is defined in that file.
+is a Python function of that file.
 
 Where the guarantees stop: code that runs before the Recorder is built runs as in the recording
 (downloads, prints); a script that never reaches ``Recorder.batches()`` exits with code 3.

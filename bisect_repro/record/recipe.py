@@ -96,24 +96,25 @@ def module_file(name: str) -> Path | None:
     return Path(spec.origin).resolve() if spec is not None and spec.origin and spec.has_location else None
 
 
-def _defined_in(function: Any, expected: Path) -> bool:
-    """Whether ``function`` is a Python function whose code lives in ``expected``."""
-    function = inspect.unwrap(function)
-    return inspect.isfunction(function) and Path(function.__code__.co_filename).resolve() == expected
+def _from_file(module: ModuleType, function: Any, expected: Path) -> bool:
+    """Whether ``module`` was loaded from ``expected`` and ``function`` is a Python function (one the
+    file defines or imports: the file decides), not a builtin or a class."""
+    loaded = getattr(module, "__file__", None)
+    return loaded is not None and Path(loaded).resolve() == expected and inspect.isfunction(inspect.unwrap(function))
 
 
 def build(target: str, settings: Mapping[str, Any] | None = None, *, expected: Path | None = None) -> Trainee:
     """Import TARGET and call it with ``settings`` as keyword arguments.
 
-    ``expected`` (a replay): the file whose SHA-256 was checked; the module imported and the
-    function called must both be that file's, or nothing is called."""
+    ``expected`` (a replay): the file whose SHA-256 was checked; the module imported must be that
+    file and the function a Python function of it, or nothing is called."""
     _, name = _split(target)
     module = _load_module(target)
     function = getattr(module, name, None)
     if not callable(function):
         raise RecipeError(f"{target}: {module.__name__} has no function {name!r}")
-    if expected is not None and not _defined_in(function, expected):
-        raise RecipeError(f"{target}: {name} is not a function defined in {expected}, the file that was checked; nothing was run")
+    if expected is not None and not _from_file(module, function, expected):
+        raise RecipeError(f"{target}: {name} is not a function of {expected}, the file that was checked; nothing was run")
     kwargs = dict(settings or {})
     try:
         inspect.signature(function).bind(**kwargs)

@@ -13,14 +13,15 @@ The trust model. A run directory never decides what code runs:
   shows :meth:`LaunchSpec.announcement`); without consent the verdict comes from the records.
 - **Validation, even with consent** (:func:`spec_for_run` raises :class:`ReplayUnavailable`):
   the code must name an absolute file and its SHA-256, and that file must be on this machine with
-  that hash, outside Python's standard library; the module or recipe function that runs is the one in that file (a module's dotted
-  name must be the file's path below its root, and the bootstrap checks the imported file and the
-  function's code again); no code from inside a run directory; the recorded working directory
-  becomes the process's working directory but never enters the import path (the process starts
-  in a private folder and the bootstrap drops it from ``sys.path``); of the recorded environment
-  variables only those that change numerics or order (:data:`REPLAYED_VARIABLES`) are set, and
-  their values must be short printable text; a distributed run's world size must fit this
-  machine.
+  that hash, outside Python's standard library; the module that runs is that file (a module's
+  dotted name must be the file's path below its root, and the bootstrap checks the file it
+  imports), and a recipe's function must be a Python function of that file; no code from inside
+  a run directory; the recorded working directory becomes the process's working directory but
+  never enters the import path (the process starts in a private folder and the bootstrap drops
+  it from ``sys.path``); of the recorded environment variables only those that change numerics
+  or order (:data:`REPLAYED_VARIABLES`) are set, and their values must be short printable text;
+  a distributed run's world size must fit this machine (four gloo ranks a core, one NCCL rank a
+  GPU). The recorded interpreter is never used: the replay runs this one.
 - **The announcement** (:meth:`LaunchSpec.announcement`) names the file that runs, its hash, the
   working directory and every variable set, with control characters escaped.
 
@@ -99,6 +100,9 @@ class LaunchSpec:
     """Whether this user recorded the run here (its launch claim carries this user's signature).
     A spec that is not signed runs only with the user's consent."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CodeKind(self.kind))
+
     def to_json(self) -> dict[str, Any]:
         """What the bootstrap reads (``BISECT_REPRO_SPEC``)."""
         return {
@@ -153,7 +157,7 @@ class LaunchSpec:
 
     def on_ranks(self, world_size: int, focus: int) -> LaunchSpec:
         """This spec run on ``world_size`` ranks under torchrun, replying for rank ``focus``."""
-        return replace(self, world_size=_bounded_world(world_size, None), focus=focus)
+        return replace(self, world_size=world_size, focus=focus)
 
 
 Consent = Callable[[Sequence[tuple[str, LaunchSpec]]], bool]
@@ -174,15 +178,18 @@ def _replayed(variables: dict[str, Any], run: Run | None) -> dict[str, str | Non
     return kept
 
 
-def _bounded_world(world_size: int, run: Run | None) -> int:
-    """A world size this machine can run: one rank per CPU core, or per GPU under NCCL."""
-    limit = max(os.cpu_count() or 1, torch.cuda.device_count(), 2)
-    if not 1 <= world_size <= limit:
-        where = f"{run.path}: " if run is not None else ""
+def _bounded_world(run: Run) -> None:
+    """Refuse a world size this machine cannot run: more than four ranks a CPU core (gloo), or
+    under NCCL more ranks than GPUs."""
+    distributed = run.meta.distributed
+    if distributed is None:
+        return
+    limit = torch.cuda.device_count() if distributed.backend == "nccl" else 4 * (os.cpu_count() or 1)
+    if distributed.world_size > limit:
         raise ReplayUnavailable(
-            f"{where}was recorded on {world_size} ranks, more than this machine runs ({limit}); compare it where it ran"
+            f"{run.path}: was recorded on {distributed.world_size} ranks, more than this machine runs ({limit}); "
+            "the verdict is from the records alone; compare it where it ran"
         )
-    return world_size
 
 
 def _inside_a_run(path: Path) -> Path | None:
@@ -256,8 +263,7 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     code = launch.code if launch is not None else None
     variables = _replayed(recorded_variables(meta.environment), run)
     cwd = launch.cwd if launch is not None and launch.cwd and Path(launch.cwd).is_absolute() and Path(launch.cwd).is_dir() else None
-    if meta.distributed is not None:  # the ranks are set by on_ranks; refused here before anything is started
-        _bounded_world(meta.world_size, run)
+    _bounded_world(run)  # refused before anything starts; the ranks are set by on_ranks
     common: dict[str, Any] = {"cwd": cwd, "variables": variables, "signed": verify(meta.raw)}
     if meta.target:
         if code is None or code.kind is not CodeKind.RECIPE:

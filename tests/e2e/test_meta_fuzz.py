@@ -34,14 +34,18 @@ scalars = st.one_of(
     st.text(max_size=12),
     st.sampled_from(["\x00", "\x1b[2K", "[red]x[/]", "../../etc", "os:system", "script", "module", "recipe", "0" * 64]),
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8
+)
 
 
 def recorded() -> Path:
     """One run, recorded once per session (hypothesis runs the test body many times)."""
     if "run" not in _RUN:
         folder = Path(tempfile.mkdtemp(prefix="bisect-repro-meta-fuzz-"))
-        result = runner.invoke(app, ["record", f"{EXAMPLES / 'mlp.py'}:build", "--out", str(folder / "run"), "--quiet", "--steps", "2", "--every", "1"])
+        result = runner.invoke(
+            app, ["record", f"{EXAMPLES / 'mlp.py'}:build", "--out", str(folder / "run"), "--quiet", "--steps", "2", "--every", "1"]
+        )
         assert result.exit_code == 0, result.output
         _RUN["run"] = folder / "run"
     return _RUN["run"]
@@ -87,7 +91,11 @@ def test_any_field_of_run_json_gives_an_answer_or_one_line(run_json: dict[str, A
     shutil.copytree(recorded(), case / "b")
     shutil.copytree(recorded(), case / "a")
     (case / "b" / "run.json").write_text(json.dumps(mutated(run_json, where, value, remove)))
-    for command in (["show", str(case / "b")], ["compare", str(case / "a"), str(case / "b"), "--no-replay"], ["compare", str(case / "a"), str(case / "b")]):
+    for command in (
+        ["show", str(case / "b")],
+        ["compare", str(case / "a"), str(case / "b"), "--no-replay"],
+        ["compare", str(case / "a"), str(case / "b")],
+    ):
         result = runner.invoke(app, command)
         assert result.exception is None or isinstance(result.exception, SystemExit), (where, value, result.exception)
         assert result.exit_code in (0, 1, 2) and "Traceback" not in result.output, (where, value, result.output)

@@ -39,7 +39,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(EXAMPLES / "unseeded_init.py", folder / "code" / "recipe.py")
     for name in "ab":
         result = runner.invoke(
-            app, ["record", f"{folder / 'code' / 'recipe.py'}:build", "--out", str(folder / name), "--quiet", "--steps", "2", "--every", "1"]
+            app,
+            ["record", f"{folder / 'code' / 'recipe.py'}:build", "--out", str(folder / name), "--quiet", "--steps", "2", "--every", "1"],
         )
         assert result.exit_code == 0, result.output
     return folder
@@ -129,7 +130,9 @@ ATTACKS = {
         "names no recipe file with its SHA-256",
     ),
     "a standard-library function with its real hash": lambda canary, run: (
-        recipe_named(f"{STDLIB / 'subprocess.py'}:getoutput", STDLIB / "subprocess.py", sha256(STDLIB / "subprocess.py"), {"cmd": f"touch {canary}"}),
+        recipe_named(
+            f"{STDLIB / 'subprocess.py'}:getoutput", STDLIB / "subprocess.py", sha256(STDLIB / "subprocess.py"), {"cmd": f"touch {canary}"}
+        ),
         "standard library",
     ),
     "a standard-library module run with -s": lambda canary, run: (
@@ -145,7 +148,10 @@ ATTACKS = {
         script_named(run.parent / "evil.py", sha256(run.parent / "evil.py"), ["x"], kind="module", module="json.tool"),
         "is not the recorded file",
     ),
-    "a relative path": lambda canary, run: (script_named(Path("evil.py"), sha256(run.parent / "evil.py"), ["evil.py"]), "not an absolute path"),
+    "a relative path": lambda canary, run: (
+        script_named(Path("evil.py"), sha256(run.parent / "evil.py"), ["evil.py"]),
+        "not an absolute path",
+    ),
 }
 
 
@@ -231,3 +237,25 @@ def test_a_malformed_field_is_one_line_and_exit_2(field: str, pair: tuple[Path, 
         assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (field, result.output)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {b / 'run.json'}: "), (field, result.stderr)
+
+
+def test_consent_is_asked_with_what_would_run_and_decides(pair: tuple[Path, Path]) -> None:
+    from bisect_repro.diagnose.compare import compare as compare_runs
+
+    a, b = pair
+    edit(b, lambda meta: meta["config"].update(seed=None))
+    asked: list[list[tuple[str, list[str]]]] = []
+
+    def consent(answer: bool):
+        def ask(foreign) -> bool:
+            asked.append([(label, spec.announcement()) for label, spec in foreign])
+            return answer
+
+        return ask
+
+    refused = compare_runs(a, b, consent=consent(False))
+    assert not refused.replay.performed and [label for label, _ in asked[0]] == ["B"]
+    assert asked[0][0][1][1].startswith("file: ") and "/code/recipe.py (sha256 " in asked[0][0][1][1]
+    allowed = compare_runs(a, b, consent=consent(True))
+    assert allowed.replay.performed and len(asked) == 2
+    assert not compare_runs(a, b).replay.performed  # the API's default: no consent

@@ -24,7 +24,7 @@ def test_a_rank_records_its_own_folder_of_a_format_2_run(group, examples, tmp_pa
     record(build(f"{examples / 'mlp.py'}:build"), tmp_path / "r", RecordOptions(steps=4, every=2, checkpoint_every=2))
     run = Run.open(tmp_path / "r")
     assert run.meta.format == 2 and run.complete and sorted(run.snapshots) == [0, 2, 4]
-    assert run.distributed is not None and (run.world_size, run.layout, run.distributed["backend"]) == (1, "single", "gloo")
+    assert run.distributed is not None and (run.world_size, run.layout, run.distributed.backend) == (1, "single", "gloo")
     assert run.rank_meta.rank == 0 and run.rank_meta.environment == run.meta.environment
     assert json.loads((tmp_path / "r" / "rank0" / "rank.json").read_text())["device"] == "cpu"
 
