@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["APPLICABLE", "NUMERIC_ENV_VARS", "apply", "diff", "fingerprint"]
+__all__ = ["APPLICABLE", "NUMERIC_ENV_VARS", "SWITCHES", "apply", "diff", "fingerprint"]
 
 NUMERIC_ENV_VARS = (
     "PYTHONHASHSEED",
@@ -38,17 +38,17 @@ NUMERIC_ENV_VARS = (
 )
 _ENV_PREFIXES = ("NCCL_",)
 
-# Keys that apply() can set in-process, in the order it sets them.
-APPLICABLE = (
-    "torch.get_num_threads",
+# The on/off switches among them: a recorded value must be true or false.
+SWITCHES = (
     "torch.are_deterministic_algorithms_enabled",
     "torch.is_deterministic_algorithms_warn_only_enabled",
     "torch.backends.cudnn.benchmark",
     "torch.backends.cudnn.deterministic",
     "torch.backends.cuda.matmul.allow_tf32",
     "torch.backends.cudnn.allow_tf32",
-    "torch.get_float32_matmul_precision",
 )
+# Keys that apply() can set in-process, in the order it sets them.
+APPLICABLE = ("torch.get_num_threads", *SWITCHES, "torch.get_float32_matmul_precision")
 
 # Keys that differ between machines without changing what a run computes.
 INFORMATIONAL = ("platform", "hostname", "bisect_repro")

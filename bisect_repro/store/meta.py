@@ -29,6 +29,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from ..capture.env import SWITCHES
 from ..errors import RunFormatError
 
 __all__ = ["CodeKind", "CodeRecord", "Distributed", "LaunchRecord", "RankMeta", "Resume", "RunMeta", "RunOptions", "Signature"]
@@ -249,14 +250,7 @@ def _environment(fields: _Fields, key: str) -> dict[str, Any]:
     threads = environment.get("torch.get_num_threads")
     if threads is not None and not (type(threads) is int and 1 <= threads <= _MAX_THREADS):
         raise fields.bad(key, f"has a thread count of {threads!r}, not 1 to {_MAX_THREADS}")
-    for name in (
-        "torch.are_deterministic_algorithms_enabled",
-        "torch.is_deterministic_algorithms_warn_only_enabled",
-        "torch.backends.cudnn.benchmark",
-        "torch.backends.cudnn.deterministic",
-        "torch.backends.cuda.matmul.allow_tf32",
-        "torch.backends.cudnn.allow_tf32",
-    ):
+    for name in SWITCHES:
         if environment.get(name) is not None and not isinstance(environment[name], bool):
             raise fields.bad(key, f"has {name} = {environment[name]!r}, not true or false")
     precision = environment.get("torch.get_float32_matmul_precision")

@@ -259,3 +259,47 @@ def test_consent_is_asked_with_what_would_run_and_decides(pair: tuple[Path, Path
     allowed = compare_runs(a, b, consent=consent(True))
     assert allowed.replay.performed and len(asked) == 2
     assert not compare_runs(a, b).replay.performed  # the API's default: no consent
+
+
+def answered(a: Path, b: Path, answer: bytes) -> tuple[int, str]:
+    """``compare`` at a terminal (a pseudo-terminal), answering its prompt with ``answer``."""
+    import os
+    import pty
+    import select
+    import time
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bisect_repro.cli", "compare", str(a), str(b)], stdin=follower, stdout=follower, stderr=follower
+    )
+    os.close(follower)
+    seen, deadline, sent = b"", time.monotonic() + 240, False
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        if not sent and b"Run this code here to replay it?" in seen:
+            os.write(leader, answer)
+            sent = True
+        if process.poll() is not None and not ready:
+            break
+    code = process.wait(timeout=60)
+    os.close(leader)
+    return code, seen.decode(errors="replace")
+
+
+def test_at_a_terminal_the_user_is_shown_what_would_run_and_decides(pair: tuple[Path, Path]) -> None:
+    a, b = pair
+    edit(b, lambda meta: meta["config"].update(seed=None))
+    code, seen = answered(a, b, b"n\r")
+    flat = " ".join(seen.split())
+    assert code == 1 and "Run B was not recorded by you on this machine." in flat and "/code/recipe.py (sha256" in flat
+    assert "no replay: run B was not recorded by you" in flat and "replaying run" not in flat
+    code, seen = answered(a, b, b"y\r")
+    assert code == 1 and "replaying run B by running" in " ".join(seen.split())
