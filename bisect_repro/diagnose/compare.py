@@ -103,7 +103,28 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
         result.verdict = records_verdict(records)
         if result.replay.performed:
             result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")
+    else:
+        result.verdict = _named_by_the_records(result.verdict, records)
     return result
+
+
+def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
+    """A replayed verdict that found no cause yields to the cause the records name (a reseed from
+    entropy in the divergent step, a stream that moved differently, a config or environment key),
+    marked inferred, with why the replay could not prove it: never "unknown" while the records
+    name a cause."""
+    if verdict.cause is not Cause.UNKNOWN:
+        return verdict
+    named = records_verdict(records)
+    if named.cause is Cause.UNKNOWN:
+        return verdict
+    if named.step == verdict.step:  # the replay's location is finer than the records'
+        named.phase, named.layer, named.tensor, named.op = verdict.phase, verdict.layer, verdict.tensor, verdict.op
+        named.set_difference({k: getattr(verdict, k) for k in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram")})
+    named.rank = verdict.rank
+    named.explanation += f"; the replay could not prove it ({verdict.explanation or 'no experiment isolated a cause'})"
+    named.evidence = [*verdict.evidence, *named.evidence]
+    return named
 
 
 def _identical(records: Records, result: CompareResult) -> None:
@@ -172,7 +193,7 @@ def _replay_ranks(
             result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")
         return
     replayed.rank = focus
-    result.verdict = replayed
+    result.verdict = _named_by_the_records(replayed, records)
 
 
 @dataclass(frozen=True)
