@@ -82,6 +82,7 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
         )
     records = read_records(a, b)
     result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
+    _run_names(records, result)
     if records.structure is not None:
         result.verdict = structure_verdict(records)
         return result
@@ -127,6 +128,12 @@ def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
     return named
 
 
+def _run_names(records: Records, result: CompareResult) -> None:
+    if records.run_names:
+        keys = ", ".join(records.run_names)
+        result.notes.append(f"the config keys {keys} differ only by naming each run's own directory; they cannot change the numbers")
+
+
 def _identical(records: Records, result: CompareResult) -> None:
     result.identical = True
     streams = sorted({s for row in records.timeline for s in row.streams})
@@ -156,6 +163,7 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
     first = first_divergence(ranks)
     records, verdict = first if first is not None else (ranks[0][0], None)
     result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
+    _run_names(records, result)
     result.verdict, result.timeline, result.first_log_difference = verdict, records.timeline, records.logs
     result.snapshots = {"last_equal": records.last_equal, "first_divergent": records.first_divergent}
     result.ranks = [RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline) for r, v in ranks]

@@ -53,6 +53,9 @@ class Records:
     environment_diff: dict[str, list[Any]]
     structure: str | None = None
     """The first parameter or buffer whose name, shape or dtype differs."""
+    run_names: list[str] = field(default_factory=list)
+    """Config keys whose values differ only by naming each run's own directory (an output folder):
+    they cannot change the numbers, so they are kept out of ``config_diff`` and of every verdict."""
     timeline: list[TimelineRow] = field(default_factory=list)
     logs: dict[str, int | None] = field(default_factory=dict)
     last_equal: int | None = None
@@ -147,16 +150,25 @@ def _first_log_differences(a: Run, b: Run) -> dict[str, int | None]:
     return found
 
 
+def _names_its_run(value: Any, run: Run) -> Any:
+    """``value`` with each path component that is the run directory's own name replaced by one
+    placeholder: ``runs/a/logs`` of run ``a`` and ``runs/b/logs`` of run ``b`` then read alike."""
+    if not isinstance(value, str):
+        return value
+    return "/".join("\0run" if part == run.path.name else part for part in value.split("/"))
+
+
 def read_records(a: Run, b: Run) -> Records:
     config_a, config_b = a.meta.config, b.meta.config
+    differ = [k for k in dict.fromkeys([*config_a, *config_b]) if config_a.get(k) != config_b.get(k)]
+    run_names = [k for k in differ if _names_its_run(config_a.get(k), a) == _names_its_run(config_b.get(k), b)]
     records = Records(
         a,
         b,
-        config_diff={
-            k: [config_a.get(k), config_b.get(k)] for k in dict.fromkeys([*config_a, *config_b]) if config_a.get(k) != config_b.get(k)
-        },
+        config_diff={k: [config_a.get(k), config_b.get(k)] for k in differ if k not in run_names},
         environment_diff=env.diff(a.environment, b.environment),
         structure=_structure_difference(a.meta.model, b.meta.model),
+        run_names=run_names,
     )
     if records.structure is not None:
         return records

@@ -129,3 +129,22 @@ def test_a_single_process_comparison_lists_its_one_rank(tmp_path) -> None:
     result = compare(a, b, replay=False).to_json()
     assert result["ranks"] == [{"rank": 0, "verdict": result["verdict"], "timeline": result["timeline"]}]
     assert result["verdict"]["rank"] is None  # no ranks to tell apart
+
+
+def test_a_config_key_that_only_names_each_runs_directory_is_never_the_cause(tmp_path) -> None:
+    def run(name: str, config: dict) -> None:
+        path = tmp_path / "runs" / name
+        writer = RunWriter(path, {"target": None, "config": config, "model": {"parameters": {"w": [[2], "float32"]}}, "environment": {}})
+        writer.append_steps([{"step": s, "loss": 1.0 if s < 3 or name == "a" else 2.0, "order": "o", "batch": "b"} for s in range(5)])
+        writer.commit("snapshot", 0, {"step": 0, "hashes": {"w": "x"}, "streams": {}, "data": {}})
+        writer.commit("snapshot", 4, {"step": 4, "hashes": {"w": "y" if name == "a" else "z"}, "streams": {}, "data": {}})
+        writer.finish(4)
+
+    run("a", {"out": str(tmp_path / "runs" / "a"), "log_dir": "runs/a/logs", "lr": 0.1})
+    run("b", {"out": str(tmp_path / "runs" / "b"), "log_dir": "runs/b/logs", "lr": 0.1})
+    result = compare(tmp_path / "runs" / "a", tmp_path / "runs" / "b", replay=False)
+    assert result.config_diff == {} and result.verdict is not None and result.verdict.cause.value != "config"
+    assert any("out, log_dir differ only by naming each run's own directory" in note for note in result.notes), result.notes
+    run("c", {"out": str(tmp_path / "runs" / "c"), "log_dir": "runs/c/logs", "lr": 0.2})
+    result = compare(tmp_path / "runs" / "a", tmp_path / "runs" / "c", replay=False)
+    assert result.config_diff == {"lr": [0.1, 0.2]} and result.verdict.cause.value == "config" and result.verdict.config_keys == ["lr"]
