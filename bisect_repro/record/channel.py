@@ -234,7 +234,9 @@ class Listener:
                 if key.fileobj is self.sock:
                     self._take()
                 else:
-                    self._advance(self._pending[key.fileobj])  # type: ignore[index]
+                    pending = self._pending.get(key.fileobj)  # type: ignore[call-overload]
+                    if pending is not None:  # not dropped by an accept in this same round
+                        self._advance(pending)
 
     def _take(self) -> None:
         """Accept one connection into the pending set (dropping the oldest beyond :data:`PENDING_CAP`)."""
@@ -293,13 +295,24 @@ class Listener:
         """An authenticated connection's hello proper (its second frame), or ``None`` if it broke."""
         sock.settimeout(_WAIT_EVERY)
         channel = Channel(sock, "replica")
+        gave_up: list[BaseException] = []
+
+        def waiting() -> None:
+            try:
+                wait()
+            except BaseException as error:
+                gave_up.append(error)
+                raise
+
         try:
-            hello, _ = channel.receive(wait)
+            hello, _ = channel.receive(waiting)
         except ChannelClosed:
             channel.close()
+            if gave_up:  # wait's own ChannelClosed: giving up, not this connection's failure
+                raise
             return None
         except BaseException:
-            channel.close()  # wait gave up: the half-greeted connection is of no more use
+            channel.close()
             raise
         return channel, {"op": "hello", **hello}
 

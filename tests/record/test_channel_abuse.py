@@ -4,6 +4,7 @@ blocking or bloating the listener, and the genuine replica connecting afterwards
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -55,9 +56,20 @@ def accepting(pool: ThreadPoolExecutor, listener: Listener, seconds: float = 10)
 
 
 def intruder(listener: Listener) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(listener.address)
-    return sock
+    end = time.monotonic() + 5  # a backlog that stays full (a listener that stopped accepting) fails, not hangs
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(listener.address)
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.01)
+            continue
+        sock.setblocking(True)
+        return sock
 
 
 def frame(header: bytes, payload_size: int = 0, header_size: int | None = None) -> bytes:
@@ -124,10 +136,8 @@ def flood(sock: socket.socket, data: bytes) -> threading.Thread:
     """Send ``data`` until the listener hangs up."""
 
     def send() -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
@@ -198,7 +208,7 @@ def test_the_wait_callback_still_runs_and_gives_up_while_a_client_dawdles(listen
 
     def wait() -> None:
         calls.append(time.monotonic())
-        if len(calls) == 3:
+        if len(calls) >= 3:
             raise ChannelClosed("the replica exited")
 
     started = time.monotonic()
@@ -206,6 +216,23 @@ def test_the_wait_callback_still_runs_and_gives_up_while_a_client_dawdles(listen
         listener.accept(wait)
     assert 1.2 < time.monotonic() - started < 2.5  # about every half second
     silent.close()
+
+
+def test_giving_up_while_a_replica_is_half_greeted_is_not_taken_for_its_failure(listener, pool) -> None:
+    calls: list[float] = []
+
+    def wait() -> None:  # gives up once, at its third call (a swallowed give-up would never end)
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            raise ChannelClosed("the replica exited")
+        if len(calls) > 20:
+            raise ChannelClosed("the first give-up was swallowed")
+
+    quiet = intruder(listener)
+    quiet.sendall(frame(json.dumps({"op": "hello", "token": listener.token}).encode()))  # and no hello proper
+    with pytest.raises(ChannelClosed, match="exited"):
+        listener.accept(wait)
+    quiet.close()
 
 
 def test_ranks_connecting_together_are_each_accepted(listener) -> None:
@@ -255,7 +282,8 @@ def test_a_frame_outside_the_protocol_closes_the_channel_in_one_line(data, probl
     with pytest.raises(ChannelClosed, match=problem) as raised:
         channel.receive()
     assert "\n" not in str(raised.value) and str(raised.value).startswith("replica: ")
-    with pytest.raises(ChannelClosed):  # closed: nothing more is read from a stream out of step
+    assert channel.sock.fileno() == -1  # closed: nothing more is read from a stream out of step
+    with pytest.raises(ChannelClosed):
         channel.receive()
     peer.close()
 
