@@ -195,10 +195,10 @@ def compare_command(
     raise typer.Exit(0 if result["identical"] else 1)
 
 
-def _announce(label: str, spec: LaunchSpec, verb: str) -> None:
+def _announce(prefix: str, spec: LaunchSpec) -> None:
     """What a replay runs, on stderr, as plain text (the spec escapes control characters)."""
     command, *details = spec.announcement()
-    stderr.print(Text(f"{verb} run {label} by running: {command}", style="dim"), highlight=False, soft_wrap=True)
+    stderr.print(Text(f"{prefix}: {command}", style="dim"), highlight=False, soft_wrap=True)
     for detail in details:
         stderr.print(Text(f"  {detail}", style="dim"), highlight=False, soft_wrap=True)
 
@@ -213,7 +213,7 @@ def _consent(trust: bool) -> Consent:
             return False
         for label, spec in foreign:
             stderr.print(Text(f"Run {label} was not recorded by you on this machine.", style="bold yellow"), highlight=False)
-            _announce(label, spec, "Replaying it would replay")
+            _announce(f"replaying run {label} would run", spec)
         return typer.confirm("Run this code here to replay it?", default=False, err=True)
 
     return ask
@@ -226,7 +226,7 @@ def _compare(
 
     def announce(specs: list[LaunchSpec]) -> None:  # always, even with --json: nothing runs unannounced
         for label, spec in zip("AB", specs, strict=True):
-            _announce(label, spec, "replaying")
+            _announce(f"replaying run {label} by running", spec)
 
     with _progress(console, transient=True) as progress:
         task = progress.add_task("comparing", total=None, extra="")
@@ -234,12 +234,21 @@ def _compare(
         def on_progress(stage: str, done: int, total: int) -> None:
             progress.update(task, description=stage, completed=done, total=total)
 
+        ask = _consent(trust)
+
+        def consent(foreign: Sequence[tuple[str, LaunchSpec]]) -> bool:  # no progress bar over the prompt
+            progress.stop()
+            try:
+                return ask(foreign)
+            finally:
+                progress.start()
+
         result = compare(
             run_a,
             run_b,
             replay=replay,
             accept_changed_code=accept_changed_code,
-            consent=_consent(trust),
+            consent=consent,
             progress=on_progress,
             announce=announce,
         )

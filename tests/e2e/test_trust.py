@@ -300,6 +300,7 @@ def test_at_a_terminal_the_user_is_shown_what_would_run_and_decides(pair: tuple[
     code, seen = answered(a, b, b"n\r")
     flat = " ".join(seen.split())
     assert code == 1 and "Run B was not recorded by you on this machine." in flat and "/code/recipe.py (sha256" in flat
-    assert "no replay: run B was not recorded by you" in flat and "replaying run" not in flat
+    assert "replaying run B would run:" in flat and "/code/recipe.py:build --set" in flat
+    assert "no replay: run B was not recorded by you" in flat and "by running" not in flat
     code, seen = answered(a, b, b"y\r")
     assert code == 1 and "replaying run B by running" in " ".join(seen.split())
