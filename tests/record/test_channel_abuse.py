@@ -4,6 +4,7 @@ blocking or bloating the listener, and the genuine replica connecting afterwards
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -124,10 +125,8 @@ def flood(sock: socket.socket, data: bytes) -> threading.Thread:
     """Send ``data`` until the listener hangs up."""
 
     def send() -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
