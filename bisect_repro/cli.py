@@ -130,7 +130,7 @@ def record_command(
 
         if trainee is not None:
             record(trainee, out, options, target=target, config=config, on_step=on_step, resume=resume)
-        else:
+        elif nproc_per_node is not None:  # the case left: the ranks build their own trainees
             record_ranks(target, out, options, config, nproc_per_node, resume=resume, on_progress=on_step, on_warning=_warn_line)
     run = Run.open(out)
     ranks = [run.open_rank(r) for r in range(run.world_size)]

@@ -207,6 +207,6 @@ if pytest is not None:
 
 else:
 
-    def reproducibility(tmp_path: Path) -> Reproducibility:  # type: ignore[misc]
+    def reproducibility(tmp_path: Path) -> Reproducibility:
         """Without pytest: the same object, for a folder you give."""
         return Reproducibility(tmp_path)

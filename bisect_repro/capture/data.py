@@ -72,7 +72,7 @@ def loader_generators(loader: Iterable[Any]) -> dict[str, RandomSource]:
     return found
 
 
-def _sampler_of(loader: DataLoader) -> Any:
+def _sampler_of(loader: DataLoader[Any]) -> Any:
     return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
 
 
@@ -102,7 +102,7 @@ class DataStream:
         self._iterator = None
 
     def _start_epoch(self) -> None:
-        sampler = getattr(self.loader, "sampler", None)
+        sampler: Any = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
         self._epoch_streams = self.streams.state_dict()
@@ -181,7 +181,8 @@ def describe_loader(loader: Any) -> dict[str, Any]:
     """The loader's settings that decide the data: batch size, workers, sampler, whether it has a generator."""
     if not isinstance(loader, DataLoader):
         return {"type": type(loader).__name__}
-    sampler = loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+    # a custom batch sampler (any iterable of index lists) may have no sampler of its own: it is described itself
+    sampler = getattr(loader.batch_sampler, "sampler", loader.batch_sampler) if loader.batch_sampler is not None else loader.sampler
     return {
         "type": "DataLoader",
         "batch_size": loader.batch_size,

@@ -66,8 +66,8 @@ import hashlib
 import os
 import threading
 import warnings
-from collections.abc import Mapping
-from types import ModuleType
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -97,11 +97,17 @@ def _signed32(value: int) -> int:
 _LOCK = threading.Lock()  # the caches below may be filled from several threads
 _KEYS_CACHE: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 _PACK_CACHE: dict[tuple[torch.device, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-_TRITON: list[ModuleType | None] = []
+
+
+class _LanesKernel(Protocol):  # the module _hash_triton, as used here
+    def lanes(self, words: Sequence[torch.Tensor]) -> torch.Tensor: ...
+
+
+_TRITON: list[_LanesKernel | None] = []
 _NATIVE: list[_hash_cpu.Kernel | None] = []  # the C kernel, or None where it was not built; loaded on first use
 
 
-def _triton_module() -> ModuleType | None:
+def _triton_module() -> _LanesKernel | None:
     """:mod:`._hash_triton` when Triton imports, else ``None``; imported on first use only, since
     importing Triton takes a second and CPU-only runs never need it."""
     if not _TRITON:

@@ -38,9 +38,12 @@ import platform
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor  # for annotations only: never imported here (see _dtensor_class)
 
 from ..errors import RecordingError
 
@@ -82,29 +85,29 @@ def rank_info() -> RankInfo | None:
         rank, world = dist.get_rank(), dist.get_world_size()
         local_rank = _env_int("LOCAL_RANK")
         return RankInfo(rank, world, rank if local_rank is None else local_rank, str(dist.get_backend()))
-    world = _env_int("WORLD_SIZE")
-    if world is not None and world > 1:
+    world_size = _env_int("WORLD_SIZE")
+    if world_size is not None and world_size > 1:
         raise RecordingError(
-            f"Recorder: this process is rank {os.environ.get('RANK', '?')} of {world} (RANK and WORLD_SIZE are set) but "
+            f"Recorder: this process is rank {os.environ.get('RANK', '?')} of {world_size} (RANK and WORLD_SIZE are set) but "
             "torch.distributed is not initialised; call torch.distributed.init_process_group() before creating the Recorder"
         )
     return None
 
 
-def _dtensor_class() -> type | None:
+def _dtensor_class() -> type[DTensor] | None:
     """``DTensor`` once something imported it (a model that holds DTensors did); never imported here."""
     module = sys.modules.get("torch.distributed.tensor")
     return getattr(module, "DTensor", None)
 
 
-def is_dtensor(value: Any) -> bool:
+def is_dtensor(value: Any) -> TypeGuard[DTensor]:
     dtensor = _dtensor_class()
     return dtensor is not None and isinstance(value, dtensor)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """What this rank holds of a tensor: a DTensor's local shard, any other tensor as it is."""
-    return tensor.detach().to_local() if is_dtensor(tensor) else tensor
+    return cast("DTensor", tensor.detach()).to_local() if is_dtensor(tensor) else tensor  # torch types detach() as Tensor
 
 
 def localize(tree: Any) -> Any:

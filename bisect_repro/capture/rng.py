@@ -72,7 +72,13 @@ def _python_tuple(state: Mapping[str, Any]) -> tuple[Any, ...]:
     return (state["version"], tuple(int(v) for v in state["state"].tolist()), state["gauss_next"])
 
 
-def _numpy_legacy(state: tuple[Any, ...], kind: str = "numpy") -> dict[str, Any]:
+def _numpy_legacy(state: dict[str, Any] | tuple[Any, ...], kind: str = "numpy") -> dict[str, Any]:
+    if isinstance(state, dict):  # get_state(legacy=True) of a RandomState over another bit generator than MT19937
+        generator = state.get("bit_generator")
+        raise BisectReproError(
+            f"{kind}: a RandomState drawing from {generator}, not MT19937, cannot be captured (bisect-repro saves a "
+            f"RandomState's MT19937 state); draw from numpy.random.Generator({generator}()) instead, or keep MT19937"
+        )
     name, key, pos, has_gauss, cached = state
     return {
         "kind": kind,

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.autograd.graph import Node
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -91,13 +92,13 @@ class ModuleScope:
 def _tag_graph(outputs: Any, inputs: Any, name: str) -> None:
     stop = {id(t.grad_fn): t.grad_fn for t in _tensors(inputs) if t.grad_fn is not None}
     seen: dict[int, Any] = {}  # holds the nodes, so that their ids stay unique during the walk
-    pending = [t.grad_fn for t in _tensors(outputs) if t.grad_fn is not None]
+    pending: list[Node | None] = [t.grad_fn for t in _tensors(outputs) if t.grad_fn is not None]
     while pending:
         node = pending.pop()
         if node is None or id(node) in seen or id(node) in stop or type(node).__name__ == "AccumulateGrad":
             continue
         seen[id(node)] = node
-        node.metadata.setdefault(_TAG, name)
+        node.metadata.setdefault(_TAG, name)  # type: ignore[attr-defined]  # torch declares metadata a method; it is a dict property
         pending.extend(child for child, _ in node.next_functions)
 
 
@@ -130,7 +131,7 @@ class DeterminismAlerts(TorchDispatchMode):
     kernel (PyTorch raises), notes it with its module, and runs it anyway."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ is unannotated
         self.scope = ModuleScope(model)
         self.alerts: list[dict[str, Any]] = []
 

@@ -30,6 +30,7 @@ import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,7 @@ class SeedingCall:
 
 
 def _call_site() -> str | None:
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         raw = frame.f_code.co_filename
         name = os.path.abspath(raw)

@@ -229,9 +229,9 @@ class OpTracer(TorchDispatchMode):
     """Hashes the inputs and outputs of every aten op run under it (meant for a single step)."""
 
     def __init__(self, model: torch.nn.Module | None = None) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ is unannotated
         self._pending = PendingHashes()
-        self._ops: list[tuple[str, str | None, list[str], list[str]]] = []
+        self._ops: list[tuple[str, str | None, str, list[str], list[str], str]] = []  # op, layer, phase, inputs, outputs, arguments
         self._layers: list[str] = []
         self._model = model
         self._handles: list[Any] = []

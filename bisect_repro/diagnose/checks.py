@@ -98,7 +98,8 @@ class RecipeChecks:
             runs = []
             for step in range(len(self.outcomes)):
                 replica.fetch(keep=[s] if step > s else [])
-                runs.append(replica.run(step, trace="none", commit=True, **({"ops": "all"} if step == s else {})))
+                traced: dict[str, Any] = {"ops": "all"} if step == s else {}
+                runs.append(replica.run(step, trace="none", commit=True, **traced))
             one, two = runs[s], replica.run(s, trace="none", ops="all")
         if one.outcome != first.outcome:
             return None

@@ -241,7 +241,9 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
     if ca is None or cb is None:
         result.notes.append(f"no replay: {a.path if ca is None else b.path} has no checkpoint at or before step {last_equal}")
         return None
-    checkpoints, first = (ca, cb), (_checkpoint_at(a, -1), _checkpoint_at(b, -1))
+    fa, fb = _checkpoint_at(a, -1), _checkpoint_at(b, -1)
+    assert fa is not None and fb is not None  # a run with a checkpoint at or before last_equal has a first one
+    checkpoints, first = (ca, cb), (fa, fb)
     lockstep = Lockstep((a, b), specs, progress)
     info = result.replay
     info.performed = True

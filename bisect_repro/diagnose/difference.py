@@ -7,7 +7,7 @@ import torch
 __all__ = ["difference_stats", "histogram"]
 
 
-def difference_stats(a: torch.Tensor, b: torch.Tensor) -> dict[str, float | int | None]:
+def difference_stats(a: torch.Tensor, b: torch.Tensor) -> dict[str, float | int | dict[str, int] | None]:
     """Max absolute difference, max distance in units of the last place, fraction of elements that differ."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return {"max_abs_diff": None, "max_ulp": None, "fraction_differing": 1.0}

@@ -226,12 +226,13 @@ def records_verdict(records: Records) -> Verdict:
     if end < 0:  # the first snapshots (before step 0) already differ: the runs part at initialisation
         verdict.phase = "init"
     loader = records.a.meta.loader
-    if logs.get("order") is not None and logs["order"] <= end:
-        verdict.step, verdict.phase, verdict.cause, verdict.tensor = logs["order"], "data", Cause.DATA_ORDER, "batch.indices"
+    order, batch = logs.get("order"), logs.get("batch")
+    if order is not None and order <= end:
+        verdict.step, verdict.phase, verdict.cause, verdict.tensor = order, "data", Cause.DATA_ORDER, "batch.indices"
         verdict.rng = [s for s in changed if "generator" in s or s == "torch"]
-    elif logs.get("batch") is not None and logs["batch"] <= end:
-        verdict.step, verdict.phase, verdict.cause = logs["batch"], "data", Cause.DATA_CONTENT
-        if records.a.steps.get(logs["batch"], {}).get("order") is None:  # no sample indices recorded: order or content
+    elif batch is not None and batch <= end:
+        verdict.step, verdict.phase, verdict.cause = batch, "data", Cause.DATA_CONTENT
+        if records.a.steps.get(batch, {}).get("order") is None:  # no sample indices recorded: order or content
             verdict.cause, verdict.tensor = Cause.DATA_ORDER, "batch"
             verdict.rng = [s for s in [*changed, *all_along] if "generator" in s or s == "torch"]
     elif reseeds:

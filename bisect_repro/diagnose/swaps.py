@@ -105,7 +105,7 @@ class Swaps:
 
             def with_streams(names: list[str]) -> bool:
                 pre = {**b["pre_streams"], **{n: a["pre_streams"][n] for n in names if n in a["pre_streams"]}}
-                epoch = {**epoch_b, **{n: epoch_a[n] for n in names if n in (epoch_a or {})}} if epoch_b is not None else None
+                epoch = {**epoch_b, **{n: (epoch_a or {})[n] for n in names if n in (epoch_a or {})}} if epoch_b is not None else None
                 return self.rb.data(s, pre_streams=pre, epoch_streams=epoch)[kind] == fetched_a[kind]
 
             if self._streams(verdict, "data_streams", differing, with_streams, "loader and global streams"):

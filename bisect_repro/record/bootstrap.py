@@ -76,9 +76,9 @@ def _seed(seeds: dict[str, int]) -> None:
 def _spy_threads() -> None:
     set_num_threads = torch.set_num_threads
 
-    def spy(count: int) -> None:
-        serve.THREADS_SET.append(int(count))
-        set_num_threads(count)
+    def spy(nthreads: int) -> None:  # torch's own parameter name
+        serve.THREADS_SET.append(int(nthreads))
+        set_num_threads(nthreads)
 
     torch.set_num_threads = spy
 

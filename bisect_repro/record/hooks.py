@@ -38,45 +38,45 @@ class HookServer(StepServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.first: int | None = None
-        self._skip: dict[str, Any] | None = None
+        self._skipping: dict[str, Any] | None = None
         self._running: InstrumentedStep | None = None
         self._start_streams: dict[str, Any] = {}
-        self._tensors: dict[str, Any] = {}
+        self._batch_tensors: dict[str, Any] = {}
         self._others: list[str] = []
 
     # -- called by the recorder, from the framework's hooks ------------------------------------
     def begin_step(self, step: int) -> None:
         self.step = self.current = step
         self.first = step if self.first is None else self.first
-        self._tensors, self._others, self.loss = {}, [], None
+        self._batch_tensors, self._others, self.loss = {}, [], None
         self._start_streams = self.state.streams.state_dict()
-        skip = self._skip
+        skip = self._skipping
         if skip is not None:
             if step in skip["hashes_at"]:
                 skip["hashes"][str(step)] = self._state_hashes()
             if step < skip["until"]:
                 return
-            self._skip = None
+            self._skipping = None
             self.channel.send({"step": step, "records": skip["records"], "hashes": skip["hashes"]})
         self._serve()
 
     def note_batch(self, batch: Any) -> None:
         tensors, others = batch_tensors(batch)
-        self._tensors.update({f"{len(self._tensors) + i}": t for i, t in enumerate(tensors.values())})
+        self._batch_tensors.update({f"{len(self._batch_tensors) + i}": t for i, t in enumerate(tensors.values())})
         self._others += others
         if self._running is not None:
             self._running.note_batch(batch, None)
 
     def end_step(self) -> None:
-        batch = combine_digests([*hash_tensors(self._tensors).values(), *self._others])
+        batch = combine_digests([*hash_tensors(self._batch_tensors).values(), *self._others])
         if self._running is not None:
             running, self._running = self._running, None
             running.__exit__(None, None, None)
             running.loss = self.loss
             reply, payload = running.reply(self.step)
             self.channel.send({**reply, "batch": batch}, payload)
-        elif self._skip is not None:
-            self._skip["records"].append({"step": self.step, "order": None, "batch": batch, "loss": loss_value(self.loss)})
+        elif self._skipping is not None:
+            self._skipping["records"].append({"step": self.step, "order": None, "batch": batch, "loss": loss_value(self.loss)})
 
     def end_training(self) -> None:
         """The framework finished training: tell a waiting controller, and end the process."""
@@ -92,7 +92,8 @@ class HookServer(StepServer):
                 self._start_run(request, tree)
                 return
             if op == "skip" and int(request["until"]) > self.step:
-                self._skip = {"until": int(request["until"]), "hashes_at": set(request.get("hashes_at", ())), "records": [], "hashes": {}}
+                until, hashes_at = int(request["until"]), set(request.get("hashes_at", ()))
+                self._skipping = {"until": until, "hashes_at": hashes_at, "records": [], "hashes": {}}
                 return
             if op == "exit":
                 self._exit()

@@ -188,7 +188,7 @@ class Recorder:
                     self.state.load_state_dict(Run.open(source, info.rank if info else 0).checkpoint(step), streams=restore_streams)
                     self.step = step
                 self.start_step = self.step
-                meta = {
+                meta: dict[str, Any] = {
                     "target": target,
                     "config": dict(config or {}),
                     "options": {

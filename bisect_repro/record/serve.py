@@ -213,7 +213,7 @@ class StepServer:
     def _items(self, request: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
         """Do the dataset's items at a kept step's indices change with ``stream`` one draw further?"""
         start = self.starts[int(request["step"])]
-        dataset = getattr(self.trainee.loader, "dataset", None)
+        dataset: Any = getattr(self.trainee.loader, "dataset", None)
         sources = recipe_streams(self.trainee)
         name = request["stream"]
         if start.indices is None or not hasattr(dataset, "__getitem__") or (name not in sources and name not in start.streams):
@@ -245,7 +245,7 @@ class StepServer:
             if self.step in hashes_at:
                 hashes[str(self.step)] = self._state_hashes()
             batch, indices = self.state.data.next_batch()
-            record = {"step": self.step, "order": order_digest(indices), "batch": batch_digest(batch)}
+            record: dict[str, Any] = {"step": self.step, "order": order_digest(indices), "batch": batch_digest(batch)}
             self.loss, self.current = None, self.step
             yield batch
             record["loss"] = loss_value(self.loss)

@@ -197,7 +197,7 @@ class Replica:
     def _drop_spare(self) -> None:
         if self._spare is not None:
             spare, self._spare = self._spare, None
-            spare.add_done_callback(lambda future: future.exception() is None and future.result()._finish())
+            spare.add_done_callback(_finish_spare)
 
     # -- the connection --------------------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -316,3 +316,9 @@ class Replica:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _finish_spare(future: Future[Replica]) -> None:
+    """Done callback of a spare replica nobody took: end its process (one that failed to start has none)."""
+    if future.exception() is None:
+        future.result()._finish()

@@ -174,7 +174,7 @@ def _row(
     """
     cells = []
     for group in groups:
-        seen = [values[i] for i in group if values[i] is not None]
+        seen = [value for value in (values[i] for i in group) if value is not None]
         n = max(seen) if seen else None
         what = "no snapshot" if n is None else f"{n} {unit}" if unit else "differs" if n else "equal"
         cells.append(Cell(n, f"{'step' if len(group) == 1 else 'steps'} {_column(steps, group)}, {label}: {what}"))
@@ -191,7 +191,7 @@ def _timeline(timeline: Sequence[Mapping[str, Any]]) -> str:
         return section(title, '<p class="muted">No common snapshots.</p>')
     steps = [_count(row.get("step")) for row in timeline]
     groups = _group(steps)
-    layers = [row.get("layers") if isinstance(row.get("layers"), Mapping) else {} for row in timeline]
+    layers: list[Mapping[str, Any]] = [found if isinstance(found := row.get("layers"), Mapping) else {} for row in timeline]
     order = list(dict.fromkeys(name for found in layers for name in found))  # by the snapshot where each first differs
     unit = "differing tensor(s)"
     rows = [_row("all tensors", [_count(row.get("differing_tensors")) for row in timeline], steps, groups, unit)]

@@ -199,8 +199,8 @@ def heatmap(rows: Sequence[tuple[str, Sequence[Cell]]], columns: Sequence[str], 
             box = f'x="{label_w + j * cell_w}" y="{y}" width="{cell_w - 1}" height="{cell_h - 2}"'
             out.append(_titled("rect", f'class="cell {kind}" {box}', cell.tip))
     if highlight is not None and rows:
-        x = label_w + highlight * cell_w
-        out.append(f'<rect class="outline" x="{x - 1}" y="{head - 1}" width="{cell_w + 1}" height="{cell_h * len(rows) + 1}"/>')
+        left = label_w + highlight * cell_w
+        out.append(f'<rect class="outline" x="{left - 1}" y="{head - 1}" width="{cell_w + 1}" height="{cell_h * len(rows) + 1}"/>')
     out.append("</svg>")
     return "".join(out)
 

@@ -207,7 +207,7 @@ def _header_length(path: Path, data: bytes, raw_size: int) -> int:
         raise RunFormatError(path, "truncated safetensors data (no header length)", "the file is damaged")
     if len(first) < 8:
         raise RunFormatError(path, f"truncated or corrupt zstandard frame ({len(first)} bytes of {raw_size})", "the file is damaged")
-    (length,) = struct.unpack("<Q", first)
+    length: int = struct.unpack("<Q", first)[0]
     if length > raw_size - 8:
         raise RunFormatError(path, f"safetensors header length {length} exceeds the file ({raw_size} bytes)", "the file is damaged")
     cap = min(_HEADER_CAP, _HEADER_FLOOR + _HEADER_RATIO * len(data))
@@ -249,19 +249,30 @@ def _named(name: str) -> str:
     return repr(name if len(name) <= 80 else name[:80] + "...")  # a crafted name may be megabytes long
 
 
+def _span(info: Any, data_size: int) -> tuple[int, int] | None:
+    """The ``(begin, end)`` data offsets of a header entry; ``None`` for a bad dtype, shape or offsets."""
+    if not isinstance(info, dict):
+        return None
+    dtype, shape, offsets = (info.get(k) for k in ("dtype", "shape", "data_offsets"))
+    if not (isinstance(dtype, str) and dtype in _DTYPE_SIZES and isinstance(shape, list) and all(map(_is_count, shape))):
+        return None
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets))):
+        return None
+    begin, end = offsets
+    if not (begin <= end <= data_size and end - begin == _elements(shape, data_size) * _DTYPE_SIZES[dtype]):
+        return None
+    return begin, end
+
+
 def _validate_layout(path: Path, header: dict[str, Any], data_size: int) -> None:
     spans = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype, shape, offsets = (info.get(k) for k in ("dtype", "shape", "data_offsets")) if isinstance(info, dict) else (None,) * 3
-        ok = isinstance(dtype, str) and dtype in _DTYPE_SIZES and isinstance(shape, list) and all(map(_is_count, shape))
-        ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets))
-        if ok:
-            begin, end = offsets
-            ok = begin <= end <= data_size and end - begin == _elements(shape, data_size) * _DTYPE_SIZES[dtype]
-        if not ok:
+        span = _span(info, data_size)
+        if span is None:
             raise RunFormatError(path, f"safetensors entry {_named(name)} has a bad dtype, shape or offsets", "the file is damaged")
+        begin, end = span
         spans.append((begin, end, name))
     spans.sort()
     for (_, end, first), (begin, _, second) in itertools.pairwise(spans):

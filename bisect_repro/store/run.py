@@ -256,7 +256,7 @@ class Run:
         """The last step whose state is committed (the last snapshot)."""
         return max(self.snapshots) if self.snapshots else None
 
-    def _load(self, entry: FileEntry) -> Any:
+    def _load(self, entry: FileEntry) -> dict[str, Any]:
         file = self.folder / entry.file
         if entry.bytes > codec.memory_cap():
             problem = f"the run index declares {entry.bytes} bytes, more than this machine's memory"

@@ -52,7 +52,9 @@ def key_path() -> Path:
 def launch_claim(meta: Mapping[str, Any]) -> bytes:
     """The canonical bytes of what decides a replay: target, config, launch, variables, layout."""
     claim = {key: meta.get(key) for key in _CLAIM_KEYS}
-    environment = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
+    environment = meta.get("environment")
+    if not isinstance(environment, dict):
+        environment = {}
     claim["variables"] = {k: v for k, v in environment.items() if isinstance(k, str) and k.startswith("env.")}
     return json.dumps(claim, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True).encode()
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from bisect_repro.capture.data import DataStream, loader_generators
+from bisect_repro.capture.data import DataStream, describe_loader, loader_generators
 from bisect_repro.capture.rng import RandomStreams
 
 
@@ -77,6 +77,14 @@ def test_indices_are_the_samplers_and_the_sampler_is_given_back() -> None:
     assert batch[0].tolist() == [float(i) for i in indices]
     stream.close()
     assert loader.batch_sampler is original_sampler
+
+
+def test_a_custom_batch_sampler_without_a_sampler_is_described() -> None:
+    loader = DataLoader(TensorDataset(torch.arange(4.0)), batch_sampler=[[0, 1], [2, 3]])
+    assert describe_loader(loader)["sampler"] == "list"
+    stream = stream_for(loader)  # under the index tap as well
+    assert describe_loader(loader)["sampler"] == "list"
+    stream.close()
 
 
 def test_plain_iterables_work_without_indices() -> None:

@@ -72,6 +72,13 @@ def test_unknown_generator_types_are_refused_by_name() -> None:
         streams.state_dict()
 
 
+def test_a_random_state_on_another_bit_generator_than_mt19937_is_refused_with_the_fix() -> None:
+    streams = RandomStreams({"legacy": np.random.RandomState(np.random.PCG64(0))})
+    refused = pytest.raises(BisectReproError, match=r"drawing from PCG64, not MT19937.*numpy.random.Generator\(PCG64\(\)\)")
+    with refused, pytest.warns(RuntimeWarning, match="MT19937"):  # the warning is numpy's own, from get_state(legacy=True)
+        streams.state_dict()
+
+
 @pytest.mark.cuda
 def test_cuda_streams_are_captured_and_restored() -> None:
     torch.cuda.init()
