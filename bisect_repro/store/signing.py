@@ -79,24 +79,27 @@ def _read_key(path: Path) -> bytes | None:
 
 
 def _create_key(path: Path) -> bytes | None:
-    """A new key, written with mode 0600 (exclusively: a key another process made first wins)."""
+    """A new key, mode 0600, appearing under its name only whole: written to a private temporary
+    file, then hard-linked into place, which fails if another process linked its key first (that
+    key then wins, and is read)."""
+    key = secrets.token_bytes(_KEY_BYTES)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(handle, key.hex().encode() + b"\n")
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+        os.link(temporary, path)
     except FileExistsError:
         return _read_key(path)
     except OSError:
         return None
-    key = secrets.token_bytes(_KEY_BYTES)
-    try:
-        os.write(handle, key.hex().encode() + b"\n")
-        os.fsync(handle)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        return None
     finally:
-        os.close(handle)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
     return key
 
 

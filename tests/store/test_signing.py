@@ -90,3 +90,14 @@ def test_no_key_can_be_made_and_the_run_is_unsigned(tmp_path: Path, monkeypatch:
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "file"))  # a file where the folder would be
     assert signing.sign(META) is None and not signing.verify({**META, "signature": {"key": "00", "mac": "00"}})
+
+
+def test_processes_making_the_key_at_once_all_sign_with_the_one_that_won(config_home: Path) -> None:
+    import subprocess
+    import sys
+
+    code = "from bisect_repro.store import signing; import json; print(json.dumps(signing.sign({'target': 'x'})))"
+    processes = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    signatures = {process.communicate(timeout=120)[0].strip() for process in processes}
+    assert len(signatures) == 1 and "null" not in signatures, signatures
+    assert [p.name for p in (config_home / "bisect-repro").iterdir()] == ["signing.key"]  # no temporary file left
