@@ -32,7 +32,7 @@ from ..errors import BisectReproError
 from ..store.run import Run
 from .page import badge, document, esc, key_values, section, table, value
 from .svg import Cell, Series, bars, downsample, heatmap, line_chart
-from .text import verdict_where
+from .text import replay_summary, verdict_where
 
 __all__ = ["check_html_path", "comparison_html", "run_losses", "summary_html", "write_html"]
 
@@ -275,11 +275,8 @@ def _replay(result: Mapping[str, Any]) -> str:
         if replay.get("from_step") is None:
             pairs.append(("replay", f"the code built again in fresh processes, {value(replay.get('seconds'))} s"))
         else:
-            faithful = (
-                badge("reproduced both runs' records", "equal")
-                if replay.get("faithful")
-                else badge("did not reproduce the records exactly", "inconclusive")
-            )
+            summary, exact = replay_summary(replay)
+            faithful = badge(summary, "equal" if exact else "inconclusive")
             steps = f"{value(replay.get('replayed_steps'))} step(s) in {value(replay.get('seconds'))} s"
             pairs.append(("replay", f"from the checkpoint at step {value(replay.get('from_step'))}, {steps} {faithful}"))
         for label, command in zip(("run A", "run B"), replay.get("commands") or [], strict=False):

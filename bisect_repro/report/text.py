@@ -21,7 +21,7 @@ from ..diagnose.replicas import replica_drift
 from ..store.run import Run
 from .safe import safe_text
 
-__all__ = ["render_comparison", "render_doctor", "render_summary", "run_summary", "verdict_where"]
+__all__ = ["render_comparison", "render_doctor", "render_summary", "replay_summary", "run_summary", "verdict_where"]
 
 
 def run_summary(run: Run, *, verify: bool = False) -> dict[str, Any]:
@@ -227,7 +227,8 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
     console.print(_timeline_table(result["timeline"]))
     replay = result["replay"]
     if replay["performed"]:
-        faithful = "[green]reproduced both runs' records[/]" if replay["faithful"] else "[yellow]did not reproduce the records exactly[/]"
+        summary, exact = replay_summary(replay)
+        faithful = f"[{'green' if exact else 'yellow'}]{safe_text(summary)}[/]"
         if replay["from_step"] is None:
             console.print(f"replay: the code built again in fresh processes, {replay['seconds']:.2f}s")
         else:
@@ -235,6 +236,17 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
             console.print(f"replay: from the checkpoint at step {replay['from_step']}, {steps}; {faithful}")
     for note in result["notes"]:
         console.print(f"[yellow]note:[/] {safe_text(note)}")
+
+
+def replay_summary(replay: Mapping[str, Any]) -> tuple[str, bool]:
+    """How faithful a replay was, in words that agree with where it parted from its records, and
+    whether it reproduced every step before the divergent one."""
+    parted = ", ".join(f"run {p.get('run')} at step {p.get('step')}" for p in replay.get("parted") or [])
+    if not replay.get("faithful"):
+        return f"did not reproduce the records exactly ({parted or 'see the notes'})", False
+    if parted:  # only at the divergent step, whose cause (entropy) makes a replay differ from its record
+        return f"reproduced both runs' records before the divergent step (then {parted} parted from its records)", True
+    return "reproduced both runs' records", True
 
 
 def _ranks_table(ranks: list[dict[str, Any]]) -> Table:
