@@ -18,6 +18,7 @@ from rich.table import Table
 from ..diagnose.causes import cause_title
 from ..diagnose.findings import SEVERITIES
 from ..diagnose.replicas import replica_drift
+from ..store import signing
 from ..store.run import Run
 from .safe import safe_text
 
@@ -70,6 +71,7 @@ def _rank_summary(run: Run, *, verify: bool) -> dict[str, Any]:
         "target": meta.target,
         "config": meta.config,
         "options": meta.raw.get("options") or {},
+        "recorded_by_you": signing.verify(meta.raw),
         "complete": run.complete,
         "steps_logged": len(run.steps),
         "last_step": run.last_step,
@@ -106,6 +108,12 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_row(
         "options",
         safe_text(f"steps={options.get('steps')} every={options.get('every')} checkpoint_every={options.get('checkpoint_every')}"),
+    )
+    table.add_row(
+        "recorded by",
+        "you, on this machine: compare replays it"
+        if summary["recorded_by_you"]
+        else "[yellow]someone else, or edited since[/]: compare replays it only with your consent (--trust)",
     )
     table.add_row("steps logged", str(summary["steps_logged"]))
     table.add_row("snapshots", f"{len(summary['snapshots'])}: {_short(summary['snapshots'])}  ({summary['bytes']['snapshots']:,} bytes)")

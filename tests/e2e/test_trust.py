@@ -307,3 +307,12 @@ def test_at_a_terminal_the_user_is_shown_what_would_run_and_decides(pair: tuple[
     assert "no replay: run B was not recorded by you" in flat and "by running" not in flat
     code, seen = answered(a, b, b"y\r")
     assert code == 1 and "replaying run B by running" in " ".join(seen.split())
+
+
+def test_show_says_whether_compare_will_replay_a_run_without_asking(pair: tuple[Path, Path]) -> None:
+    a, b = pair
+    edit(b, lambda meta: meta["launch"].update(cwd="/"))
+    summaries = [json.loads(runner.invoke(app, ["show", str(run), "--json"]).stdout) for run in (a, b)]
+    assert [s["recorded_by_you"] for s in summaries] == [True, False]
+    text = runner.invoke(app, ["show", str(b)]).stdout
+    assert "only with your consent (--trust)" in " ".join(text.split())
