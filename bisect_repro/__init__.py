@@ -16,8 +16,6 @@ The public API::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from .capture import vml
 from .capture.hashing import hash_tensors
 from .diagnose.compare import compare
@@ -26,6 +24,7 @@ from .errors import BisectReproError
 from .record.recorder import Recorder, RecordOptions, current_step, record
 from .store.run import Run
 from .trainee import Trainee
+from .version import __version__
 
 vml.settle()  # the first call of MKL's vector math, made before any code this process records or replays
 

@@ -13,6 +13,7 @@ __all__ = [
     "BisectReproError",
     "RecipeError",
     "RecordingError",
+    "RunExistsError",
     "RunFormatError",
     "RunLockedError",
     "RunMismatchError",
@@ -27,6 +28,11 @@ class BisectReproError(Exception):
 
 class RunNotFoundError(BisectReproError):
     """A path given as a run does not exist or is not a bisect-repro run."""
+
+
+class RunExistsError(BisectReproError):
+    """A run directory to record into already holds a run (or other files): nothing is overwritten
+    without ``--force``, and a folder that is not a run never is."""
 
 
 class RunFormatError(BisectReproError):

@@ -10,7 +10,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bisect_repro"
-LAYERS = ["errors", "stateful", "trainee", "capture", "store", "record", "replay", "diagnose", "report", "integrations", "demo", "cli"]
+LAYERS = [
+    "version", "errors", "stateful", "trainee", "capture", "store", "record", "replay", "diagnose", "report", "integrations", "demo", "cli",
+]  # fmt: skip
 
 
 def layer_of(parts: tuple[str, ...]) -> int:

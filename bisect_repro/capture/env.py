@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..version import __version__
+
 __all__ = ["APPLICABLE", "NUMERIC_ENV_VARS", "SWITCHES", "apply", "diff", "fingerprint"]
 
 NUMERIC_ENV_VARS = (
@@ -67,8 +69,6 @@ def _cpu_name() -> str:
 
 def fingerprint() -> dict[str, Any]:
     """The current process's environment, as a flat JSON-able mapping."""
-    from .. import __version__
-
     cuda = torch.cuda.is_available()
     found: dict[str, Any] = {
         "bisect_repro": __version__,

@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..diagnose.causes import cause_title
 from ..errors import BisectReproError
 from ..store.run import Run
+from ..version import __version__
 from .page import badge, document, esc, key_values, section, table, value
 from .svg import Cell, Series, bars, downsample, heatmap, line_chart
 from .text import replay_summary, verdict_where

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import RecordingError, RunFormatError, RunLockedError, RunNotFoundError
+from ..errors import RecordingError, RunExistsError, RunFormatError, RunLockedError
 from . import codec, signing
 from .meta import RunMeta
 from .run import _KINDS, _LOCK, _META, _RANK_META, DISTRIBUTED_FORMAT, FORMAT, FileEntry, Run, _log_lines, file_name, rank_folder
@@ -192,11 +192,11 @@ class RunWriter:
         with self._closed_on_error(self.path, "create the run"):
             if self.path.exists() and any(c.name not in (_LOCK, f".{_META}.tmp") for c in self.path.iterdir()):
                 if not force:
-                    raise RunNotFoundError(
+                    raise RunExistsError(
                         f"{self.path}: already exists; pass --force to overwrite it, --resume to continue it, or choose another --out"
                     )
                 if not (self.path / _META).exists():
-                    raise RunNotFoundError(f"{self.path}: not empty and not a bisect-repro run; refusing to overwrite it even with --force")
+                    raise RunExistsError(f"{self.path}: not empty and not a bisect-repro run; refusing to overwrite it even with --force")
                 self._lock = RunLock(self.path)  # before deleting anything: never pull a run from under its recorder
                 _remove_contents_but_lock(self.path)
             else:
@@ -240,7 +240,7 @@ class RunWriter:
             writer.rank.mkdir(exist_ok=True)
             writer._lock = RunLock(writer.rank)
             if any(c.name not in (_LOCK, f".{_RANK_META}.tmp") for c in writer.rank.iterdir()):
-                raise RunNotFoundError(f"{writer.rank}: already holds records; record the run again with --force")
+                raise RunExistsError(f"{writer.rank}: already holds records; record the run again with --force")
             writer._make_folder(rank_meta)
             _fsync_dir(path)
         return writer

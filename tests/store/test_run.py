@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bisect_repro.errors import RecordingError, RunFormatError, RunLockedError, RunNotFoundError
+from bisect_repro.errors import RecordingError, RunExistsError, RunFormatError, RunLockedError, RunNotFoundError
 from bisect_repro.store import run as store
 from bisect_repro.store.run import Run
 from bisect_repro.store.writer import RunWriter
@@ -36,7 +36,7 @@ def test_written_run_reads_back(tmp_path) -> None:
 
 def test_refuses_to_overwrite_without_force(tmp_path) -> None:
     make_run(tmp_path / "r")
-    with pytest.raises(RunNotFoundError, match="--force"):
+    with pytest.raises(RunExistsError, match="--force"):
         RunWriter(tmp_path / "r", {})
     RunWriter(tmp_path / "r", {}, force=True)
     assert Run.open(tmp_path / "r").snapshots == {}
@@ -45,7 +45,7 @@ def test_refuses_to_overwrite_without_force(tmp_path) -> None:
 def test_force_never_deletes_a_folder_that_is_not_a_run(tmp_path) -> None:
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("precious")
-    with pytest.raises(RunNotFoundError, match="not a bisect-repro run"):
+    with pytest.raises(RunExistsError, match="not a bisect-repro run"):
         RunWriter(tmp_path / "mine", {}, force=True)
     assert (tmp_path / "mine" / "thesis.tex").read_text() == "precious"
 
