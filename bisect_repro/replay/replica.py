@@ -6,7 +6,10 @@ environment variables), waits for its Recorder to connect back, and turns reques
 :mod:`bisect_repro.record.serve`) into typed results: :class:`StepResult` for a step run again,
 :class:`SkipResult` for steps trained untraced. Each replica is its own process, so two runs never
 share a random stream, a setting or a module global, and environment variables read at start-up
-(``OMP_NUM_THREADS``, ``CUBLAS_WORKSPACE_CONFIG``, ``PYTHONHASHSEED``) are the recorded ones.
+(``OMP_NUM_THREADS``, ``CUBLAS_WORKSPACE_CONFIG``, ``PYTHONHASHSEED``) are the recorded ones (those
+:data:`~bisect_repro.replay.launch.REPLAYED_VARIABLES` allows, and no other). The process starts in
+the listener's private folder, never in the recorded working directory, so that nothing there is
+imported; the bootstrap moves to that directory once the import path is fixed.
 
 A distributed run's replica is a :class:`~bisect_repro.replay.ranks.RankedReplica` (a
 :class:`LaunchSpec` with a ``world_size`` makes one): all its ranks under ``torchrun``, stepped
