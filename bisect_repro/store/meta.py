@@ -32,7 +32,17 @@ from typing import Any
 from ..capture.env import SWITCHES
 from ..errors import RunFormatError
 
-__all__ = ["CodeKind", "CodeRecord", "Distributed", "LaunchRecord", "RankMeta", "Resume", "RunMeta", "RunOptions", "Signature"]
+__all__ = [
+    "CodeKind",
+    "CodeRecord",
+    "Distributed",
+    "LaunchRecord",
+    "RankMeta",
+    "Resume",
+    "RunMeta",
+    "RunOptions",
+    "Signature",
+]
 
 FORMAT = 1
 """The format of a single-process run, as it always was."""

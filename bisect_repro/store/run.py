@@ -152,6 +152,32 @@ def _read_json(root: Path, relative: str, what: str) -> Any:
     return files.parse_json(files.read_file(root, relative, _META_CAP, what), path, what, max_nodes=_META_NODES)
 
 
+_SEEDING_TEXT = ("call", "stream", "where")
+
+
+def _check_step_line(record: dict[str, Any]) -> int:
+    """A ``steps.jsonl`` line's step, after checking every field a reader uses: ``loss`` a number or
+    null, ``order`` and ``batch`` text or null, ``seeded`` a list of seeding calls (``call``,
+    ``stream``, ``where`` text, ``entropy`` true or false). ``ValueError`` names the first bad field."""
+    step = record["step"]
+    if type(step) is not int or step < 0:
+        raise ValueError(f"step {step!r} is not a step number")
+    loss = record.get("loss")
+    if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float))):
+        raise ValueError(f"step {step}: loss {loss!r} is not a number")
+    for key in ("order", "batch"):
+        if record.get(key) is not None and not isinstance(record[key], str):
+            raise ValueError(f"step {step}: {key} {record[key]!r} is not a digest")
+    seeded = record.get("seeded", [])
+    if not isinstance(seeded, list):
+        raise ValueError(f"step {step}: seeded is not a list")
+    for call in seeded:
+        ok = isinstance(call, dict) and all(call.get(k) is None or isinstance(call[k], str) for k in _SEEDING_TEXT)
+        if not ok or not isinstance(call.get("entropy", False), bool):
+            raise ValueError(f"step {step}: a seeding call {call!r:.80} is not call, stream, where and entropy")
+    return step
+
+
 @dataclass
 class Run:
     """One rank of a run directory, opened for reading (a single-process run has rank 0 only).
@@ -206,10 +232,7 @@ class Run:
         try:
             log = folder / "steps.jsonl"
             for record in _read_lines(log, path):
-                step = record["step"]
-                if type(step) is not int or step < 0:
-                    raise ValueError(f"step {step!r} is not a step number")
-                run.steps[step] = record
+                run.steps[_check_step_line(record)] = record
             log = folder / "index.jsonl"
             for record in _read_lines(log, path):
                 if record.get("kind") == "end":

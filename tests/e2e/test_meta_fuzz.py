@@ -103,3 +103,32 @@ def test_any_field_of_run_json_gives_an_answer_or_one_line(run_json: dict[str, A
             lines = result.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: "), (where, value, result.stderr)
     shutil.rmtree(case)
+
+
+@settings(
+    max_examples=int(os.environ.get("BISECT_REPRO_FUZZ_EXAMPLES", "30")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(line=st.integers(min_value=0, max_value=2), key=st.sampled_from(["step", "loss", "order", "batch", "seeded"]), value=values)
+def test_any_field_of_a_step_line_gives_an_answer_or_one_line(tmp_path: Path, line: int, key: str, value: Any) -> None:
+    case = Path(tempfile.mkdtemp(dir=tmp_path))
+    shutil.copytree(recorded(), case / "a")
+    shutil.copytree(recorded(), case / "b")
+    log = case / "b" / "rank0" / "steps.jsonl"
+    lines = [json.loads(text) for text in log.read_text().splitlines()]
+    lines[line % len(lines)][key] = value
+    lines[line % len(lines)].setdefault("seeded", [{"call": "torch.seed()", "stream": "torch", "where": "x.py:1", "entropy": True}])
+    log.write_text("".join(json.dumps(record) + "\n" for record in lines))
+    for command in (
+        ["show", str(case / "b")],
+        ["compare", str(case / "a"), str(case / "b"), "--no-replay"],
+        ["compare", str(case / "a"), str(case / "b")],
+    ):
+        result = runner.invoke(app, command)
+        assert result.exception is None or isinstance(result.exception, SystemExit), (key, value, result.exception)
+        assert result.exit_code in (0, 1, 2) and "Traceback" not in result.output, (key, value, result.output)
+        if result.exit_code == 2:
+            lines_out = result.stderr.strip().splitlines()
+            assert len(lines_out) == 1 and lines_out[0].startswith(f"error: {log}: "), (key, value, result.stderr)
+    shutil.rmtree(case)
