@@ -74,6 +74,23 @@ def mutated(meta: dict[str, Any], where: tuple[Any, ...], value: Any, remove: bo
     return meta
 
 
+def answers_or_one_line(case: Path, edited: Path, mutation: tuple[Any, Any]) -> None:
+    """``show`` of run B and ``compare`` of A with B (records only, then with the replay) answer with
+    exit 0, 1 or 2, never a traceback; exit 2 is one line naming ``edited``."""
+    for command in (
+        ["show", str(case / "b")],
+        ["compare", str(case / "a"), str(case / "b"), "--no-replay"],
+        ["compare", str(case / "a"), str(case / "b")],
+    ):
+        result = runner.invoke(app, command)
+        assert result.exception is None or isinstance(result.exception, SystemExit), (mutation, result.exception)
+        assert result.exit_code in (0, 1, 2) and "Traceback" not in result.output, (mutation, result.output)
+        if result.exit_code == 2:
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith(f"error: {edited}: "), (mutation, result.stderr)
+    shutil.rmtree(case)
+
+
 @pytest.fixture(scope="module")
 def run_json() -> dict[str, Any]:
     return json.loads((recorded() / "run.json").read_text())
@@ -91,18 +108,7 @@ def test_any_field_of_run_json_gives_an_answer_or_one_line(run_json: dict[str, A
     shutil.copytree(recorded(), case / "b")
     shutil.copytree(recorded(), case / "a")
     (case / "b" / "run.json").write_text(json.dumps(mutated(run_json, where, value, remove)))
-    for command in (
-        ["show", str(case / "b")],
-        ["compare", str(case / "a"), str(case / "b"), "--no-replay"],
-        ["compare", str(case / "a"), str(case / "b")],
-    ):
-        result = runner.invoke(app, command)
-        assert result.exception is None or isinstance(result.exception, SystemExit), (where, value, result.exception)
-        assert result.exit_code in (0, 1, 2) and "Traceback" not in result.output, (where, value, result.output)
-        if result.exit_code == 2:
-            lines = result.stderr.strip().splitlines()
-            assert len(lines) == 1 and lines[0].startswith("error: "), (where, value, result.stderr)
-    shutil.rmtree(case)
+    answers_or_one_line(case, case / "b" / "run.json", (where, value))
 
 
 @settings(
@@ -120,15 +126,4 @@ def test_any_field_of_a_step_line_gives_an_answer_or_one_line(tmp_path: Path, li
     lines[line % len(lines)][key] = value
     lines[line % len(lines)].setdefault("seeded", [{"call": "torch.seed()", "stream": "torch", "where": "x.py:1", "entropy": True}])
     log.write_text("".join(json.dumps(record) + "\n" for record in lines))
-    for command in (
-        ["show", str(case / "b")],
-        ["compare", str(case / "a"), str(case / "b"), "--no-replay"],
-        ["compare", str(case / "a"), str(case / "b")],
-    ):
-        result = runner.invoke(app, command)
-        assert result.exception is None or isinstance(result.exception, SystemExit), (key, value, result.exception)
-        assert result.exit_code in (0, 1, 2) and "Traceback" not in result.output, (key, value, result.output)
-        if result.exit_code == 2:
-            lines_out = result.stderr.strip().splitlines()
-            assert len(lines_out) == 1 and lines_out[0].startswith(f"error: {log}: "), (key, value, result.stderr)
-    shutil.rmtree(case)
+    answers_or_one_line(case, log, (key, value))
