@@ -49,6 +49,7 @@ from ..record.recipe import recipe_file
 from ..store.meta import CodeKind, CodeRecord, recorded_variables
 from ..store.printable import printable
 from ..store.run import Run
+from ..store.signing import verify
 
 __all__ = ["REPLAYED_VARIABLES", "Consent", "LaunchSpec", "ReplayUnavailable", "spec_for_recipe", "spec_for_run"]
 
@@ -192,10 +193,19 @@ def _bounded_world(run: Run) -> None:
         )
 
 
+def _quietly(check: Callable[[], Any]) -> Any:
+    """A file-system check on a path a run names, ``None`` when the path cannot even be looked at
+    (too long, a loop of links, not permitted): such a path is never run."""
+    try:
+        return check()
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
 def _inside_a_run(path: Path) -> Path | None:
     """The run directory ``path`` lies in, if any: code from there is never run."""
     for folder in path.parents:
-        if (folder / "run.json").is_file() and (folder / "rank0").is_dir():
+        if _quietly((folder / "run.json").is_file) and _quietly((folder / "rank0").is_dir):
             return folder
     return None
 
@@ -232,8 +242,8 @@ def _checked_code(run: Run, code: CodeRecord | None, what: str, accept_changed: 
         raise ReplayUnavailable(
             f"{run.path}: its {what} {printable(code.path)} is not an absolute path; the run was edited, record it again"
         )
-    path = recorded.resolve()
-    if not path.is_file():
+    path = _quietly(recorded.resolve) or recorded
+    if not _quietly(path.is_file):
         raise ReplayUnavailable(f"{run.path}: its {what} {printable(path)} is not on this machine; "
                                 "the verdict is from the records alone; run compare where the code is")  # fmt: skip
     if _standard_library(path):
@@ -256,13 +266,11 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     """How to replay ``run`` here; :class:`ReplayUnavailable` (one line) when it cannot be.
 
     The spec's ``signed`` says whether this user recorded the run; see the module docstring."""
-    from ..store.signing import verify
-
     meta = run.meta
     launch = meta.launch
     code = launch.code if launch is not None else None
     variables = _replayed(recorded_variables(meta.environment), run)
-    cwd = launch.cwd if launch is not None and launch.cwd and Path(launch.cwd).is_absolute() and Path(launch.cwd).is_dir() else None
+    cwd = launch.cwd if launch is not None and launch.cwd and Path(launch.cwd).is_absolute() and _quietly(Path(launch.cwd).is_dir) else None
     _bounded_world(run)  # refused before anything starts; the ranks are set by on_ranks
     common: dict[str, Any] = {"cwd": cwd, "variables": variables, "signed": verify(meta.raw)}
     if meta.target:

@@ -115,10 +115,11 @@ def recipe_named(target: str, path: Path | None, digest: str | None, config: dic
     return change
 
 
-def script_named(path: Path, digest: str | None, argv: list[str], kind: str = "script", module: str | None = None):
+def script_named(path: Path, digest: str | None, argv: list[str], kind: str = "script", module: str | None = None, cwd: str | None = None):
     def change(meta: dict[str, Any]) -> None:
         meta["target"] = None
         meta["launch"]["argv"] = argv
+        meta["launch"]["cwd"] = cwd or meta["launch"]["cwd"]
         meta["launch"]["code"] = {"kind": kind, "path": str(path), "sha256": digest, **({"module": module} if module else {})}
 
     return change
@@ -147,6 +148,10 @@ ATTACKS = {
     "a module name not tied to the hashed file": lambda canary, run: (
         script_named(run.parent / "evil.py", sha256(run.parent / "evil.py"), ["x"], kind="module", module="json.tool"),
         "is not the recorded file",
+    ),
+    "a path too long to look at, in a working directory too long": lambda canary, run: (
+        script_named(Path("/" + "x" * 5000) / "train.py", "0" * 64, ["train.py"], cwd="/" + "y" * 5000),
+        "is not on this machine",
     ),
     "a relative path": lambda canary, run: (
         script_named(Path("evil.py"), sha256(run.parent / "evil.py"), ["evil.py"]),
