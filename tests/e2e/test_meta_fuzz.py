@@ -32,7 +32,7 @@ scalars = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=False),
     st.text(max_size=12),
-    st.sampled_from(["\x00", "\x1b[2K", "[red]x[/]", "../../etc", "os:system", "script", "module", "recipe", "0" * 64]),
+    st.sampled_from(["\x00", "\x1b[2K", "[red]x[/]", "../../etc", "os:system", "script", "module", "recipe", "0" * 64, "/" + "x" * 5000]),
 )
 values = st.recursive(
     scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8
