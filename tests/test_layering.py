@@ -11,7 +11,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bisect_repro"
 LAYERS = [
-    "version", "errors", "stateful", "trainee", "capture", "store", "record", "replay", "diagnose", "report", "integrations", "demo", "cli",
+    "version", "errors", "stateful", "trainee", "capture", "store", "serve", "record", "replay", "diagnose", "report",
+    "integrations", "demo", "cli",
 ]  # fmt: skip
 
 

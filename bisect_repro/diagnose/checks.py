@@ -31,7 +31,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..capture.trace import first_difference, first_divergent_op, same_sequence, uninitialised
-from ..replay.replica import Replica, StepResult
+from ..replay.replica import Replica
+from ..serve.protocol import StepResult
 from . import causes
 from .causes import Cause
 from .difference import difference_stats

@@ -14,7 +14,7 @@
 Distributed runs are compared rank by rank from their records first: the first divergence over
 all ranks (:func:`~bisect_repro.diagnose.records.first_divergence`) names a step and a rank, and
 ``ranks`` holds each rank's verdict from the records. Then both runs are replayed on all their
-ranks under ``torchrun`` (:mod:`bisect_repro.replay.ranks`), in lockstep, focused on that rank:
+ranks under ``torchrun`` (:mod:`bisect_repro.replay.ranked`), in lockstep, focused on that rank:
 the lockstep, the experiments and the verdict are the focus rank's, as for a single process,
 with the verdict's ``rank`` set. Where the replay fails or does not reproduce the divergence, the
 verdict is the records' and a note says why. Runs of another world size or parallel layout are
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ..errors import RunFormatError, RunMismatchError
 from ..replay.launch import Consent, LaunchSpec, ReplayUnavailable, spec_for_run
-from ..replay.lockstep import Lockstep
+from ..replay.lockstep import Lockstep, Parted
 from ..replay.replica import ReplicaFailed
 from ..store.run import Run
 from .causes import Cause, fix_for
@@ -260,7 +260,7 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
             verdict = analysis.explain()
             result.ops_context = analysis.ops_context
             result.notes += analysis.notes
-        info.parted = lockstep.parted
+        info.parted = [p.to_json() for p in lockstep.parted]
         result.notes += lockstep.notes
         if divergence is None and lockstep.parted:
             verdict = _parted_verdict(records, lockstep.parted)
@@ -268,11 +268,11 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
         unfaithful = [
             p
             for p in lockstep.parted
-            if divergence is None or int(p["step"]) < divergence.step or (int(p["step"]) == divergence.step and not expected)
+            if divergence is None or p.step < divergence.step or (p.step == divergence.step and not expected)
         ]
         info.faithful = not unfaithful
         if verdict is not None and divergence is not None and unfaithful and verdict.cause is not Cause.HIDDEN_STATE:
-            where = ", ".join(f"run {p['run']} at step {p['step']} ({p['what']})" for p in unfaithful)
+            where = ", ".join(f"run {p.run} at step {p.step} ({p.what})" for p in unfaithful)
             result.notes.append(
                 f"the replay parted from the records ({where}): the steps read state no checkpoint holds, "
                 "or ran in another environment; the verdict is about the replayed runs"
@@ -297,15 +297,15 @@ def _checkpoint_at(run: Run, step: int) -> int | None:
     return max((s for s in run.checkpoints if s <= step), default=None)
 
 
-def _parted_verdict(records: Records, parted: list[dict[str, int | str]]) -> Verdict:
+def _parted_verdict(records: Records, parted: list[Parted]) -> Verdict:
     """The replay reproduced neither its records nor the divergence (it parted while fast-forwarding)."""
     verdict = records_verdict(records)
-    first = min(parted, key=lambda p: int(p["step"]))
+    first = min(parted, key=lambda p: p.step)
     detail = (
-        f"restored from its checkpoint with every recorded stream and setting, run {first['run']} does not reproduce its own "
-        f"recorded {first['what']} at step {first['step']}"
+        f"restored from its checkpoint with every recorded stream and setting, run {first.run} does not reproduce its own "
+        f"recorded {first.what} at step {first.step}"
     )
-    verdict.evidence.append(Evidence(experiment="replay", subject=f"run {first['run']}", outcome="differs", detail=detail))
+    verdict.evidence.append(Evidence(experiment="replay", subject=f"run {first.run}", outcome="differs", detail=detail))
     verdict.explanation = (
         f"{detail}: the steps read state that no checkpoint holds (a counter in a closure, a global, the clock), "
         f"or a nondeterministic kernel; {verdict.explanation}"

@@ -33,7 +33,8 @@ from ..capture import env
 from ..capture.trace import first_difference, first_divergent_op
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import Divergence, Lockstep
-from ..replay.replica import Replica, StepResult
+from ..replay.ranked import start_replica
+from ..serve.protocol import StepResult
 from .causes import Cause, explanation_for, fix_for
 from .difference import difference_stats
 from .records import Records
@@ -73,6 +74,10 @@ class StepAnalysis:
     def _add(self, experiment: str, subject: str, outcome: str, detail: str) -> None:
         self.evidence.append(Evidence(experiment=experiment, subject=subject, outcome=outcome, detail=detail))
 
+    def _rank(self) -> int | None:
+        hello = self.ra.hello
+        return hello.rank if hello is not None else None
+
     def explain(self) -> Verdict:
         s = self.step
         ta, tb, index = self._full_traces()
@@ -91,7 +96,7 @@ class StepAnalysis:
             assert index is not None and parted[1].trace is not None
             entry = parted[1].trace.entries[index]
             self._add("replay", f"run {parted[0]}", "differs", f"replayed, run {parted[0]} does not reproduce its own records at step {s}")
-        verdict = Verdict(step=s, phase=entry.phase, layer=entry.layer, tensor=entry.tensor, rank=self.ra.hello.get("rank"))
+        verdict = Verdict(step=s, phase=entry.phase, layer=entry.layer, tensor=entry.tensor, rank=self._rank())
         for label, check in checks.items():
             self._note_check(label, check)
         if any(check.streams for check in checks.values()):
@@ -122,7 +127,7 @@ class StepAnalysis:
             f"replayed, the runs agree at step {step} and each repeats it, but not what was recorded there",
         )
         recorded = self.records.a.meta.environment
-        here = env.diff(recorded, self.ra.describe()["environment"])
+        here = env.diff(recorded, self.ra.describe().environment)
         machine = [k for k in here if k in _MACHINE]
         verdict = Verdict(step=step, evidence=self.evidence)
         if machine:
@@ -159,7 +164,7 @@ class StepAnalysis:
         label = f"run A with its first step run {extra} extra times"
 
         def replayed(times: int) -> StepResult:
-            with Replica(self.swaps.specs[0], label) as replica:
+            with start_replica(self.swaps.specs[0], label) as replica:
                 replica.connect()
                 replica.restore(run.path, first, run.meta.environment)
                 replica.fetch()

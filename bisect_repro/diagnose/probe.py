@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..replay.replica import Replica, StepResult
+from ..replay.replica import Replica
+from ..serve.protocol import StepResult
 
 __all__ = ["differences", "probe"]
 
@@ -26,9 +27,9 @@ __all__ = ["differences", "probe"]
 def probe(replica: Replica, steps: int, *, keep: bool = False) -> tuple[dict[str, Any], list[StepResult]]:
     """The probe object of a freshly connected replica (see the module docstring), and each
     step's untraced result; ``keep`` keeps every step's start in the replica, to run again."""
-    described = replica.describe()
-    result: dict[str, Any] = {key: described[key] for key in ("init", "streams", "hidden", "environment", "threads_set", "loader")}
-    result["convolutions"] = described.get("convolutions", False)
+    described = replica.describe().to_json()
+    kept = ("init", "streams", "hidden", "environment", "threads_set", "loader", "convolutions")
+    result: dict[str, Any] = {key: described[key] for key in kept}
     result["batches"] = []
     outcomes = []
     for step in range(steps):
@@ -36,7 +37,7 @@ def probe(replica: Replica, steps: int, *, keep: bool = False) -> tuple[dict[str
         outcome = replica.run(step, trace="none", commit=True)
         outcomes.append(outcome)
         result["batches"].append(
-            {"indices": fetched["indices"], "content": fetched["batch"], "base_seed": fetched.get("base_seed"), "loss": outcome.loss}
+            {"indices": fetched.indices, "content": fetched.batch, "base_seed": fetched.base_seed, "loss": outcome.loss}
         )
     result["final"] = replica.hashes()
     return result, outcomes

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..capture.rng import GLOBAL_STREAMS
 from ..replay.launch import LaunchSpec
-from ..replay.replica import Replica
+from ..replay.ranked import start_replica
 from .causes import Cause
 from .verdict import Confidence, Evidence
 
@@ -30,10 +30,10 @@ _BASE = 1234
 
 
 def _built(spec: LaunchSpec, label: str) -> dict[str, Any]:
-    with Replica(spec, label) as replica:
+    with start_replica(spec, label) as replica:
         replica.connect()
         description = replica.describe()
-        return {"hashes": description["init"], "seeding": description.get("build_seeding", [])}
+        return {"hashes": description.init, "seeding": description.build_seeding}
 
 
 def _differing(a: dict[str, str], b: dict[str, str]) -> list[str]:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture.trace import OpRecord, first_difference, first_divergent_op, same_sequence, uninitialised
-from ..replay.replica import Replica, StepResult
+from ..replay.replica import Replica
+from ..serve.protocol import StepResult, Trace
 
 __all__ = ["Repeatability", "check_repeats", "ops_context"]
 
@@ -87,7 +88,7 @@ def _matches_stream(call: dict[str, Any], streams: list[str]) -> bool:
     return name in streams or (name == "cuda" and any(s.startswith("cuda:") for s in streams))
 
 
-def check_repeats(replica: Replica, step: int, base: StepResult | None = None, *, trace: str = "full") -> Repeatability:
+def check_repeats(replica: Replica, step: int, base: StepResult | None = None, *, trace: Trace = "full") -> Repeatability:
     """Re-run ``step`` (kept in ``replica``) against ``base`` (its first run, or a run now) and classify.
 
     The re-runs are compared with each other as well as with ``base``: a stream that ends in

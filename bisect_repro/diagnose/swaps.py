@@ -29,7 +29,9 @@ from ..capture import env
 from ..capture.rng import tree_digest
 from ..capture.trace import first_difference
 from ..replay.launch import LaunchSpec
-from ..replay.replica import Replica, StepResult
+from ..replay.ranked import start_replica
+from ..replay.replica import Replica
+from ..serve.protocol import Fetched, StepResult
 from .causes import Cause
 from .records import Records
 from .verdict import Confidence, Evidence, Verdict
@@ -72,7 +74,7 @@ class Swaps:
         def matches(result: StepResult | None) -> bool:
             return result is not None and first_difference(trace_a.entries, result.entries) is None
 
-        sa, sb = self.ra.streams(s)["streams"], self.rb.streams(s)["streams"]
+        sa, sb = self.ra.streams(s).streams, self.rb.streams(s).streams
         differing = _differing(sa, sb)
         if differing:
 
@@ -89,28 +91,28 @@ class Swaps:
         verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED
 
     # -- a batch that differs ------------------------------------------------------------------
-    def data(self, verdict: Verdict, order: bool, fetched_a: dict[str, Any]) -> None:
+    def data(self, verdict: Verdict, order: bool, fetched_a: Fetched) -> None:
         """The loader's and the global streams, then variables and config, for run B's batch."""
         s, kind = self.step, "order" if order else "batch"
         verdict.cause = (
-            Cause.DATA_ORDER if order or (fetched_a.get("order") is None and fetched_a.get("indices") is None) else Cause.DATA_CONTENT
+            Cause.DATA_ORDER if order or (fetched_a.order is None and fetched_a.indices is None) else Cause.DATA_CONTENT
         )
         if not self.rb.reruns:
             self._data_in_a_framework(verdict)
             return
         a, b = self.ra.streams(s), self.rb.streams(s)
-        epoch_a, epoch_b = (a["data"] or {}).get("epoch_streams"), (b["data"] or {}).get("epoch_streams")
-        differing = sorted({*_differing(a["pre_streams"], b["pre_streams"]), *_differing(epoch_a, epoch_b)})
+        epoch_a, epoch_b = (a.data or {}).get("epoch_streams"), (b.data or {}).get("epoch_streams")
+        differing = sorted({*_differing(a.pre_streams, b.pre_streams), *_differing(epoch_a, epoch_b)})
         if differing:
 
             def with_streams(names: list[str]) -> bool:
-                pre = {**b["pre_streams"], **{n: a["pre_streams"][n] for n in names if n in a["pre_streams"]}}
+                pre = {**b.pre_streams, **{n: a.pre_streams[n] for n in names if n in a.pre_streams}}
                 epoch = {**epoch_b, **{n: (epoch_a or {})[n] for n in names if n in (epoch_a or {})}} if epoch_b is not None else None
-                return self.rb.data(s, pre_streams=pre, epoch_streams=epoch)[kind] == fetched_a[kind]
+                return self.rb.data(s, pre_streams=pre, epoch_streams=epoch).digest(kind) == fetched_a.digest(kind)
 
             if self._streams(verdict, "data_streams", differing, with_streams, "loader and global streams"):
                 return
-        if not self._fresh(verdict, lambda fetched, _: fetched[kind] == fetched_a[kind], data=True):
+        if not self._fresh(verdict, lambda fetched, _: fetched.digest(kind) == fetched_a.digest(kind), data=True):
             verdict.confidence = Confidence.UNEXPLAINED
 
     def _data_in_a_framework(self, verdict: Verdict) -> None:
@@ -120,7 +122,7 @@ class Swaps:
         if s in a.snapshots and s in b.snapshots:
             sa, sb = a.snapshot(s)["streams"], b.snapshot(s)["streams"]
         else:
-            sa, sb = self.ra.streams(s)["streams"], self.rb.streams(s)["streams"]
+            sa, sb = self.ra.streams(s).streams, self.rb.streams(s).streams
         differing = [n for n in _differing(sa, sb) if n == "torch" or "generator" in n or "sampler" in n]
         detail = "a framework's data loader cannot fetch a batch again"
         if differing:
@@ -170,7 +172,7 @@ class Swaps:
         verdict.cause, verdict.environment_keys, verdict.confidence = Cause.ENVIRONMENT, culprits, Confidence.PROVEN
         return True
 
-    def _fresh(self, verdict: Verdict, vanishes: Callable[[dict[str, Any], StepResult | None], bool], *, data: bool) -> bool:
+    def _fresh(self, verdict: Verdict, vanishes: Callable[[Fetched, StepResult | None], bool], *, data: bool) -> bool:
         """Run B in a fresh process with run A's environment variables, then rebuilt with run A's config."""
         spec_a, spec_b = self.specs
         variables = [k for k in self.records.environment_diff if k.startswith("env.")]
@@ -204,11 +206,11 @@ class Swaps:
         verdict.cause, verdict.config_keys, verdict.confidence = Cause.CONFIG, keys, Confidence.PROVEN
         return True
 
-    def _variant(self, spec: LaunchSpec, label: str, data: bool) -> tuple[dict[str, Any], StepResult | None]:
+    def _variant(self, spec: LaunchSpec, label: str, data: bool) -> tuple[Fetched, StepResult | None]:
         """Run B's checkpoint restored in a fresh process of ``spec`` (with the hyperparameters its
         config gives), replayed to the step: its fetch there and, unless ``data``, the step's trace."""
         run = self.records.b
-        with Replica(spec, label) as replica:
+        with start_replica(spec, label) as replica:
             replica.connect()
             replica.restore(run.path, self.checkpoint_b, run.meta.environment, rebuilt=spec.config != self.specs[1].config)
             replica.skip(self.step)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..capture.hidden import find_streams
-from ..record.recorder import Recorder, RecordOptions
+from ..record.recorder import FrameworkRecorder, RecordOptions
 from ..stateful import Stateful
 from ..trainee import RandomSource, Trainee
 
@@ -54,7 +54,7 @@ def start_recorder(
     config: Mapping[str, Any],
     environment: Mapping[str, Any],
     start_step: int,
-) -> Recorder:
+) -> FrameworkRecorder:
     """A recorder for a loop a framework drives: it snapshots at the framework's optimizer steps."""
     trainee = Trainee(model, optimizer, (), scheduler=scheduler, generators=dict(streams))
-    return Recorder(out, trainee, options, config=json_safe(config), hooks=True, start_step=start_step, environment=environment)
+    return FrameworkRecorder(out, trainee, options, config=json_safe(config), start_step=start_step, environment=environment)

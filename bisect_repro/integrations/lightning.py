@@ -29,7 +29,7 @@ from typing import Any
 import lightning
 from lightning.pytorch.callbacks import Callback
 
-from ..record.recorder import Recorder, RecordOptions
+from ..record.recorder import FrameworkRecorder, RecordOptions
 from ._common import loader_streams, start_recorder
 
 __all__ = ["BisectRepro"]
@@ -42,7 +42,7 @@ class BisectRepro(Callback):
         super().__init__()
         self.out = Path(out)
         self.options = RecordOptions(every=every, checkpoint_every=checkpoint_every, force=force)
-        self.recorder: Recorder | None = None
+        self.recorder: FrameworkRecorder | None = None
         self._step_open = False
 
     @property

@@ -31,7 +31,7 @@ import torch
 import transformers
 from transformers import TrainerCallback
 
-from ..record.recorder import Recorder, RecordOptions
+from ..record.recorder import FrameworkRecorder, RecordOptions
 from ._common import loader_streams, start_recorder
 
 __all__ = ["BisectRepro"]
@@ -43,7 +43,7 @@ class BisectRepro(TrainerCallback):
     def __init__(self, out: str | Path, *, every: int = 10, checkpoint_every: int | None = 100, force: bool = True) -> None:
         self.out = Path(out)
         self.options = RecordOptions(every=every, checkpoint_every=checkpoint_every, force=force)
-        self.recorder: Recorder | None = None
+        self.recorder: FrameworkRecorder | None = None
         self._handles: list[Any] = []
 
     def on_train_begin(

@@ -1,2 +1,3 @@
-"""Record: recipes (``recipe``), the recorder that snapshots a training while it trains
-(``recorder``) and its background writer (``background``)."""
+"""Record: recipes (``recipe``), the recorder (``recorder``) and its recording session
+(``session``, with ``options``), the background writer (``background``), what a run records of
+its launch (``provenance``), a run directory shared by ranks (``directory``) and ``torchrun``."""

@@ -1,121 +1,84 @@
-"""The recorder: snapshots of a training run, taken while it trains.
+"""The recorder: the public face of recording a training loop, yours or the one :func:`record` drives.
 
-Every step it logs the loss, a hash of the batch's sample indices (the data order) and a hash of
-the batch's tensors. Every ``every`` steps, at step 0 and at the last step, it commits a
-snapshot: a hash of every parameter, buffer and optimizer-state tensor, the full state of every
-random stream, and the data position. Every ``checkpoint_every`` steps, and at the first step, it
-commits a checkpoint from which training resumes exactly.
+A :class:`Recorder` takes one of two roles, chosen once, when it is made (:func:`_open_role`):
+
+- in a training process, a :class:`~bisect_repro.record.session.RecordingSession`: it snapshots the
+  run into its directory while it trains (what is written, when, and the crash-safety guarantee:
+  see :mod:`bisect_repro.record.session`);
+- in a process that ``compare`` or ``doctor`` started to replay a run (``BISECT_REPRO_REPLAY`` set),
+  a replay server (:mod:`bisect_repro.serve.server`, :mod:`bisect_repro.serve.hooks`): it records
+  nothing and its ``batches()`` serves the controller's requests, so the same loop replays.
+
+Both roles answer the same calls (:class:`Role`), so the recorder itself holds no branch on which
+it is. :class:`FrameworkRecorder` is the recorder a framework integration drives from its hooks
+(``begin_step``, ``note_batch``, ``log``, ``end_step``), with the arguments only an integration
+needs.
 
 "The state at step s" is the state before the s-th call of ``step()``, counted from 0.
 
-Design decisions:
-- Nothing forces a host-device synchronisation on a step without a snapshot: losses stay on their
-  devices, batches wait (up to 64 MiB; more are hashed at once, on their device) and are hashed
-  together at the next snapshot, and every hash of a snapshot is fetched in one transfer per
-  device. A step that changes its batch in place before the snapshot changes its recorded hash,
-  the same way in every run.
-- Writing is done by one background thread (:class:`BackgroundWriter`). At a snapshot the
-  training thread fetches the hashes, captures the random streams and the data position (copies),
-  takes host copies of a checkpoint's tensors (:func:`codec.prepare`) and hands them over; taking
-  the snapshot's tree apart, encoding, compression, the writes and the fsyncs happen while
-  training goes on. The queue is bounded (``max_pending_writes`` snapshots, 2 by
-  default), so a disk slower than the training makes the training wait rather than memory grow:
-  at most ``max_pending_writes + 1`` snapshots with their checkpoints are held in host memory.
-  One thread, first in first out, keeps the on-disk order of the synchronous writer: per
-  snapshot, its step lines, the snapshot file, its index line, then the checkpoint file and its
-  index line, snapshots in step order. ``max_pending_writes=0`` writes on the training thread.
-- A failure to write (disk full, permission denied, a file removed underneath) is re-raised on
-  the training thread at the next snapshot or at :meth:`Recorder.close` as a one-line
-  :class:`RecordingError` naming the run and the cause, after which what was committed stays
-  readable and nothing more is written (a later write could land after a missing one); with
-  ``on_error="warn"`` it warns once, stops recording and lets training go on. Any other exception
-  from the writer is a bug and is re-raised as it is.
-- ``resume=True`` continues an interrupted run in its own directory from its last readable
-  checkpoint (:meth:`RunWriter.resume`), with the schedule of the original run (its start step,
-  ``every`` and ``checkpoint_every``), so that the resumed run equals an uninterrupted one.
-
-- In a distributed run (``torch.distributed`` initialised, under ``torchrun`` or ``record
-  --nproc-per-node``) each rank records what it holds into its own ``rank{r}/``: its streams
-  (its own CUDA device's), its sampler's state, its losses and batches, and the hashes of its
-  local tensors (a DTensor's local shard); rank 0 also writes ``run.json`` with the world size,
-  backend and layout. The ranks agree on the directory once, at the start
-  (:mod:`bisect_repro.record.ranks`); nothing is communicated during training.
-
-Where the guarantees stop: training goes on while the last snapshots are written, so a crash
-loses up to ``max_pending_writes + 1`` snapshots that a synchronous writer would have committed;
-they are never torn, only absent, and ``close()`` (or leaving the ``with`` block) waits for them.
+Where the guarantees stop: one Recorder per replaying process serves (the first made); a second
+one in the same process records as usual.
 """
 
 from __future__ import annotations
 
-import datetime
-import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Protocol
 
 import torch
 
-from ..capture import env
-from ..capture.batch import batch_tensors, combine_digests
-from ..capture.data import describe_loader
-from ..capture.hashing import PendingHashes
-from ..capture.parallel import RankInfo, rank_info
-from ..capture.seeding import SeedingCall, SeedingWatch
-from ..capture.state import TrainingState, model_structure
-from ..errors import BisectReproError, RecordingError
-from ..store import codec
-from ..store.run import Run
+from ..errors import BisectReproError
+from ..serve.channel import replay_address
+from ..serve.hooks import HookServer
+from ..serve.server import StepServer
 from ..trainee import Trainee
-from .background import BackgroundWriter
-from .channel import replay_address
-from .hooks import HookServer
-from .launch import launch_info
-from .ranks import distributed_meta, open_writer, resume_writer
-from .serve import StepServer
+from .options import RecordOptions, SessionPlan
+from .session import RecordingSession, RecordingWarning
 
-__all__ = ["RecordOptions", "Recorder", "RecordingWarning", "current_step", "record"]
+__all__ = ["FrameworkRecorder", "RecordOptions", "Recorder", "RecordingWarning", "Role", "current_step", "record"]
 
 
-@dataclass(kw_only=True)
-class RecordOptions:
-    """How often a run is snapshotted and checkpointed."""
+class Role(Protocol):
+    """What a recorder does, recording or serving a replay (see the module docstring)."""
 
-    steps: int | None = None
-    """Total number of steps of the run (``None``: as many as the loop drives)."""
-    every: int = 10
-    """Snapshot every this many steps (and always at the first and the last step)."""
-    checkpoint_every: int | None = 100
-    """Full checkpoint every this many steps, and at the first step; ``None``: at the first step only."""
-    force: bool = False
-    """Overwrite an existing run directory."""
-    on_error: Literal["raise", "warn"] = "raise"
-    """On a write failure, stop training (``raise``) or warn once and stop recording (``warn``)."""
+    replaying: bool
 
-    def __post_init__(self) -> None:
-        if self.steps is not None and self.steps < 0:
-            raise BisectReproError(f"--steps {self.steps}: must be 0 or more")
-        if self.every < 1:
-            raise BisectReproError(f"--every {self.every}: must be at least 1")
-        if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise BisectReproError(f"--checkpoint-every {self.checkpoint_every}: must be at least 1")
-        if self.on_error not in ("raise", "warn"):
-            raise BisectReproError(f"--on-error {self.on_error}: must be 'raise' or 'warn'")
+    @property
+    def step(self) -> int: ...
 
+    @property
+    def last_loss(self) -> float | None: ...
 
-@dataclass
-class _PendingStep:
-    step: int
-    order_name: str | None
-    batch_names: list[str]
-    others: list[str]
-    loss: torch.Tensor | float | None = None
+    def batches(self, steps: int | None = None) -> Iterator[Any]: ...
+
+    def begin_step(self) -> None: ...
+
+    def note_batch(self, batch: Any, indices: list[int] | None = None) -> None: ...
+
+    def end_step(self) -> None: ...
+
+    def log(self, loss: torch.Tensor | float | None) -> None: ...
+
+    def close(self) -> None: ...
+
+    def abandon(self) -> None: ...
 
 
-_SCHEDULE = ("steps", "every", "checkpoint_every")
-_DEFERRED_BATCH_BYTES = 64 << 20  # batch bytes held for hashing at the next snapshot, at most
+_server: StepServer | None = None  # the one server of a replaying process (see the module docstring)
+
+
+def _open_role(plan: SessionPlan) -> Role:
+    """A replay server when this process was started to replay a run (and none serves yet), else
+    a recording session."""
+    global _server
+    address = replay_address()
+    if address is not None and _server is None:
+        kind = HookServer if plan.framework else StepServer
+        _server = kind.connect(plan.trainee, *address, start_step=plan.start_step)
+        return _server
+    return RecordingSession(plan)
 
 
 class Recorder:
@@ -126,6 +89,8 @@ class Recorder:
         with Recorder("runs/a", trainee, RecordOptions(steps=1000, every=10)) as recorder:
             for batch in recorder.batches():
                 recorder.log(train_step(batch))
+
+    or without one: ``recorder = Recorder(...)``, the loop, then ``recorder.close()``.
 
     ``resume_from=(run, step)`` restores a checkpoint of another run first and records from that
     step on into a new directory; ``restore_streams=False`` restores everything but the random
@@ -146,121 +111,37 @@ class Recorder:
         restore_streams: bool = True,
         resume: bool = False,
         max_pending_writes: int = 2,
-        hooks: bool = False,
-        start_step: int = 0,
-        environment: Mapping[str, Any] | None = None,
     ) -> None:
-        if resume and resume_from is not None:
-            raise BisectReproError(f"{out}: give resume=True (continue this run) or resume_from (start a new run), not both")
-        if max_pending_writes < 0:
-            raise BisectReproError(f"max_pending_writes {max_pending_writes}: must be 0 or more")
-        self._server: StepServer | None = None
-        address = replay_address()
-        if address is not None and not _serving:  # relaunched by compare or doctor: serve it, record nothing
-            _serving.append(self)
-            self.trainee, self.options, self.step, self._closed = trainee, options or RecordOptions(), start_step, False
-            self._server = (HookServer if hooks else StepServer).connect(trainee, *address)
-            if hooks:
-                _current.append(self)
-            return
-        info = rank_info()  # this process's rank in a distributed run, None for a single process
+        plan = SessionPlan(
+            out=out,
+            trainee=trainee,
+            options=options,
+            target=target,
+            config=config,
+            resume_from=resume_from,
+            restore_streams=restore_streams,
+            resume=resume,
+            max_pending_writes=max_pending_writes,
+        )
         self.trainee = trainee
-        self.state = TrainingState(trainee)
-        self.step = 0
-        self._pending: list[_PendingStep] = []
-        self._batch_hashes = PendingHashes()
-        self._deferred: dict[str, torch.Tensor] = {}
-        self._deferred_bytes = 0
-        self._last_loss: float | None = None
-        self._last_snapshot: int | None = None
-        self._committed: int | None = None
-        self._stopped = False
-        self._closed = False
-        self._reported = False
-        try:
-            if resume:
-                self.options = self._resume(Path(out), options, target, config, info)
-            else:
-                self.options = options or RecordOptions()
-                self.step = start_step
-                if resume_from is not None:
-                    source, step = resume_from
-                    self.state.load_state_dict(Run.open(source, info.rank if info else 0).checkpoint(step), streams=restore_streams)
-                    self.step = step
-                self.start_step = self.step
-                meta: dict[str, Any] = {
-                    "target": target,
-                    "config": dict(config or {}),
-                    "options": {
-                        **asdict(self.options),
-                        "start_step": self.start_step,
-                        "resumed_from": [str(resume_from[0]), resume_from[1]] if resume_from else None,
-                        "replay": "from_start" if hooks else "from_checkpoint",
-                    },
-                    "created": _now(),
-                    "environment": {**env.fingerprint(), **dict(environment or {})},
-                    "model": model_structure(trainee.model),
-                    "loader": describe_loader(trainee.loader),
-                    "streams": self.state.streams.names(),
-                    "launch": launch_info(target),
-                }
-                rank_meta = None
-                if info is not None:
-                    meta["distributed"], rank_meta = distributed_meta(trainee, info, meta["environment"])
-                self.writer = open_writer(out, meta, force=self.options.force, info=info, rank_meta=rank_meta)
-        except BaseException:
-            self.state.close()
-            raise
-        self._writer = BackgroundWriter(f"bisect-repro writer for {self.writer.path}", max_pending_writes)
-        if hooks:  # no batches() loop marks the running recorder: the framework's steps run while it lives
-            _current.append(self)
-        self._seeded: dict[int, list[dict[str, Any]]] = {}  # entropy seeding calls by step, logged with the step
-        self._watch = SeedingWatch(on_call=self._note_seeding).install()
+        self._role = _open_role(plan)
 
-    def _note_seeding(self, call: SeedingCall) -> None:
-        if call.entropy:
-            self._seeded.setdefault(self.step, []).append(call.to_json())
+    @property
+    def step(self) -> int:
+        """The step the loop is at: the 0-based count of steps before this one."""
+        return self._role.step
 
-    def _resume(
-        self, out: Path, options: RecordOptions | None, target: str | None, config: Mapping[str, Any] | None, info: RankInfo | None
-    ) -> RecordOptions:
-        """Reopen ``out`` at its last checkpoint, restore it, and check that the caller records the same run."""
-        self.writer, resumed = resume_writer(out, info)
-        try:
-            meta = resumed.meta
-            written = meta.raw.get("options") or {}
-            recorded = {k: getattr(meta.options, k) for k in (*_SCHEDULE, "on_error") if k in written}
-            if options is None:
-                options = RecordOptions(**{k: recorded[k] for k in (*_SCHEDULE, "on_error") if k in recorded})
-            for key in _SCHEDULE:
-                if key in recorded and recorded[key] != getattr(options, key):
-                    flag = "--" + key.replace("_", "-")
-                    raise BisectReproError(
-                        f"{out}: was recorded with {flag} {recorded[key]}, not {getattr(options, key)}; resume with the same options"
-                    )
-            if config is not None and dict(config) != meta.config:
-                raise BisectReproError(f"{out}: was recorded with --set {meta.config}, not {dict(config)}; resume with the same settings")
-            if target is not None and meta.target not in (None, target):
-                warnings.warn(f"{out}: was recorded from {meta.target}, resumed from {target}", stacklevel=4)
-            self.state.load_state_dict(resumed.checkpoint)
-            self.step = resumed.step
-            self.start_step = meta.options.start_step
-            self._last_snapshot = self._committed = resumed.step  # committed already: not written again
-            resumes = [*(meta.raw.get("resumes") or []), {"step": resumed.step, "created": _now()}]
-            changed = env.diff(meta.environment, env.fingerprint())
-            if changed:
-                resumes[-1]["environment"] = changed
-            if info is None or info.rank == 0:
-                self.writer.update_meta({"resumes": resumes})
-        except OSError as error:
-            self.writer.close()
-            raise RecordingError(f"{out}: cannot resume ({error.strerror or error}); check its permissions and free space") from error
-        except BaseException:
-            self.writer.close()
-            raise
-        return options
+    @property
+    def replaying(self) -> bool:
+        """Whether this process replays a run for ``compare`` or ``doctor`` instead of recording one:
+        the loop body runs again, so guard side effects (saving files, logging to a tracker) with it."""
+        return self._role.replaying
 
-    # -- the loop ------------------------------------------------------------------------
+    @property
+    def last_loss(self) -> float | None:
+        """The last loss fetched to the host (recording: at the last snapshot; replaying: the last logged)."""
+        return self._role.last_loss
+
     def batches(self, steps: int | None = None) -> Iterator[Any]:
         """Yield one batch per step up to ``steps`` (total, counted from 0), snapshotting as due.
 
@@ -269,216 +150,77 @@ class Recorder:
         """
         _current.append(self)
         try:
-            if self._server is not None:
-                for batch in self._server.batches():
-                    self.step = self._server.current
-                    yield batch
-            total = steps if steps is not None else self.options.steps
-            while total is None or self.step < total:
-                self.begin_step()
-                batch, indices = self.state.data.next_batch()
-                self.note_batch(batch, indices)
-                yield batch
-                self.end_step()
-            self.close()
+            yield from self._role.batches(steps)
         finally:
-            if self in _current:  # close() may have taken it out already
-                _current.remove(self)
-
-    # -- the step, for loops the recorder does not drive (a framework's) ------------------------
-    def begin_step(self) -> None:
-        """A step starts: snapshot the state it starts from, when one is due. :meth:`batches` calls
-        this; a framework integration (``hooks=True``) calls it from its hooks, then
-        :meth:`note_batch` for each micro-batch, :meth:`log` and :meth:`end_step`."""
-        if isinstance(self._server, HookServer):
-            self._server.begin_step(self.step)
-        elif self._due(self.step) and self._last_snapshot != self.step:
-            self._snapshot(self.step)
-
-    def note_batch(self, batch: Any, indices: list[int] | None = None) -> None:
-        """The batch (and its sample indices, when known) the current step trains on."""
-        if isinstance(self._server, HookServer):
-            self._server.note_batch(batch)
-        elif self._server is None:
-            self._note_batch(batch, indices)
-
-    def end_step(self) -> None:
-        """The current step is done (its optimizer step taken)."""
-        if isinstance(self._server, HookServer):
-            self._server.end_step()
-        self.step += 1
-
-    @property
-    def replaying(self) -> bool:
-        """Whether this process replays a run for ``compare`` or ``doctor`` instead of recording one:
-        the loop body runs again, so guard side effects (saving files, logging to a tracker) with it."""
-        return self._server is not None
+            _leave(self)
 
     def log(self, loss: torch.Tensor | float | None) -> None:
         """The loss of the current step; a tensor stays on its device until the next snapshot."""
-        if self._server is not None:
-            self._server.log(loss)
-            return
-        if self._pending and self._pending[-1].step == self.step:
-            self._pending[-1].loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
-
-    @property
-    def last_loss(self) -> float | None:
-        """The last loss fetched to the host (at the last snapshot)."""
-        return self._last_loss
+        self._role.log(loss)
 
     def close(self) -> None:
         """Commit the final snapshot, mark the run complete when all planned steps ran, wait for the writes.
 
-        Raises the :class:`RecordingError` of a failed write (``on_error="raise"``).
+        Raises the :class:`~bisect_repro.errors.RecordingError` of a failed write (``on_error="raise"``).
         """
-        if isinstance(self._server, HookServer):
-            self._server.end_training()  # ends the process: the rest of the script does not run
-        if self._closed or self._server is not None:
-            return
-        self._closed = True
-        try:
-            if self._last_snapshot != self.step:
-                self._snapshot(self.step)
-            total = self.options.steps
-            if not self._stopped and (total is None or self.step >= total):
-                final = self.step
-                self._writer.submit(final, lambda: self.writer.finish(final))
-        finally:
-            self._shut_down()
-        self._check_writer()
-
-    def _shut_down(self) -> None:
-        """Wait for what was handed to the writer, release the run's lock, give the loader back."""
-        self._watch.uninstall()
-        if self in _current:
-            _current.remove(self)
-        try:
-            self._writer.drain()
-        finally:
-            self.writer.close()
-            self.state.close()
+        _leave(self)
+        self._role.close()
 
     def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        if self._server is not None:
-            return
         if kind is None:
             self.close()
-        elif not self._closed:  # keep what was committed and what is queued; the run stays incomplete
-            self._closed = self._stopped = True
-            self._shut_down()
-
-    # -- internals -----------------------------------------------------------------------
-    def _due(self, step: int) -> bool:
-        return step == self.start_step or step % self.options.every == 0
-
-    def _note_batch(self, batch: Any, indices: list[int] | None) -> None:
-        """Note a batch of the current step; a step of several micro-batches (gradient
-        accumulation) notes each, and its batch hash covers them all in order."""
-        if self._stopped:
-            return
-        same_step = bool(self._pending) and self._pending[-1].step == self.step
-        micro = len(self._pending[-1].batch_names) if same_step else 0
-        tensors, others = batch_tensors(batch)
-        named = {f"{self.step}.{micro + i}:{path}": tensor for i, (path, tensor) in enumerate(tensors.items())}
-        order_name = None
-        if indices is not None and not same_step:
-            order_name = f"{self.step}:order"
-            named[order_name] = torch.tensor(indices, dtype=torch.int64)
-        # Small batches wait for the next snapshot and are hashed together, in one packed
-        # reduction: per-step hashing of a few small tensors costs more in launches than in bytes.
-        self._deferred.update(named)
-        self._deferred_bytes += sum(t.numel() * t.element_size() for t in named.values())
-        if self._deferred_bytes > _DEFERRED_BATCH_BYTES:
-            self._hash_deferred()
-        if same_step:
-            self._pending[-1].batch_names += [n for n in named if n != order_name]
-            self._pending[-1].others += others
         else:
-            self._pending.append(_PendingStep(self.step, order_name, [n for n in named if n != order_name], others))
-
-    def _hash_deferred(self) -> None:
-        if self._deferred:
-            self._batch_hashes.add(self._deferred)
-        self._deferred, self._deferred_bytes = {}, 0
-
-    def _flush_steps(self, state: Mapping[str, torch.Tensor]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """The step records since the last snapshot, and the hashes of the ``state`` tensors.
-
-        Batch and state hashes travel to the host together, in one transfer per device.
-        """
-        self._hash_deferred()
-        self._batch_hashes.add({f"state:{name}": tensor for name, tensor in state.items()})  # batch names are "<step>:..."
-        digests = self._batch_hashes.fetch()
-        state_hashes = {name: digests[f"state:{name}"] for name in state}
-        tensor_losses = [p.loss for p in self._pending if isinstance(p.loss, torch.Tensor)]
-        fetched = iter(torch.stack([t.float().reshape(()) for t in tensor_losses]).cpu().tolist()) if tensor_losses else iter(())
-        records = []
-        for pending in self._pending:
-            loss = next(fetched) if isinstance(pending.loss, torch.Tensor) else pending.loss
-            batch_parts = [digests[name] for name in pending.batch_names] + pending.others
-            order = digests[pending.order_name] if pending.order_name else None
-            record = {"step": pending.step, "loss": loss, "order": order, "batch": combine_digests(batch_parts)}
-            if pending.step in self._seeded:
-                record["seeded"] = self._seeded.pop(pending.step)
-            records.append(record)
-            if loss is not None:
-                self._last_loss = float(loss)
-        self._pending.clear()
-        self._batch_hashes = PendingHashes()
-        return records, state_hashes
-
-    def _snapshot(self, step: int) -> None:
-        self._check_writer()
-        if self._stopped:
-            return
-        state = self.state
-        tensors, placed = state.tensors_and_placements()  # placed: how each DTensor's local shard is laid out
-        records, hashes = self._flush_steps(tensors)
-        hashes.update(state.extra_digests())
-        # The snapshot's tree shares nothing the training changes: digests are strings, and the
-        # streams' and data position's states are copies taken now. So it is taken apart on the
-        # writer's thread; only a checkpoint, which holds the training's own tensors, is copied here.
-        tree = {"step": step, "hashes": hashes, "streams": state.streams.state_dict(), "data": state.data.state_dict(), **placed}
-        checkpoint_every = self.options.checkpoint_every
-        due = step == self.start_step or (checkpoint_every is not None and step % checkpoint_every == 0)
-        checkpoint = codec.prepare(state.state_dict()) if due else None
-        writer = self.writer
-
-        def write() -> None:
-            writer.append_steps(records)
-            writer.commit_prepared("snapshot", step, codec.prepare(tree))
-            if checkpoint is not None:
-                writer.commit_prepared("checkpoint", step, checkpoint)
-            self._committed = step
-
-        self._writer.submit(step, write)
-        self._last_snapshot = step
-        self._check_writer()
-
-    def _check_writer(self) -> None:
-        """Raise (or warn about, once) the writer's failure on the training thread."""
-        error = self._writer.error
-        if error is None or self._reported:
-            return
-        self._reported = self._stopped = True
-        if not isinstance(error, (OSError, MemoryError)):
-            raise error  # not a fault of the disk: a bug, shown as it is
-        cause = (error.strerror or str(error)) if isinstance(error, OSError) else "out of memory"
-        if isinstance(error, OSError) and error.filename:
-            cause += f": {error.filename}"
-        kept = f"what was committed, up to step {self._committed}, is intact" if self._committed is not None else "nothing was committed"
-        message = f"{self.writer.path}: recording failed writing step {self._writer.failed_at} ({cause}); {kept}"
-        if self.options.on_error == "raise":
-            raise RecordingError(f"{message}; free space or fix permissions, then record again with --resume") from error
-        warnings.warn(f"{message}; recording stopped, training goes on", RecordingWarning, stacklevel=4)
+            _leave(self)
+            self._role.abandon()
 
 
-_serving: list[Recorder] = []  # the one Recorder of a replaying process that serves the controller
-_current: list[Recorder] = []  # the recorders whose batches() loop is running, innermost last
+class FrameworkRecorder(Recorder):
+    """A recorder a framework's hooks drive: they call :meth:`begin_step`, :meth:`note_batch` for
+    each micro-batch, :meth:`log` and :meth:`end_step` for each optimizer step, and :meth:`close`
+    at the end. Its steps run while it lives, so it is the running recorder from the start
+    (:func:`current_step`). ``start_step``: the step the framework resumes from;
+    ``environment``: settings recorded beside the process's fingerprint."""
+
+    def __init__(
+        self,
+        out: Path | str,
+        trainee: Trainee,
+        options: RecordOptions,
+        *,
+        config: Mapping[str, Any],
+        environment: Mapping[str, Any],
+        start_step: int,
+    ) -> None:
+        plan = SessionPlan(
+            out=out, trainee=trainee, options=options, config=config, framework=True, start_step=start_step, environment=environment
+        )
+        self.trainee = trainee
+        self._role = _open_role(plan)
+        _current.append(self)
+
+    def begin_step(self) -> None:
+        """A step starts: snapshot the state it starts from, when one is due (replaying: serve the
+        controller's requests for this step)."""
+        self._role.begin_step()
+
+    def note_batch(self, batch: Any, indices: list[int] | None = None) -> None:
+        """The batch (and its sample indices, when known) the current step trains on."""
+        self._role.note_batch(batch, indices)
+
+    def end_step(self) -> None:
+        """The current step is done (its optimizer step taken)."""
+        self._role.end_step()
+
+
+_current: list[Recorder] = []  # the recorders whose steps are running, innermost last
+
+
+def _leave(recorder: Recorder) -> None:
+    if recorder in _current:
+        _current.remove(recorder)
 
 
 def current_step() -> int:
@@ -488,14 +230,6 @@ def current_step() -> int:
     if not _current:
         raise BisectReproError("current_step(): no Recorder loop is running; call it inside a step")
     return _current[-1].step
-
-
-class RecordingWarning(UserWarning):
-    """Recording stopped after a failed write (``on_error="warn"``); training went on."""
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def record(

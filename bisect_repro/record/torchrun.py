@@ -36,7 +36,7 @@ from typing import Any
 
 from ..errors import BisectReproError, RecordingError
 from ..store.run import rank_folder
-from .ranks import AnotherRankFailed
+from .directory import AnotherRankFailed
 from .recipe import build
 from .recorder import RecordingWarning, RecordOptions, record
 
@@ -129,7 +129,7 @@ def record_ranks(
 
 def init_process_group() -> bool:
     """Initialise the default process group for a recipe when nothing has; whether this did (a
-    rank's replay starts a recipe the same way, see :mod:`bisect_repro.record.bootstrap`)."""
+    rank's replay starts a recipe the same way, see :mod:`bisect_repro.replay.bootstrap`)."""
     import torch
     import torch.distributed as dist
 

@@ -1,2 +1,3 @@
-"""Replay: a recorded run rebuilt and stepped again (``replica``), every tensor of a step hashed in
-execution order (``trace``), and which module an op runs in (``scope``)."""
+"""Replay: what a run may launch (``launch``), a run replaying in its own process steered from
+here (``replica``, ``ranked`` for a distributed run, started by ``bootstrap``), and two runs
+replayed side by side (``lockstep``)."""

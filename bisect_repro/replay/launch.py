@@ -1,6 +1,6 @@
 """What to run to replay a run, and whether it may be run: the launch spec.
 
-A run names what produced it (``run.json``'s ``launch``, see :mod:`bisect_repro.record.launch`):
+A run names what produced it (``run.json``'s ``launch``, see :mod:`bisect_repro.record.provenance`):
 a recipe TARGET with its config, or a script or module with its ``argv``. :func:`spec_for_run`
 turns that into a :class:`LaunchSpec`; a recipe built here without a run (``doctor``) gets
 :func:`spec_for_recipe`.
@@ -44,7 +44,7 @@ import torch
 
 from ..capture.env import NUMERIC_ENV_VARS
 from ..errors import BisectReproError
-from ..record.launch import file_digest
+from ..record.provenance import file_digest
 from ..record.recipe import recipe_file
 from ..store.meta import CodeKind, CodeRecord, recorded_variables
 from ..store.printable import printable
@@ -94,7 +94,7 @@ class LaunchSpec:
     """Seed these global streams before anything runs (an experiment on the initialisation)."""
     world_size: int | None = None
     """A distributed run's number of ranks: the replay runs that many under ``torchrun --standalone``
-    (see :mod:`bisect_repro.replay.ranks`); ``None``: one process."""
+    (see :mod:`bisect_repro.replay.ranked`); ``None``: one process."""
     focus: int = 0
     """The rank whose replies a distributed replay returns (the rank the records point to)."""
     signed: bool = True

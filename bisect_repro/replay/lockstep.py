@@ -15,7 +15,7 @@ from the runs' first checkpoint, which a step counter kept outside the trainee d
 replicas agree with each other but one of them not with its records is returned too
 (``parted_only``): a nondeterministic step that happened to agree in the replay.
 
-For a distributed run each replica is a :class:`~bisect_repro.replay.ranks.RankedReplica`: all
+For a distributed run each replica is a :class:`~bisect_repro.replay.ranked.RankedReplica`: all
 its ranks step together, and what is checked and compared is the focus rank's (its replies against
 its own records, and against the other run's focus rank).
 
@@ -29,16 +29,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from ..capture.trace import first_difference
+from ..serve.protocol import Fetched, StepResult, Trace
 from ..store.run import Run
 from .launch import LaunchSpec
-from .replica import Replica, StepResult
+from .ranked import start_replica
 
-__all__ = ["Divergence", "Lockstep", "both"]
+__all__ = ["Divergence", "Lockstep", "Parted", "both"]
 
 T = TypeVar("T")
 Progress = Callable[[str, int, int], None]
@@ -51,10 +52,26 @@ def both(first: Callable[[], T], second: Callable[[], T]) -> tuple[T, T]:
         return a.result(), b.result()
 
 
+@dataclass(frozen=True, kw_only=True)
+class Parted:
+    """Where a replica first parted from its own run's records."""
+
+    run: str
+    """``A`` or ``B``."""
+    step: int
+    what: str
+    """What differed: ``data order``, ``batch content``, ``loss`` or ``state at the snapshot``."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class Divergence:
+    """The first step at which the two replicas differ (or one parts from its records)."""
+
     step: int
-    fetched: tuple[dict[str, Any], dict[str, Any]]
+    fetched: tuple[Fetched, Fetched]
     """Each replica's fetch reply at the divergent step (indices, order and batch digests)."""
     light: tuple[StepResult, StepResult]
     parted_only: bool = False
@@ -67,7 +84,7 @@ class Lockstep:
     def __init__(self, runs: tuple[Run, Run], specs: tuple[LaunchSpec, LaunchSpec], progress: Progress | None = None) -> None:
         self.runs = runs
         self.progress = progress or (lambda *args: None)
-        self.parted: list[dict[str, Any]] = []
+        self.parted: list[Parted] = []
         self.notes: list[str] = []
         self.from_step: int | None = None
         self.replayed = 0
@@ -77,7 +94,7 @@ class Lockstep:
 
     def _launch(self) -> None:
         runs, specs = self.runs, self.specs
-        self.replicas = (Replica(specs[0], f"run A ({runs[0].path})"), Replica(specs[1], f"run B ({runs[1].path})"))
+        self.replicas = (start_replica(specs[0], f"run A ({runs[0].path})"), start_replica(specs[1], f"run B ({runs[1].path})"))
         try:
             both(self.replicas[0].connect, self.replicas[1].connect)
         except BaseException:
@@ -91,8 +108,8 @@ class Lockstep:
     # -- faithfulness --------------------------------------------------------------------------
     def _note_parted(self, which: int, step: int, what: str) -> None:
         label = "AB"[which]
-        if not any(p["run"] == label for p in self.parted):
-            self.parted.append({"run": label, "step": step, "what": what})
+        if not any(p.run == label for p in self.parted):
+            self.parted.append(Parted(run=label, step=step, what=what))
 
     def _check_record(self, which: int, step: int, order: Any, batch: Any, loss: Any) -> None:
         recorded = self.runs[which].steps.get(step)
@@ -121,7 +138,7 @@ class Lockstep:
             hashes_at = [s for s in run.snapshots if replica.step < s <= until]
             result = replica.skip(until, hashes_at, progress=lambda done: self.progress("replaying", done, until))
             for record in result.records:
-                self._check_record(which, record["step"], record["order"], record["batch"], record["loss"])
+                self._check_record(which, record.step, record.order, record.batch, record.loss)
             for step, hashes in result.hashes.items():
                 self._check_hashes(which, step, hashes)
 
@@ -133,7 +150,7 @@ class Lockstep:
         records on the way (see the module docstring)."""
         found = self._walk(checkpoints, last_equal, end)
         if (found is None or found.parted_only) and self.parted and first is not None and first != checkpoints:
-            where = ", ".join(f"run {p['run']} at step {p['step']} ({p['what']})" for p in self.parted)
+            where = ", ".join(f"run {p.run} at step {p.step} ({p.what})" for p in self.parted)
             self.notes.append(
                 f"the replay from the checkpoints at steps {checkpoints[0]}/{checkpoints[1]} parted from the records ({where}): "
                 "the steps read state that the checkpoints do not hold; replaying from the first checkpoints instead"
@@ -161,17 +178,17 @@ class Lockstep:
         for step in range(start, end + 1):
             self.progress("replaying", step + 1 - self.from_step, total)
             fetched = both(self.replicas[0].fetch, self.replicas[1].fetch)
-            trace = "light" if self.replicas[0].reruns else "full"  # a framework's step runs once: trace it in full at once
+            trace: Trace = "light" if self.replicas[0].reruns else "full"  # a framework's step runs once: trace it in full at once
             light = both(*(partial(replica.run, step, trace=trace, commit=True) for replica in self.replicas))
             for which in (0, 1):
-                batch = fetched[which]["batch"] or light[which].batch  # a framework's loop tells the batch only as it runs
-                self._check_record(which, step, fetched[which]["order"], batch, light[which].loss)
+                batch = fetched[which].batch or light[which].batch  # a framework's loop tells the batch only as it runs
+                self._check_record(which, step, fetched[which].order, batch, light[which].loss)
                 if step + 1 in self.runs[which].snapshots:
                     self._check_hashes(which, step + 1, self.replicas[which].hashes())
             self.replayed = step + 1 - self.from_step
             if first_difference(light[0].entries, light[1].entries) is not None:
                 return Divergence(step, fetched, light)
-            if any(int(p["step"]) == step for p in self.parted):  # the runs agree, but not with their records
+            if any(p.step == step for p in self.parted):  # the runs agree, but not with their records
                 return Divergence(step, fetched, light, parted_only=True)
         return None
 

@@ -1,19 +1,19 @@
 """A replica: one run replaying in its own process, steered from here.
 
-:class:`Replica` starts ``python -m bisect_repro.record.bootstrap`` for a
+:class:`Replica` starts ``python -m bisect_repro.replay.bootstrap`` for a
 :class:`~bisect_repro.replay.launch.LaunchSpec` (the recorded script or recipe, with the recorded
-environment variables), waits for its Recorder to connect back, and turns requests (see
-:mod:`bisect_repro.record.serve`) into typed results: :class:`StepResult` for a step run again,
-:class:`SkipResult` for steps trained untraced. Each replica is its own process, so two runs never
+environment variables), waits for its Recorder to connect back, and sends it typed requests,
+returning typed replies (:mod:`bisect_repro.serve.protocol`). Each replica is its own process, so two runs never
 share a random stream, a setting or a module global, and environment variables read at start-up
 (``OMP_NUM_THREADS``, ``CUBLAS_WORKSPACE_CONFIG``, ``PYTHONHASHSEED``) are the recorded ones (those
 :data:`~bisect_repro.replay.launch.REPLAYED_VARIABLES` allows, and no other). The process starts in
 the listener's private folder, never in the recorded working directory, so that nothing there is
 imported; the bootstrap moves to that directory once the import path is fixed.
 
-A distributed run's replica is a :class:`~bisect_repro.replay.ranks.RankedReplica` (a
-:class:`LaunchSpec` with a ``world_size`` makes one): all its ranks under ``torchrun``, stepped
-together, replying for one rank.
+Requests and replies are the types of :mod:`bisect_repro.serve.protocol`. A distributed run's
+replica is a :class:`~bisect_repro.replay.ranked.RankedReplica`: all its ranks under ``torchrun``,
+stepped together, replying for one rank; :func:`~bisect_repro.replay.ranked.start_replica` makes
+the one a :class:`LaunchSpec` needs.
 
 Where the guarantees stop: the replica's output (the script's prints) goes to a log file, whose
 last lines are quoted when the process dies; a replica that never connects (the script fails, or
@@ -24,24 +24,24 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from ..capture.trace import OpRecord, TraceEntry
 from ..errors import BisectReproError
-from ..record.bootstrap import SPEC_VARIABLE
-from ..record.channel import Channel, ChannelClosed, Listener
+from ..serve.channel import Channel, ChannelClosed, Listener
+from ..serve.protocol import Description, Fetch, Fetched, Hello, Run, SkipResult, StepResult, StepStart, Trace
+from .bootstrap import SPEC_VARIABLE
 from .launch import LaunchSpec
 
-__all__ = ["Replica", "ReplicaFailed", "SkipResult", "StepResult"]
+_log = logging.getLogger(__name__)
+
+__all__ = ["Replica", "ReplicaFailed", "last_line"]
 
 Progress = Callable[[int], None]
 
@@ -50,55 +50,17 @@ class ReplicaFailed(BisectReproError):
     """The replaying process died or could not start; the message quotes its last output."""
 
 
-@dataclass
-class StepResult:
-    """A step run again in a replica."""
-
-    step: int
-    entries: list[TraceEntry] = field(default_factory=list)
-    """Every traced tensor in execution order (empty when the step ran untraced)."""
-    kept: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Copies of the entries asked for, by index."""
-    ops: list[OpRecord] | None = None
-    """Every aten op of the traced pass, when asked for."""
-    alerts: list[dict[str, Any]] = field(default_factory=list)
-    """Ops PyTorch reported as having no deterministic kernel (under ``alerts``)."""
-    loss: float | None = None
-    outcome: str = ""
-    """One digest of the whole state and the gradients after the step."""
-    streams_after: dict[str, str] = field(default_factory=dict)
-    """The digest of each random stream after the step."""
-    seeding: list[dict[str, Any]] = field(default_factory=list)
-    """The seeding calls the step made (see :class:`~bisect_repro.capture.seeding.SeedingCall`)."""
-    batch: str | None = None
-    """The batch's digest, when the replica learns it only as the step runs (a framework's loop)."""
-
-    @classmethod
-    def from_reply(cls, reply: dict[str, Any], tree: Any) -> StepResult:
-        ops = reply.get("ops")
-        return cls(
-            step=int(reply["step"]),
-            entries=[TraceEntry(*entry) for entry in reply.get("entries", [])],
-            kept={int(k): v for k, v in ((tree or {}).get("kept") or {}).items()},
-            ops=[OpRecord(op, layer, tuple(i), tuple(o), arguments, phase) for op, layer, phase, i, o, arguments in ops]
-            if ops is not None
-            else None,
-            alerts=list(reply.get("alerts", [])),
-            loss=reply.get("loss"),
-            outcome=reply.get("outcome", ""),
-            streams_after=dict(reply.get("streams_after", {})),
-            seeding=list(reply.get("seeding", [])),
-            batch=reply.get("batch"),
-        )
-
-
-@dataclass
-class SkipResult:
-    """Steps trained untraced: what the recorder would have logged, and state hashes where asked."""
-
-    step: int
-    records: list[dict[str, Any]]
-    hashes: dict[int, dict[str, str]]
+def last_line(log: Path, strip: Callable[[str], str] = str) -> str:
+    """The last line a replaying process wrote to ``log`` (``strip`` applied, at most 300
+    characters), logged in full at debug level; ``no output`` when there is none."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    if not lines:
+        return "no output"
+    _log.debug("the last output of %s:\n%s", log, "\n".join(lines[-40:]))
+    return strip(lines[-1])[:300]
 
 
 class Replica:
@@ -107,20 +69,13 @@ class Replica:
     def __init__(self, spec: LaunchSpec, label: str) -> None:
         self.spec, self.label = spec, label
         self.channel: Channel | None = None
-        self.hello: dict[str, Any] = {}
+        self.hello: Hello | None = None
         self.step: int | None = None
         self._restored: tuple[Path, int, dict[str, Any] | None] | None = None
         self._pool = ThreadPoolExecutor(1)
         self._spare: Future[Replica] | None = None
         self._spare_step: int | None = None
         self._start()
-
-    def __new__(cls, spec: LaunchSpec, label: str) -> Replica:
-        if cls is Replica and spec.world_size is not None:  # a distributed run: its ranks under torchrun
-            from .ranks import RankedReplica
-
-            return super().__new__(RankedReplica)
-        return super().__new__(cls)
 
     def _environment(self) -> dict[str, str]:
         """The environment the process starts with: this one's, with the run's recorded variables
@@ -142,7 +97,7 @@ class Replica:
         self.log = Path(self.listener.folder) / "output.log"
         with open(self.log, "wb") as output:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "bisect_repro.record.bootstrap"],
+                [sys.executable, "-m", "bisect_repro.replay.bootstrap"],
                 cwd=self.listener.folder,  # private: the recorded cwd never enters sys.path; the bootstrap moves there
                 env=self._environment(),
                 stdin=subprocess.DEVNULL,
@@ -154,7 +109,7 @@ class Replica:
     def reruns(self) -> bool:
         """Whether a step can run again in this process (``False`` when a framework drives the loop:
         then each repeat of a step is a fresh process, replayed to it, which this class starts)."""
-        return bool(self.hello.get("reruns", True))
+        return self.hello is None or self.hello.reruns
 
     def _to_start_of(self, step: int) -> None:
         """In a process that runs each step once (a framework's), stand at the start of ``step``:
@@ -187,14 +142,13 @@ class Replica:
     def _prepared(self, step: int) -> Replica:
         """A fresh process of this run, restored and replayed to the start of ``step``."""
         assert self._restored is not None, "restore() first"
-        fresh = Replica(self.spec, self.label)
+        fresh = type(self)(self.spec, self.label)
         fresh.connect()
         path, first, environment = self._restored
         fresh.request("restore", run=str(path), step=first, environment=environment or {}, rebuilt=False)
         fresh.step = first
         if step > first:
-            reply, _ = fresh.request("skip", until=step, hashes_at=[])
-            fresh.step = int(reply["step"])
+            fresh.step = fresh.skip(step).step
         return fresh
 
     def _drop_spare(self) -> None:
@@ -210,16 +164,13 @@ class Replica:
             )
 
     def _last_output(self) -> str:
-        try:
-            lines = [line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
-        except OSError:
-            lines = []
-        return lines[-1][:300] if lines else "no output"
+        return last_line(self.log)
 
-    def connect(self) -> dict[str, Any]:
+    def connect(self) -> Hello:
         """Wait for the process's Recorder to connect; its hello (pid, rank, model structure)."""
-        if self.channel is None:
-            self.channel, self.hello = self.listener.accept(self._check_alive)
+        if self.channel is None or self.hello is None:
+            self.channel, hello = self.listener.accept(self._check_alive)
+            self.hello = Hello.from_json(hello)
         return self.hello
 
     def request(self, op: str, tree: Any = None, progress: Progress | None = None, **args: Any) -> tuple[dict[str, Any], Any]:
@@ -252,46 +203,78 @@ class Replica:
         self.step = step
 
     def skip(self, until: int, hashes_at: list[int] | None = None, progress: Progress | None = None) -> SkipResult:
+        """Train untraced up to ``until``: what the recorder would have logged, and the state
+        hashes at the steps in ``hashes_at``."""
         if not self.reruns and self.step is not None and self.step > until:
             self._to_start_of(until)
-            return SkipResult(until, [], {})
+            return SkipResult(step=until)
         reply, _ = self.request("skip", until=until, hashes_at=list(hashes_at or []), progress=progress)
-        self.step = int(reply["step"])
-        return SkipResult(self.step, reply["records"], {int(k): v for k, v in reply["hashes"].items()})
+        result = SkipResult.from_json(reply)
+        self.step = result.step
+        return result
 
-    def fetch(self, keep: list[int] | None = None) -> dict[str, Any]:
-        reply, _ = self.request("fetch", keep=list(keep or []))
-        return reply
+    def fetch(self, keep: list[int] | None = None) -> Fetched:
+        """Take the next batch and keep the step's start (and those of the steps in ``keep``)."""
+        request = Fetch(keep=tuple(keep or ()))
+        return Fetched.from_json(self.request("fetch", keep=list(request.keep))[0])
 
-    def run(self, step: int, *, streams: dict[str, Any] | None = None, **options: Any) -> StepResult:
-        """Run a kept step again (options: ``trace``, ``keep``, ``ops``, ``alerts``, ``environment``,
-        ``advance``, ``fixed_entropy``, ``commit``; see :mod:`bisect_repro.record.serve`)."""
+    def run(
+        self,
+        step: int,
+        *,
+        trace: Trace = "light",
+        keep: list[int] | tuple[int, ...] = (),
+        ops: str | None = None,
+        alerts: bool = False,
+        environment: dict[str, Any] | None = None,
+        advance: list[str] | tuple[str, ...] = (),
+        fixed_entropy: int | None = None,
+        commit: bool = False,
+        streams: dict[str, Any] | None = None,
+    ) -> StepResult:
+        """Run a kept step again (each option: :class:`~bisect_repro.serve.protocol.Run`), under
+        ``streams`` instead of its own when given."""
         self._to_start_of(step)
-        options = {k: (sorted(v) if isinstance(v, set) else v) for k, v in options.items()}
-        reply, tree = self.request("run", {"streams": streams} if streams is not None else None, step=step, **options)
-        if options.get("commit") or not self.reruns:
+        request = Run(
+            step=step,
+            trace=trace,
+            keep=tuple(sorted(keep)),
+            ops=ops,
+            alerts=alerts,
+            environment=environment,
+            advance=tuple(advance),
+            fixed_entropy=fixed_entropy,
+            commit=commit,
+        )
+        message = request.to_json()
+        reply, tree = self.request(message.pop("op"), {"streams": streams} if streams is not None else None, **message)
+        if commit or not self.reruns:
             self.step = step + 1
         return StepResult.from_reply(reply, tree)
 
-    def streams(self, step: int) -> dict[str, Any]:
-        """The streams a kept step starts from: ``streams`` (after its batch was fetched),
-        ``pre_streams`` (before) and its ``data`` position."""
+    def streams(self, step: int) -> StepStart:
+        """The streams a kept step starts from (after its batch was fetched, and before) and its data position."""
         self._to_start_of(step)
         _, tree = self.request("streams", step=step)
-        return tree
+        return StepStart.from_tree(tree or {})
 
-    def data(self, step: int, *, pre_streams: dict[str, Any] | None = None, epoch_streams: dict[str, Any] | None = None) -> dict[str, Any]:
+    def data(self, step: int, *, pre_streams: dict[str, Any] | None = None, epoch_streams: dict[str, Any] | None = None) -> Fetched:
+        """A kept step's batch fetched again from its data position, under other streams."""
         reply, _ = self.request("data", {"pre_streams": pre_streams, "epoch_streams": epoch_streams}, step=step)
-        return reply
+        return Fetched.from_json(reply)
 
     def hashes(self) -> dict[str, str]:
-        return self.request("hashes")[0]["hashes"]
+        """The hash of every tensor of the state now."""
+        return dict(self.request("hashes")[0]["hashes"])
 
-    def describe(self) -> dict[str, Any]:
-        return self.request("describe")[0]
+    def describe(self) -> Description:
+        """What ``doctor`` asks of a freshly built process."""
+        return Description.from_json(self.request("describe")[0])
 
     def items_change(self, step: int, stream: str) -> bool | None:
-        return self.request("items", step=step, stream=stream)[0]["changes"]
+        """Whether the dataset's items at a kept step's indices change with ``stream`` one draw further."""
+        changes = self.request("items", step=step, stream=stream)[0]["changes"]
+        return None if changes is None else bool(changes)
 
     def close(self) -> None:
         """End the process (the rest of its script does not run) and remove its folder."""
@@ -300,19 +283,29 @@ class Replica:
         self._finish()
 
     def _finish(self) -> None:
+        """Ask the process to exit (kill it if it does not within 10 s), then close the connections."""
         try:
-            if self.channel is not None and self.process.poll() is None:
+            if self._connected() and self.process.poll() is None:
                 with contextlib.suppress(ReplicaFailed):
                     self.request("exit")
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self._kill()
         finally:
-            if self.channel is not None:
-                self.channel.close()
+            self._close_connections()
             self.listener.close()
+
+    def _connected(self) -> bool:
+        return self.channel is not None
+
+    def _kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+    def _close_connections(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
 
     def __enter__(self) -> Replica:
         return self

@@ -229,9 +229,9 @@ def test_a_recipe_replica_runs_with_the_recipe_settings_in_its_own_process() -> 
     with Replica(spec_for_recipe("bisect_repro.demo:build", config), "demo") as replica:
         replica.connect()
         described = replica.describe()
-        assert described["environment"]["torch.get_num_threads"] == 1
-        assert described["environment"]["torch.are_deterministic_algorithms_enabled"] is True
-        assert described["threads_set"] == [1]  # the recipe pins its thread count, and doctor sees it
+        assert described.environment["torch.get_num_threads"] == 1
+        assert described.environment["torch.are_deterministic_algorithms_enabled"] is True
+        assert described.threads_set == [1]  # the recipe pins its thread count, and doctor sees it
         replica.fetch()
         assert replica.run(0, trace="none").entries == []
         assert replica.run(0, trace="full").entries

@@ -7,6 +7,7 @@ import torch
 
 from bisect_repro import Recorder, RecordOptions, Run, Trainee, record
 from bisect_repro.record.recipe import build
+from bisect_repro.record.session import RecordingSession
 
 
 def record_example(examples, name, out, steps=20, every=5, checkpoint_every=10, **config):
@@ -103,7 +104,7 @@ def test_steps_without_snapshot_leave_the_loss_unread(examples, tmp_path) -> Non
 def test_batch_hashes_equal_the_hash_of_each_batch_whether_deferred_or_not(examples, tmp_path, monkeypatch) -> None:
     from bisect_repro.capture.hashing import hash_tensor
     from bisect_repro.capture.state import TrainingState
-    from bisect_repro.record import recorder as recorder_module
+    from bisect_repro.record import session as recorder_module
 
     deferred = record_example(examples, "mlp.py", tmp_path / "deferred", steps=8, every=4)
     monkeypatch.setattr(recorder_module, "_DEFERRED_BATCH_BYTES", 0)  # hash every batch as it comes
@@ -127,7 +128,7 @@ def test_steps_without_a_snapshot_never_synchronise_with_the_device(tmp_path, mo
     inputs, targets = torch.randn(512, 32, device=device), torch.randn(512, 1, device=device)
     loader = DataLoader(TensorDataset(inputs, targets), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
     trainee = Trainee.supervised(model, torch.optim.Adam(model.parameters(), lr=1e-3), loader, nn.functional.mse_loss)
-    snapshot = Recorder._snapshot
+    snapshot = RecordingSession._snapshot
 
     def snapshot_may_synchronise(self, step):  # fetching hashes and losses at a snapshot is the one allowed transfer
         torch.cuda.set_sync_debug_mode(0)
@@ -136,7 +137,7 @@ def test_steps_without_a_snapshot_never_synchronise_with_the_device(tmp_path, mo
         finally:
             torch.cuda.set_sync_debug_mode("error")
 
-    monkeypatch.setattr(Recorder, "_snapshot", snapshot_may_synchronise)
+    monkeypatch.setattr(RecordingSession, "_snapshot", snapshot_may_synchronise)
     recorder = Recorder(tmp_path / "r", trainee, RecordOptions(steps=40, every=10))
     torch.cuda.set_sync_debug_mode("error")  # any synchronising call on a step without a snapshot raises
     try:

@@ -28,7 +28,7 @@ def test_a_replica_reproduces_its_records_step_by_step(examples, tmp_path) -> No
         replica.restore(run.path, 0, run.meta.environment)
         skipped = replica.skip(10, hashes_at=[5, 10])
         assert skipped.step == 10
-        assert [(r["order"], r["batch"], r["loss"]) for r in skipped.records] == [
+        assert [(r.order, r.batch, r.loss) for r in skipped.records] == [
             (run.steps[s]["order"], run.steps[s]["batch"], run.steps[s]["loss"]) for s in range(10)
         ]
         assert skipped.hashes == {5: run.snapshot(5)["hashes"], 10: run.snapshot(10)["hashes"]}
@@ -40,7 +40,7 @@ def test_a_kept_step_runs_again_from_its_start(examples, tmp_path) -> None:
         replica.connect()
         replica.restore(run.path, 0, run.meta.environment)
         fetched = replica.fetch()
-        assert (fetched["order"], fetched["batch"]) == (run.steps[0]["order"], run.steps[0]["batch"])
+        assert (fetched.order, fetched.batch) == (run.steps[0]["order"], run.steps[0]["batch"])
         light = replica.run(0, trace="light", commit=True)
         assert light.loss == run.steps[0]["loss"] and replica.hashes() == run.snapshot(1)["hashes"]
         again, full = replica.run(0, trace="light"), replica.run(0, trace="full", keep=[3])
@@ -56,7 +56,7 @@ def test_the_recorded_environment_variables_are_set_or_unset_as_they_were(exampl
     assert "OMP_NUM_THREADS" in spec.variables and spec.variables["OMP_NUM_THREADS"] is None
     with Replica(spec.with_variables({**spec.variables, "OMP_NUM_THREADS": None, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}), "A") as replica:
         replica.connect()
-        environment = replica.describe()["environment"]
+        environment = replica.describe().environment
     assert environment["env.OMP_NUM_THREADS"] is None and environment["env.CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert os.environ["OMP_NUM_THREADS"] == "7"
 

@@ -3,9 +3,9 @@
 A framework (Lightning, the Hugging Face ``Trainer``) owns its training loop and its data loader,
 so the loop cannot be made to yield a batch again. Its integration calls the recorder at the
 start and the end of each optimizer step (:meth:`~bisect_repro.record.recorder.Recorder.begin_step`,
-``note_batch``, ``log``, ``end_step``); in a replay, :class:`HookServer` answers the controller's
+``note_batch``, ``log``, ``end_step``, each passed on to this server); in a replay, :class:`HookServer` answers the controller's
 requests at the start of each step the controller wants to see, and lets the framework run the
-others untraced. It answers the same requests as :class:`~bisect_repro.record.serve.StepServer`
+others untraced. It answers the same requests as :class:`~bisect_repro.serve.server.StepServer`
 with one difference: a step runs once per process, in order, from wherever the script starts
 (step 0, or the step a framework checkpoint resumes from). The controller repeats a step by
 starting another process (:class:`~bisect_repro.replay.replica.Replica` does it for it), and a
@@ -18,16 +18,27 @@ step's first micro-batch, so they reach the model's randomness (dropout) but not
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture.batch import batch_tensors, combine_digests
 from ..capture.hashing import hash_tensors
 from .instrument import InstrumentedStep, loss_value
-from .serve import StepServer
+from .protocol import Fetched, Run, Skip, SkipResult, StepRecord, StepStart
+from .server import StepServer
 
 __all__ = ["HookServer"]
 
 _NOT_HERE = ("data", "items")  # need a batch fetched again: not when a framework owns the loader
+
+
+@dataclass
+class _Skipping:
+    """A ``skip`` under way: the framework trains untraced up to ``request.until``."""
+
+    request: Skip
+    result: SkipResult
+    digests: list[str] = field(default_factory=list)
 
 
 class HookServer(StepServer):
@@ -38,29 +49,30 @@ class HookServer(StepServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.first: int | None = None
-        self._skipping: dict[str, Any] | None = None
+        self._skipping: _Skipping | None = None
         self._running: InstrumentedStep | None = None
         self._start_streams: dict[str, Any] = {}
         self._batch_tensors: dict[str, Any] = {}
         self._others: list[str] = []
 
-    # -- called by the recorder, from the framework's hooks ------------------------------------
-    def begin_step(self, step: int) -> None:
-        self.step = self.current = step
+    # -- the recorder's calls, from the framework's hooks ---------------------------------------
+    def begin_step(self) -> None:
+        step = self.current
         self.first = step if self.first is None else self.first
         self._batch_tensors, self._others, self.loss = {}, [], None
         self._start_streams = self.state.streams.state_dict()
         skip = self._skipping
         if skip is not None:
-            if step in skip["hashes_at"]:
-                skip["hashes"][str(step)] = self._state_hashes()
-            if step < skip["until"]:
+            if step in skip.request.hashes_at:
+                skip.result.hashes[step] = self._state_hashes()
+            if step < skip.request.until:
                 return
             self._skipping = None
-            self.channel.send({"step": step, "records": skip["records"], "hashes": skip["hashes"]})
+            skip.result.step = step
+            self.channel.send(skip.result.to_json())
         self._serve()
 
-    def note_batch(self, batch: Any) -> None:
+    def note_batch(self, batch: Any, indices: list[int] | None = None) -> None:
         tensors, others = batch_tensors(batch)
         self._batch_tensors.update({f"{len(self._batch_tensors) + i}": t for i, t in enumerate(tensors.values())})
         self._others += others
@@ -73,14 +85,17 @@ class HookServer(StepServer):
             running, self._running = self._running, None
             running.__exit__(None, None, None)
             running.loss = self.loss
-            reply, payload = running.reply(self.step)
-            self.channel.send({**reply, "batch": batch}, payload)
+            result = running.result(self.current)
+            result.batch = batch
+            self.channel.send(*result.to_reply())
         elif self._skipping is not None:
-            self._skipping["records"].append({"step": self.step, "order": None, "batch": batch, "loss": loss_value(self.loss)})
+            self._skipping.result.records.append(StepRecord(step=self.current, order=None, batch=batch, loss=loss_value(self.loss)))
+        self.current += 1
+        self.position = self.current
 
-    def end_training(self) -> None:
+    def close(self) -> None:
         """The framework finished training: tell a waiting controller, and end the process."""
-        self.channel.send({"error": f"training ended after step {self.step}; the replay cannot go further"})
+        self.channel.send({"error": f"training ended after step {self.current}; the replay cannot go further"})
         self._exit()
 
     # -- requests ------------------------------------------------------------------------------
@@ -88,38 +103,39 @@ class HookServer(StepServer):
         while True:
             request, tree = self.channel.receive()
             op = request.get("op")
-            if op == "run" and int(request["step"]) == self.step:
-                self._start_run(request, tree)
+            if op == "run" and int(request["step"]) == self.current:
+                self._start_run(Run.from_json(request), tree)
                 return
-            if op == "skip" and int(request["until"]) > self.step:
-                until, hashes_at = int(request["until"]), set(request.get("hashes_at", ()))
-                self._skipping = {"until": until, "hashes_at": hashes_at, "records": [], "hashes": {}}
+            if op == "skip" and int(request["until"]) > self.current:
+                self._skipping = _Skipping(Skip.from_json(request), SkipResult(step=self.current))
                 return
             if op == "exit":
                 self._exit()
             self.channel.send(*self._answer(op, request, tree))
 
     def _answer(self, op: str | None, request: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
+        step = self.current
         if op == "skip":  # already there
-            return {"step": self.step, "records": [], "hashes": {}}, None
+            return SkipResult(step=step).to_json(), None
         if op == "restore":
             if int(request["step"]) != self.first:
                 return {"error": f"a framework's run replays from its own start (step {self.first}), not from step {request['step']}"}, None
-            return {"step": self.step}, None
+            return {"step": step}, None
         if op == "fetch":
-            return {"step": self.step, "indices": None, "order": None, "batch": None}, None
+            return Fetched(step=step).to_json(), None
         if op == "streams":
-            return {"step": self.step}, {"streams": self._start_streams, "pre_streams": self._start_streams, "data": None}
+            return {"step": step}, StepStart(streams=self._start_streams, pre_streams=self._start_streams, data=None).to_tree()
         if op == "run":
-            return {"error": f"step {request['step']} cannot run here: this process stands at step {self.step}"}, None
+            return {"error": f"step {request['step']} cannot run here: this process stands at step {step}"}, None
         if op in _NOT_HERE:
             return {"error": f"{op!r} needs the batch fetched again, which a framework's loader does not allow"}, None
-        handler = getattr(self, f"_{op}", None)
-        if handler is None or op not in ("hashes", "describe"):
-            return {"error": f"unknown request {op!r}"}, None
-        return handler(request, tree)
+        if op == "hashes":
+            return self._hashes(request, tree)
+        if op == "describe":
+            return self._describe(request, tree)
+        return {"error": f"unknown request {op!r}"}, None
 
-    def _start_run(self, request: dict[str, Any], tree: Any) -> None:
+    def _start_run(self, request: Run, tree: Any) -> None:
         streams = (tree or {}).get("streams")
         if streams is not None:
             self.state.streams.load_state_dict(streams)

@@ -1,4 +1,4 @@
-"""The entry point of a replaying process: ``python -m bisect_repro.record.bootstrap``.
+"""The entry point of a replaying process: ``python -m bisect_repro.replay.bootstrap``.
 
 The controller starts it with ``BISECT_REPRO_SPEC`` (a JSON object) and the channel's variables in
 the environment. It runs what the run recorded, the way it was run:
@@ -10,7 +10,7 @@ the environment. It runs what the run recorded, the way it was run:
   "argv"}``): run as ``__main__`` with the recorded ``sys.argv``, as ``python train.py ...`` or
   ``python -m pkg.train ...`` would; its own Recorder serves the controller.
 
-Under ``torchrun`` (the replay of a distributed run, see :mod:`bisect_repro.replay.ranks`; the
+Under ``torchrun`` (the replay of a distributed run, see :mod:`bisect_repro.replay.ranked`; the
 spec's ``world_size`` says so) each rank runs this module: a recipe's process group is
 initialised first, as ``record --nproc-per-node`` does, and with ``BISECT_REPRO_RANK_LOGS`` set
 each rank writes its output to ``rank{r}.log`` in that folder, so that the controller can quote
@@ -44,10 +44,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..capture.seeding import SeedingWatch
 from ..errors import BisectReproError
-from . import serve
-from .recipe import build, module_file
+from ..record.recipe import build, module_file
+from ..record.recorder import Recorder
+from ..record.torchrun import init_process_group
+from ..serve.process import watch_process
 
 SPEC_VARIABLE = "BISECT_REPRO_SPEC"
 LOGS_VARIABLE = "BISECT_REPRO_RANK_LOGS"
@@ -73,16 +74,6 @@ def _seed(seeds: dict[str, int]) -> None:
         torch.manual_seed(seeds["torch"])
 
 
-def _spy_threads() -> None:
-    set_num_threads = torch.set_num_threads
-
-    def spy(nthreads: int) -> None:  # torch's own parameter name
-        serve.THREADS_SET.append(int(nthreads))
-        set_num_threads(nthreads)
-
-    torch.set_num_threads = spy
-
-
 def _isolate(spec: dict[str, Any]) -> None:
     """Drop the private folder this process started in from the import path, put a module's root
     there instead, and move to the recorded working directory."""
@@ -105,9 +96,6 @@ def _check_module(module: str, path: str | None) -> None:
 
 
 def _run_recipe(spec: dict[str, Any], ranks: bool) -> None:
-    from .recorder import Recorder
-    from .torchrun import init_process_group
-
     target, expected = spec["target"], Path(spec["path"]) if spec.get("path") else None
     if expected is not None and spec.get("root"):  # a module recipe: its module must be the checked file
         _check_module(target.rpartition(":")[0], spec["path"])
@@ -126,8 +114,7 @@ def main() -> None:
     spec = json.loads(os.environ[SPEC_VARIABLE])
     _isolate(spec)
     _seed(spec.get("seeds") or {})
-    serve.WATCH = SeedingWatch().install()
-    _spy_threads()
+    watch_process()  # before the code runs: its seeding and thread count while it builds are seen too
     try:
         if spec["kind"] == "recipe":
             _run_recipe(spec, ranks=spec.get("world_size") is not None)

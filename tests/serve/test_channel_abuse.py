@@ -19,8 +19,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bisect_repro.record import channel as channel_module
-from bisect_repro.record.channel import HELLO_HEADER_CAP, PENDING_CAP, Channel, ChannelClosed, Listener
+from bisect_repro.serve import channel as channel_module
+from bisect_repro.serve.channel import HELLO_HEADER_CAP, PENDING_CAP, Channel, ChannelClosed, Listener
 
 FRAME = struct.Struct("!II")
 

@@ -1,9 +1,9 @@
 """One step run under what a replay controller asked for: tracing, overrides, and the reply.
 
 :class:`InstrumentedStep` is entered just before a step runs and left just after, around the
-user's own code: in the loop a :class:`~bisect_repro.record.serve.StepServer` drives, the
+user's own code: in the loop a :class:`~bisect_repro.serve.server.StepServer` drives, the
 ``yield`` of the batch; in a framework's loop, the hooks that start and end a step
-(:mod:`bisect_repro.record.hooks`). It applies the request's in-process settings, draws the
+(:mod:`bisect_repro.serve.hooks`). It applies the request's in-process settings, draws the
 streams it asks to advance, fixes entropy seeding when asked, installs the step tracer, the op
 tracer and the determinism-alert catcher, and on leaving undoes the settings and builds the reply:
 the trace, the loss, one digest of the state and gradients after the step, each stream's digest
@@ -31,6 +31,7 @@ from ..capture.seeding import SeedingCall, SeedingWatch
 from ..capture.state import TrainingState
 from ..capture.trace import StepTracer
 from ..trainee import Trainee
+from .protocol import Run, StepResult
 
 __all__ = ["InstrumentedStep", "loss_value"]
 
@@ -52,17 +53,17 @@ class InstrumentedStep:
         trainee: Trainee,
         state: TrainingState,
         watch: SeedingWatch,
-        request: dict[str, Any],
+        request: Run,
         state_hashes: Callable[[], dict[str, str]],
     ) -> None:
         self.trainee, self.state, self.watch, self.request = trainee, state, watch, request
         self.state_hashes = state_hashes
-        trace, model = request.get("trace", "light"), trainee.model
+        model = trainee.model
         self.tracer = None
-        if trace != "none":
-            self.tracer = StepTracer(model, trainee.optimizer, state._names, keep=set(request.get("keep", ())), full=trace == "full")
-        self.ops = ScopedOps(model, skip=_SKIP.get(request["ops"])) if request.get("ops") else None
-        self.alerts = DeterminismAlerts(model) if request.get("alerts") else None
+        if request.trace != "none":
+            self.tracer = StepTracer(model, trainee.optimizer, state._names, keep=set(request.keep), full=request.trace == "full")
+        self.ops = ScopedOps(model, skip=_SKIP.get(request.ops)) if request.ops else None
+        self.alerts = DeterminismAlerts(model) if request.alerts else None
         self.seeding: list[SeedingCall] = []
         self.loss: Any = None
         self._before: dict[str, Any] | None = None
@@ -74,10 +75,10 @@ class InstrumentedStep:
 
     def __enter__(self) -> InstrumentedStep:
         request = self.request
-        self._before = env.apply(request["environment"]) if request.get("environment") else None
-        for name in request.get("advance", ()):
+        self._before = env.apply(request.environment) if request.environment else None
+        for name in request.advance:
             draw_once(name, recipe_streams(self.trainee))
-        self.watch.fixed = request.get("fixed_entropy")
+        self.watch.fixed = request.fixed_entropy
         self.seeding = self._stack.enter_context(self.watch.collecting())
         for part in (self.tracer, self.ops.tracing() if self.ops else None, self.alerts.catching() if self.alerts else None):
             if part is not None:
@@ -92,22 +93,17 @@ class InstrumentedStep:
             if self._before is not None:
                 env.apply(self._before)
 
-    def reply(self, step: int) -> tuple[dict[str, Any], Any]:
-        """The reply to the ``run`` request, and its payload (copies of the entries asked for)."""
-        reply: dict[str, Any] = {
-            "step": step,
-            "loss": loss_value(self.loss),
-            "outcome": combine_digests(self.state_hashes()),
-            "streams_after": {n: tree_digest(v) for n, v in self.state.streams.state_dict().items()},
-            "seeding": [call.to_json() for call in self.seeding],
-        }
-        payload = None
-        if self.tracer is not None:
-            reply["entries"] = [[e.phase, e.layer, e.tensor, e.digest] for e in self.tracer.result()]
-            if self.tracer.kept:
-                payload = {"kept": {str(k): v for k, v in self.tracer.kept.items()}}
-        if self.ops is not None:
-            reply["ops"] = [[r.op, r.layer, r.phase, list(r.inputs), list(r.outputs), r.arguments] for r in self.ops.result()]
-        if self.alerts is not None:
-            reply["alerts"] = self.alerts.alerts
-        return reply, payload
+    def result(self, step: int) -> StepResult:
+        """The reply to the ``run`` request: the trace, the outcome, the streams and seeding after it."""
+        tracer = self.tracer
+        return StepResult(
+            step=step,
+            loss=loss_value(self.loss),
+            outcome=combine_digests(self.state_hashes()),
+            streams_after={n: tree_digest(v) for n, v in self.state.streams.state_dict().items()},
+            seeding=[call.to_json() for call in self.seeding],
+            entries=tracer.result() if tracer is not None else [],
+            kept=dict(tracer.kept) if tracer is not None else {},
+            ops=self.ops.result() if self.ops is not None else None,
+            alerts=self.alerts.alerts if self.alerts is not None else [],
+        )

@@ -2,7 +2,7 @@
 
 A replay runs in its own process: the recorded script or recipe, relaunched with
 ``BISECT_REPRO_REPLAY`` set, whose :class:`~bisect_repro.record.recorder.Recorder` then serves
-requests instead of recording (see :mod:`bisect_repro.record.serve`). The controller listens on a
+requests instead of recording (see :mod:`bisect_repro.serve.server`). The controller listens on a
 Unix socket in a private folder (mode 0700); each replaying process (one per rank under torchrun)
 connects, proves it was started by the controller with a random token, and then answers one
 request at a time.

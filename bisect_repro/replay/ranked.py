@@ -1,9 +1,10 @@
 """A replica of a distributed run: all its ranks under torchrun, stepped together, replying for one.
 
 :class:`RankedReplica` is the :class:`~bisect_repro.replay.replica.Replica` of a run recorded on
-N ranks (a :class:`~bisect_repro.replay.launch.LaunchSpec` with ``world_size`` N makes one). It
+N ranks (:func:`start_replica` makes one for a :class:`~bisect_repro.replay.launch.LaunchSpec`
+with ``world_size`` N, and a plain replica otherwise). It
 starts ``python -m torch.distributed.run --standalone --nproc-per-node N -m
-bisect_repro.record.bootstrap``: every rank runs the recorded recipe or script, and its Recorder
+bisect_repro.replay.bootstrap``: every rank runs the recorded recipe or script, and its Recorder
 connects back with its rank in its hello. Every request goes to every rank at once, since the
 ranks run a step's collectives together (DDP's all-reduce in backward, FSDP's all-gathers): each
 rank restores its own ``rank{r}/`` checkpoint with its own recorded settings, then skips, fetches
@@ -36,12 +37,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..record.bootstrap import LOGS_VARIABLE
-from ..record.channel import Channel, ChannelClosed, Listener
+from ..serve.channel import Channel, ChannelClosed, Listener
+from ..serve.protocol import Hello
 from ..store.run import Run
-from .replica import Progress, Replica, ReplicaFailed
+from .bootstrap import LOGS_VARIABLE
+from .launch import LaunchSpec
+from .replica import Progress, Replica, ReplicaFailed, last_line
 
-__all__ = ["RankedReplica"]
+__all__ = ["RankedReplica", "start_replica"]
 
 _PREFIX = re.compile(r"^\[(default)?rank\d+\]:\s*")  # what torch puts before a rank's uncaught error
 _ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)  # torchrun's summary of the first failure
@@ -52,7 +55,7 @@ class RankedReplica(Replica):
 
     def _start(self) -> None:
         self.channels: dict[int, Channel] = {}
-        self.hellos: dict[int, dict[str, Any]] = {}
+        self.hellos: dict[int, Hello] = {}
         self._broken: str | None = None
         self._lock = threading.Lock()
         self.listener = Listener()
@@ -63,7 +66,7 @@ class RankedReplica(Replica):
         environment = {**self._environment(), LOGS_VARIABLE: str(self.listener.folder)}
         with open(self.log, "wb") as output:
             self.process = subprocess.Popen(
-                [*command, "-m", "bisect_repro.record.bootstrap"],
+                [*command, "-m", "bisect_repro.replay.bootstrap"],
                 cwd=self.listener.folder,  # private, as a single replica's (see Replica._start)
                 env=environment,
                 stdin=subprocess.DEVNULL,
@@ -79,12 +82,7 @@ class RankedReplica(Replica):
 
     # -- failures ------------------------------------------------------------------------------
     def _output(self, rank: int | None) -> str:
-        log = self.log if rank is None else self.log.with_name(f"rank{rank}.log")
-        try:
-            lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-        except OSError:
-            lines = []
-        return _PREFIX.sub("", lines[-1])[:300] if lines else "no output"
+        return last_line(self.log if rank is None else self.log.with_name(f"rank{rank}.log"), lambda line: _PREFIX.sub("", line))
 
     def _failed_rank(self, noticed: int | None) -> int | None:
         """The rank that failed first: the one whose connection closed first (``noticed``: a rank
@@ -121,7 +119,8 @@ class RankedReplica(Replica):
         """Kill every rank that connected, then the launcher (asked first: it stops the ranks it started)."""
         for hello in self.hellos.values():
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError, TypeError):
-                os.kill(int(hello["pid"]), signal.SIGKILL)
+                if hello.pid > 0:
+                    os.kill(hello.pid, signal.SIGKILL)
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGTERM)
@@ -139,12 +138,13 @@ class RankedReplica(Replica):
             self._fail(f"exited (torchrun's exit code {self.process.returncode})")
 
     # -- the connections -----------------------------------------------------------------------
-    def connect(self) -> dict[str, Any]:
+    def connect(self) -> Hello:
         """Wait for every rank's Recorder to connect; the focus rank's hello."""
         world = self.world_size
         while len(self.channels) < world:
-            channel, hello = self.listener.accept(self._check_alive)
-            rank, size = hello.get("rank"), hello.get("world_size")
+            channel, message = self.listener.accept(self._check_alive)
+            hello = Hello.from_json(message)
+            rank, size = hello.rank, hello.world_size
             if type(rank) is not int or rank in self.channels or not 0 <= rank < world or size != world:
                 channel.close()
                 self._fail(f"connected as rank {rank} of {size}, where {world} ranks were started")
@@ -206,17 +206,15 @@ class RankedReplica(Replica):
         super()._adopt(fresh)
         self.channels, self.hellos, self._broken, self._receivers = fresh.channels, fresh.hellos, fresh._broken, fresh._receivers
 
-    def _finish(self) -> None:
-        try:
-            if len(self.channels) == self.world_size and self._broken is None and self.process.poll() is None:
-                with contextlib.suppress(ReplicaFailed):
-                    self.request("exit")
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._kill()
-        finally:
-            for channel in self.channels.values():
-                channel.close()
-            self.listener.close()
-            self._receivers.shutdown(wait=False)
+    def _connected(self) -> bool:
+        return len(self.channels) == self.world_size and self._broken is None
+
+    def _close_connections(self) -> None:
+        for channel in self.channels.values():
+            channel.close()
+        self._receivers.shutdown(wait=False)
+
+
+def start_replica(spec: LaunchSpec, label: str) -> Replica:
+    """The replica of a run: all its ranks under torchrun when it was distributed (``world_size``), else one process."""
+    return RankedReplica(spec, label) if spec.world_size is not None else Replica(spec, label)

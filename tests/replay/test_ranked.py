@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bisect_repro.replay.launch import LaunchSpec, spec_for_recipe
-from bisect_repro.replay.ranks import RankedReplica
-from bisect_repro.replay.replica import Replica, ReplicaFailed
+from bisect_repro.replay.ranked import RankedReplica, start_replica
+from bisect_repro.replay.replica import ReplicaFailed
 
 RECIPE = """
 import torch
@@ -58,11 +58,11 @@ def test_a_rank_that_dies_ends_the_replay_in_one_line_and_no_rank_is_left_waitin
     (tmp_path / "recipe.py").write_text(RECIPE)
     spec = spec_for_recipe(f"{tmp_path / 'recipe.py'}:build", {"fail_rank": 1}).on_ranks(2, 0)
     started = time.monotonic()
-    with Replica(spec, "run A") as replica:
+    with start_replica(spec, "run A") as replica:
         assert isinstance(replica, RankedReplica)
-        assert replica.connect()["rank"] == 0 and sorted(replica.hellos) == [0, 1]
-        pids = [int(hello["pid"]) for hello in replica.hellos.values()]
-        assert replica.fetch()["step"] == 0
+        assert replica.connect().rank == 0 and sorted(replica.hellos) == [0, 1]
+        pids = [hello.pid for hello in replica.hellos.values()]
+        assert replica.fetch().step == 0
         with pytest.raises(ReplicaFailed) as failed:
             replica.run(0, trace="none", commit=True)  # rank 0 waits in DDP's all-reduce for rank 1, which raised
         with pytest.raises(ReplicaFailed):  # and stays failed
@@ -81,7 +81,7 @@ def test_a_rank_that_dies_ends_the_replay_in_one_line_and_no_rank_is_left_waitin
 def test_a_rank_that_cannot_start_is_named(tmp_path) -> None:
     (tmp_path / "recipe.py").write_text(RECIPE.replace("    torch.manual_seed(0)\n", "    assert dist.get_rank() != 1, 'no rank 1'\n"))
     spec = spec_for_recipe(f"{tmp_path / 'recipe.py'}:build").on_ranks(2, 0)
-    with Replica(spec, "run B") as replica, pytest.raises(ReplicaFailed) as failed:
+    with start_replica(spec, "run B") as replica, pytest.raises(ReplicaFailed) as failed:
         replica.connect()
     message = str(failed.value)
     assert len(message.splitlines()) == 1 and "rank 1 exited" in message and "AssertionError: no rank 1" in message, message

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from bisect_repro.record.channel import Channel, ChannelClosed, Listener
+from bisect_repro.serve.channel import Channel, ChannelClosed, Listener
 
 
 def never_dies() -> None:

@@ -67,5 +67,3 @@ def launch_info(target: str | None) -> dict[str, Any]:
     else:
         info["code"] = _main()
     return info
-
-

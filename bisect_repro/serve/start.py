@@ -1,0 +1,94 @@
+"""A step's start, kept in memory so that the step can run again, and a rebuilt trainee's settings.
+
+:class:`KeptStart` holds everything a step starts from: the batch, copies of the model's and the
+optimizer's state, the scheduler's, the gradients, the extra state, the random streams after the
+batch was fetched and before, and the data position. :func:`keep_start` takes it, and
+:func:`load_start` puts the trainee back into it, so that the step runs again from the same state.
+
+:func:`hyperparameters` and :func:`overlay_hyperparameters` serve the config experiment: run B
+rebuilt with A's config restores B's checkpoint, whose optimizer groups would undo the config;
+the built hyperparameters are laid back over the restored state.
+
+Where the guarantees stop: only the state the :class:`~bisect_repro.trainee.Trainee` holds is
+kept; a counter in a closure or a module global is not (the controller detects a step that reads
+one: it runs other ops from the same state).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from ..capture.state import TrainingState
+from ..trainee import Trainee
+
+__all__ = ["KeptStart", "hyperparameters", "keep_start", "load_start", "overlay_hyperparameters"]
+
+
+@dataclass
+class KeptStart:
+    """Everything a step starts from (see the module docstring)."""
+
+    step: int
+    batch: Any
+    indices: list[int] | None
+    tensors: dict[str, Any]
+    streams: dict[str, Any]
+    """The streams after the batch was fetched: what the step's own code draws from."""
+    pre_streams: dict[str, Any]
+    """Before the batch was fetched: what the data drew from."""
+    data: dict[str, Any]
+    """The data position before the fetch."""
+
+
+def keep_start(
+    state: TrainingState, step: int, batch: Any, indices: list[int] | None, pre_streams: dict[str, Any], data: dict[str, Any]
+) -> KeptStart:
+    """Copies of what ``state`` holds now, as the start of ``step`` (its batch just fetched)."""
+    trainee = state.trainee
+    tensors = {
+        "model": {k: v.detach().clone() for k, v in trainee.model.state_dict().items()},
+        "optimizer": copy.deepcopy(trainee.optimizer.state_dict()),
+        "scheduler": copy.deepcopy(trainee.scheduler.state_dict()) if trainee.scheduler is not None else None,
+        "grads": [p.grad.detach().clone() if p.grad is not None else None for p in trainee.model.parameters()],
+        "extra": {name: copy.deepcopy(value.state_dict()) for name, value in state.extra.items()},
+    }
+    return KeptStart(step, batch, indices, tensors, state.streams.state_dict(), pre_streams, data)
+
+
+def load_start(state: TrainingState, start: KeptStart, streams: dict[str, Any] | None) -> None:
+    """Put the trainee back at ``start`` (under ``streams`` instead of its own, when given)."""
+    trainee, saved = state.trainee, start.tensors
+    trainee.model.load_state_dict(saved["model"])
+    trainee.optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
+    if trainee.scheduler is not None:
+        trainee.scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
+    for parameter, grad in zip(trainee.model.parameters(), saved["grads"], strict=True):
+        parameter.grad = grad.clone() if grad is not None else None
+    for name, value in saved["extra"].items():
+        state.extra[name].load_state_dict(copy.deepcopy(value))
+    state.streams.load_state_dict(streams if streams is not None else start.streams)
+
+
+def hyperparameters(trainee: Trainee) -> tuple[list[dict[str, Any]], list[Any] | None]:
+    """The optimizer's groups without their parameters, and the scheduler's initial rates."""
+    groups = [{k: v for k, v in group.items() if k != "params"} for group in trainee.optimizer.param_groups]
+    return groups, list(getattr(trainee.scheduler, "base_lrs", None) or []) or None
+
+
+def overlay_hyperparameters(trainee: Trainee, groups: list[dict[str, Any]], base_lrs: list[Any] | None) -> None:
+    """After a checkpoint is restored into a trainee built with another config: keep the
+    checkpoint's tensors and position but the built optimizer's hyperparameters (a learning rate
+    a scheduler has moved is scaled by the ratio of the two initial rates)."""
+    for group, built in zip(trainee.optimizer.param_groups, groups, strict=False):
+        for key, value in built.items():
+            if key == "lr" and group.get("initial_lr") and built.get("initial_lr"):
+                group["lr"] = group["lr"] * built["initial_lr"] / group["initial_lr"]
+            elif key != "lr" or not group.get("initial_lr"):
+                group[key] = value
+        if "initial_lr" in built:
+            group["initial_lr"] = built["initial_lr"]
+    if base_lrs is not None and trainee.scheduler is not None:
+        trainee.scheduler.base_lrs = base_lrs  # type: ignore[attr-defined]
+        trainee.scheduler._last_lr = [group["lr"] for group in trainee.optimizer.param_groups]  # type: ignore[attr-defined]
