@@ -26,6 +26,7 @@ nondeterministic kernel may make the replay part from the records by itself (``p
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,8 @@ from .launch import LaunchSpec
 from .ranked import start_replica
 
 __all__ = ["Divergence", "Lockstep", "Parted", "both"]
+
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Progress = Callable[[str, int, int], None]
@@ -109,6 +112,7 @@ class Lockstep:
     def _note_parted(self, which: int, step: int, what: str) -> None:
         label = "AB"[which]
         if not any(p.run == label for p in self.parted):
+            _log.info("run %s's replay parted from its records at step %d (%s)", label, step, what)
             self.parted.append(Parted(run=label, step=step, what=what))
 
     def _check_record(self, which: int, step: int, order: Any, batch: Any, loss: Any) -> None:
@@ -162,6 +166,9 @@ class Lockstep:
         return found
 
     def _walk(self, checkpoints: tuple[int, int], last_equal: int, end: int) -> Divergence | None:
+        _log.info(
+            "replaying from the checkpoints at steps %d/%d, untraced to step %d, then step by step to %d", *checkpoints, last_equal, end
+        )
         self.from_step = min(checkpoints)
         self._restore(checkpoints)
         self._skip(last_equal)

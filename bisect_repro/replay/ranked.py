@@ -27,6 +27,7 @@ collectives. The ranks rendezvous on the ports torchrun picks, not the recorded 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -45,6 +46,8 @@ from .launch import LaunchSpec
 from .replica import Progress, Replica, ReplicaFailed, last_line
 
 __all__ = ["RankedReplica", "start_replica"]
+
+_log = logging.getLogger(__name__)
 
 _PREFIX = re.compile(r"^\[(default)?rank\d+\]:\s*")  # what torch puts before a rank's uncaught error
 _ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)  # torchrun's summary of the first failure
@@ -74,6 +77,9 @@ class RankedReplica(Replica):
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        _log.info(
+            "replay of %s: started torchrun with %d ranks, pid %d, output in %s", self.label, world, self.process.pid, self.log.parent
+        )
 
     @property
     def world_size(self) -> int:
@@ -160,6 +166,7 @@ class RankedReplica(Replica):
         self, op: str, args: dict[int, dict[str, Any]], tree: Any = None, progress: Progress | None = None
     ) -> tuple[dict[str, Any], Any]:
         assert len(self.channels) == self.world_size, "connect() first"
+        _log.debug("replay of %s: %s to %d ranks", self.label, op, self.world_size)
         self._check_alive()
         focus = self.spec.focus
         for rank, channel in self.channels.items():

@@ -104,6 +104,7 @@ class Replica:
                 stdout=output,
                 stderr=subprocess.STDOUT,
             )
+        _log.info("replay of %s: started process %d (%s), output in %s", self.label, self.process.pid, self.spec.describe(), self.log)
 
     @property
     def reruns(self) -> bool:
@@ -176,6 +177,7 @@ class Replica:
     def request(self, op: str, tree: Any = None, progress: Progress | None = None, **args: Any) -> tuple[dict[str, Any], Any]:
         channel = self.channel
         assert channel is not None, "connect() first"
+        _log.debug("replay of %s: %s %s", self.label, op, args)
         try:
             channel.send({"op": op, **args}, tree)
             reply, payload = channel.receive_reply(self._check_alive, progress)
