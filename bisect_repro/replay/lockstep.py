@@ -38,6 +38,7 @@ from ..serve.protocol import Fetched, StepResult, Trace
 from ..store.run import Run
 from .launch import LaunchSpec
 from .ranked import start_replica
+from .replica import Replica
 
 __all__ = ["Divergence", "Lockstep", "Parted", "both"]
 
@@ -81,8 +82,17 @@ class Divergence:
 class Lockstep:
     """Two replicas of two runs (see the module docstring)."""
 
-    def __init__(self, runs: tuple[Run, Run], specs: tuple[LaunchSpec, LaunchSpec], progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        runs: tuple[Run, Run],
+        specs: tuple[LaunchSpec, LaunchSpec],
+        progress: Progress | None = None,
+        *,
+        start: Callable[[LaunchSpec, str], Replica] = start_replica,
+    ) -> None:
         self.runs = runs
+        self.start = start
+        """What starts a replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
         self.progress = progress or (lambda *args: None)
         self.parted: list[Parted] = []
         self.notes: list[str] = []
@@ -94,7 +104,7 @@ class Lockstep:
 
     def _launch(self) -> None:
         runs, specs = self.runs, self.specs
-        self.replicas = (start_replica(specs[0], f"run A ({runs[0].path})"), start_replica(specs[1], f"run B ({runs[1].path})"))
+        self.replicas = (self.start(specs[0], f"run A ({runs[0].path})"), self.start(specs[1], f"run B ({runs[1].path})"))
         try:
             both(self.replicas[0].connect, self.replicas[1].connect)
         except BaseException:
