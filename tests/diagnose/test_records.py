@@ -64,6 +64,16 @@ def test_an_entropy_seeding_call_logged_in_the_divergent_step_names_the_stream_a
     assert verdict.fix == "remove the reseeding from entropy (torch.seed() at train.py:9), or give it a seed: torch.manual_seed(seed)"
 
 
+def test_an_entropy_seeding_call_without_a_call_site_is_named_by_its_call(tmp_path: Path) -> None:
+    a = run(tmp_path / "a")
+    for name, call in (("b", {"stream": "torch", "call": "torch.seed()", "entropy": True, "where": None}), ("c", {"call": "torch.seed()"})):
+        verdict = verdict_of(a, run(tmp_path / name, hashes={4: "moved"}, losses={3: 2.5}, seeded={3: call}))
+        assert (verdict.step, verdict.cause) == (3, Cause.RNG_STATE)
+        assert verdict.evidence[1].detail == "step 3 reseeded from entropy: torch.seed()"
+    assert verdict.rng == []  # the call does not say which stream it seeded, and no stream moved differently
+    assert verdict.explanation.endswith("; a stream reseeded from entropy, as the step log shows")
+
+
 def test_batches_of_other_samples_name_the_data_order_and_the_loader_streams_that_moved(tmp_path: Path) -> None:
     same = {"loader.generator": 1, "torch": 1, "python": 1}
     a = run(tmp_path / "a", streams={0: same, 2: same, 4: {**same, "loader.generator": 3, "python": 3}})
