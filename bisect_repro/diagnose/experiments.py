@@ -75,6 +75,8 @@ class StepAnalysis:
         self.evidence: list[Evidence] = []
         self.notes: list[str] = []
         self.ops_context: list[dict[str, Any]] = []
+        self.reseeded = False
+        """A stream ended the step in another state each time it ran from the same state."""
         self.swaps = Swaps(records, lockstep.replicas, specs, checkpoints[1], self.step, self.evidence, start=start)
 
     def _add(self, experiment: str, subject: str, outcome: str, detail: str) -> None:
@@ -238,7 +240,7 @@ class StepAnalysis:
             )
             verdict.rng = sorted({*verdict.rng, *check.streams})
             verdict.reseeded += [c for c in check.reseeds if c not in verdict.reseeded]
-        verdict.cause = Cause.RNG_STATE
+        verdict.cause, self.reseeded = Cause.RNG_STATE, True
         proven = all(c.reseed_proven and c.reseeds for c in checks.values())
         verdict.confidence = Confidence.PROVEN if proven else Confidence.INFERRED
 
@@ -333,7 +335,7 @@ class StepAnalysis:
             data_by = None  # not shown by fetching the batch again
         keys = verdict.config_keys or verdict.environment_keys
         verdict.explanation = explanation_for(
-            verdict.cause, where=where, streams=verdict.rng, reseeds=verdict.reseeded, keys=keys, data_by=data_by
+            verdict.cause, where=where, streams=verdict.rng, reseeds=verdict.reseeded, keys=keys, data_by=data_by, reseeded=self.reseeded
         )
         if verdict.phase == "data" and verdict.rng and verdict.confidence is not Confidence.PROVEN:
             verdict.explanation += f"; the streams the loader draws from differ there: {', '.join(verdict.rng)}"

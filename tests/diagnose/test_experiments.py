@@ -76,6 +76,11 @@ def test_a_stream_that_ends_each_run_in_another_state_without_an_entropy_call_is
         outcome="differs",
         detail="with every seeding from entropy given a fixed seed, step 5 still differs from itself",
     )
+    assert "with run A's streams run B matches" not in verdict.explanation  # no stream was swapped
+    assert verdict.explanation == (
+        "torch ends the step in a different state each time the step runs from the same state: it is reseeded during the step "
+        "from a value that changes, so step 5, forward pass, fc.output (op aten.bernoulli_.float) differs from run to run"
+    )
 
 
 def test_a_step_that_depends_on_how_often_the_code_ran_is_proven_in_fresh_processes(tmp_path: Path) -> None:
