@@ -104,7 +104,12 @@ class Lockstep:
 
     def _launch(self) -> None:
         runs, specs = self.runs, self.specs
-        self.replicas = (self.start(specs[0], f"run A ({runs[0].path})"), self.start(specs[1], f"run B ({runs[1].path})"))
+        first = self.start(specs[0], f"run A ({runs[0].path})")
+        try:  # run A's process must not outlive a failure to start run B's
+            self.replicas = (first, self.start(specs[1], f"run B ({runs[1].path})"))
+        except BaseException:
+            first.close()
+            raise
         try:
             both(self.replicas[0].connect, self.replicas[1].connect)
         except BaseException:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bisect_repro.diagnose.records import read_records
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.lockstep import Divergence, Lockstep, Parted
+from bisect_repro.replay.replica import ReplicaFailed
 from bisect_repro.store.meta import CodeKind
 from bisect_repro.store.run import Run
 from tests.fake_programs import one_layer, only_at, record, reseed, reseeding
-from tests.fake_replica import Call, Launcher, Outcome, Program
+from tests.fake_replica import Call, FakeReplica, Launcher, Outcome, Program
 
 SPECS = (LaunchSpec(kind=CodeKind.SCRIPT, path="/code/a.py"), LaunchSpec(kind=CodeKind.SCRIPT, path="/code/b.py"))
 STEPS = 8  # a snapshot every 2 steps
@@ -107,3 +110,18 @@ def test_without_first_checkpoints_to_go_back_to_the_step_where_the_replay_parts
     assert found is not None and (found.step, found.parted_only) == (4, True)
     assert lockstep.parted == [Parted(run="A", step=4, what="loss"), Parted(run="B", step=4, what="loss")]
     assert lockstep.notes == []
+
+
+def test_a_replica_that_cannot_start_leaves_no_other_replica_running(tmp_path: Path) -> None:
+    program = Program(step=one_layer)
+    runs = recorded(tmp_path, program, program)
+    launcher = Launcher({"/code/a.py": program})
+
+    def start(spec: LaunchSpec, label: str) -> FakeReplica:
+        if spec.path == "/code/b.py":
+            raise ReplicaFailed(f"replay of {label}: cannot start")
+        return launcher(spec, label)
+
+    with pytest.raises(ReplicaFailed, match="cannot start"):
+        Lockstep(runs, SPECS, start=start)
+    assert [(r.label, r.closed) for r in launcher.started] == [(f"run A ({runs[0].path})", True)]
