@@ -81,6 +81,7 @@ class Call:
     environment: Mapping[str, Any]
     """The in-process settings it runs under."""
     spec: LaunchSpec | None
+    """What the process was started from (its ``config``, its ``variables``)."""
     runs: int
     """How many times this step already ran in this process."""
     calls: int
@@ -88,6 +89,7 @@ class Call:
     entropy: int
     """The seed a call from entropy gets in this run."""
     fixed_entropy: int | None
+    """The seed every call from entropy gets instead, when the controller fixes it."""
 
 
 @dataclass
@@ -109,6 +111,7 @@ class Program:
 
     step: Callable[[Call], Outcome]
     state: dict[str, str] = field(default_factory=lambda: {"fc.weight": "w0"})
+    """The trainee's tensors (their hashes) as built."""
     streams: dict[str, Any] = field(default_factory=lambda: {"torch": 0})
     loader: Callable[[int, Mapping[str, Any]], Batch] = sequential
     environment: dict[str, Any] = field(default_factory=dict)
@@ -204,6 +207,7 @@ class FakeReplica:
         self.kept.clear()
 
     def skip(self, until: int, hashes_at: list[int] | None = None, progress: Callable[[int], None] | None = None) -> SkipResult:
+        """Train untraced up to ``until``: what the recorder would have logged, the hashes at ``hashes_at``."""
         self._check()
         if not self.reruns and self.step is not None and self.step > until:
             self._to_start_of(until)
@@ -245,6 +249,7 @@ class FakeReplica:
         return Fetched(step=start.step, indices=batch.indices, order=self._order(batch), batch=batch.content)
 
     def fetch(self, keep: list[int] | None = None) -> Fetched:
+        """Take the next batch and keep the step's start (and forget those not in ``keep``)."""
         self._check()
         self.kept = {s: start for s, start in self.kept.items() if s in (keep or ())}
         start = self.kept[self.position] = self._take()
@@ -293,6 +298,7 @@ class FakeReplica:
         commit: bool = False,
         streams: dict[str, Any] | None = None,
     ) -> StepResult:
+        """Run a kept step again from its start (see the module docstring); ``alerts`` are never raised here."""
         self._check()
         start = self._kept(step)
         committed = (commit and step == max(self.kept)) or not self.reruns
@@ -328,6 +334,7 @@ class FakeReplica:
         )
 
     def streams(self, step: int) -> StepStart:
+        """The streams a kept step starts from, after its batch was fetched and before, and its data position."""
         self._check()
         start = self._kept(step)
         if not self.reruns:  # a framework's hooks see the streams once the batch was drawn
@@ -335,11 +342,12 @@ class FakeReplica:
         return StepStart(streams=dict(start.streams), pre_streams=dict(start.pre_streams), data=dict(start.data))
 
     def data(self, step: int, *, pre_streams: dict[str, Any] | None = None, epoch_streams: dict[str, Any] | None = None) -> Fetched:
-        """A kept step's batch fetched again from its data position, under other streams (nothing else changes)."""
+        """A kept step's batch fetched again from its data position, under other streams (nothing else
+        changes); a fake loader has no epoch streams."""
         self._check()
         if not self.reruns:
             raise ReplicaFailed(f"replay of {self.label}: 'data' needs the batch fetched again, which a framework's loader does not allow")
-        start = self.kept[step]
+        start = self._kept(step)
         return self._fetched(start, self.program.loader(start.data["position"], dict(pre_streams or start.pre_streams)))
 
     def hashes(self) -> dict[str, str]:
@@ -361,6 +369,7 @@ class FakeReplica:
         )
 
     def items_change(self, step: int, stream: str) -> bool | None:
+        """Unknown: a fake loader has no dataset of its own to ask."""
         return None
 
     def close(self) -> None:
