@@ -29,7 +29,7 @@ from ..capture.rng import tree_digest
 from ..errors import BisectReproError
 from ..store.run import Run
 from .causes import Cause, fix_for
-from .verdict import Confidence, Evidence, TimelineRow, Verdict
+from .verdict import Confidence, Evidence, Outcome, TimelineRow, Verdict
 
 __all__ = ["Records", "first_divergence", "layer_of", "rank_verdict", "read_records", "records_verdict", "structure_verdict"]
 
@@ -202,7 +202,9 @@ def structure_verdict(records: Records) -> Verdict:
         explanation=f"the models differ in structure: {detail}",
         fix=fix_for(Cause.STRUCTURE) + (f" (the settings differ: {', '.join(records.config_diff)})" if records.config_diff else ""),
         evidence=[
-            Evidence(experiment="records", subject="both runs", outcome="differs", detail=f"the recorded model structures differ: {detail}")
+            Evidence(
+                experiment="records", subject="both runs", outcome=Outcome.DIFFERS, detail=f"the recorded model structures differ: {detail}"
+            )
         ],
     )
 
@@ -212,13 +214,13 @@ def records_verdict(records: Records) -> Verdict:
     logs, end = records.logs, records.end
     changed, all_along = records.changed_streams()
     reseeds = records.reseeds(records.last_equal or 0, end)
-    evidence = [Evidence(experiment="records", subject="both runs", outcome="differs", detail=_bounds(records))]
+    evidence = [Evidence(experiment="records", subject="both runs", outcome=Outcome.DIFFERS, detail=_bounds(records))]
     if reseeds:
         evidence.append(
             Evidence(
                 experiment="records",
                 subject="the step logs",
-                outcome="differs",
+                outcome=Outcome.DIFFERS,
                 detail=f"step {reseeds[0][0]} reseeded from entropy: {reseeds[0][1]['call']} at {reseeds[0][1]['where']}",
             )
         )
@@ -279,7 +281,7 @@ def records_verdict(records: Records) -> Verdict:
             Evidence(
                 experiment="records",
                 subject="both runs",
-                outcome="inconclusive",
+                outcome=Outcome.INCONCLUSIVE,
                 detail=f"{', '.join(still)} differed from the start but did not move between steps {records.last_equal} and "
                 f"{records.first_divergent}: nothing drew from them, so they are not the cause",
             )
@@ -289,7 +291,7 @@ def records_verdict(records: Records) -> Verdict:
             Evidence(
                 experiment="records",
                 subject="both runs",
-                outcome="inconclusive",
+                outcome=Outcome.INCONCLUSIVE,
                 detail=f"{', '.join(all_along)} already differed at step {records.last_equal}, where the runs still matched, "
                 "and was drawn from since",
             )

@@ -30,6 +30,7 @@ from ..capture.rng import tree_digest
 from ..capture.trace import first_difference
 from ..replay.launch import LaunchSpec
 from ..replay.replica import Replica, StepResult
+from ..store.meta import CodeKind
 from .causes import Cause
 from .records import Records
 from .verdict import Confidence, Evidence, Verdict
@@ -189,7 +190,7 @@ class Swaps:
                 verdict.cause, verdict.environment_keys, verdict.confidence = Cause.ENVIRONMENT, variables, Confidence.PROVEN
                 return True
         config = self.records.config_diff
-        if not config or spec_b.kind != "recipe":
+        if not config or spec_b.kind is not CodeKind.RECIPE:
             return False
 
         def rebuilt(keys: list[str]) -> bool:
