@@ -201,12 +201,13 @@ def structure_verdict(records: Records) -> Verdict:
         config_keys=list(records.config_diff),
         explanation=f"the models differ in structure: {detail}",
         fix=fix_for(Cause.STRUCTURE) + (f" (the settings differ: {', '.join(records.config_diff)})" if records.config_diff else ""),
-        evidence=[
-            Evidence(
-                experiment="records", subject="both runs", outcome=Outcome.DIFFERS, detail=f"the recorded model structures differ: {detail}"
-            )
-        ],
+        evidence=[_from_records(Outcome.DIFFERS, f"the recorded model structures differ: {detail}")],
     )
+
+
+def _from_records(outcome: Outcome, detail: str, subject: str = "both runs") -> Evidence:
+    """What the records alone show (the ``records`` experiment)."""
+    return Evidence(experiment="records", subject=subject, outcome=outcome, detail=detail)
 
 
 def records_verdict(records: Records) -> Verdict:
@@ -214,16 +215,11 @@ def records_verdict(records: Records) -> Verdict:
     logs, end = records.logs, records.end
     changed, all_along = records.changed_streams()
     reseeds = records.reseeds(records.last_equal or 0, end)
-    evidence = [Evidence(experiment="records", subject="both runs", outcome=Outcome.DIFFERS, detail=_bounds(records))]
+    evidence = [_from_records(Outcome.DIFFERS, _bounds(records))]
     if reseeds:
-        evidence.append(
-            Evidence(
-                experiment="records",
-                subject="the step logs",
-                outcome=Outcome.DIFFERS,
-                detail=f"step {reseeds[0][0]} reseeded from entropy: {reseeds[0][1]['call']} at {reseeds[0][1]['where']}",
-            )
-        )
+        step, call = reseeds[0]
+        detail = f"step {step} reseeded from entropy: {call['call']} at {call['where']}"
+        evidence.append(_from_records(Outcome.DIFFERS, detail, subject="the step logs"))
     verdict = Verdict(step=max(end, 0), confidence=Confidence.INFERRED, evidence=evidence)
     if end < 0:  # the first snapshots (before step 0) already differ: the runs part at initialisation
         verdict.phase = "init"
@@ -277,25 +273,16 @@ def records_verdict(records: Records) -> Verdict:
     verdict.explanation = f"from the records alone: the runs first differ at or before step {verdict.step}; {what}"
     still = [s for s in records.streams_at(records.first_divergent) if s not in changed and s not in all_along]
     if still:
-        evidence.append(
-            Evidence(
-                experiment="records",
-                subject="both runs",
-                outcome=Outcome.INCONCLUSIVE,
-                detail=f"{', '.join(still)} differed from the start but did not move between steps {records.last_equal} and "
-                f"{records.first_divergent}: nothing drew from them, so they are not the cause",
-            )
+        detail = (
+            f"{', '.join(still)} differed from the start but did not move between steps {records.last_equal} and "
+            f"{records.first_divergent}: nothing drew from them, so they are not the cause"
         )
+        evidence.append(_from_records(Outcome.INCONCLUSIVE, detail))
     if all_along and verdict.rng != all_along:
-        evidence.append(
-            Evidence(
-                experiment="records",
-                subject="both runs",
-                outcome=Outcome.INCONCLUSIVE,
-                detail=f"{', '.join(all_along)} already differed at step {records.last_equal}, where the runs still matched, "
-                "and was drawn from since",
-            )
+        detail = (
+            f"{', '.join(all_along)} already differed at step {records.last_equal}, where the runs still matched, and was drawn from since"
         )
+        evidence.append(_from_records(Outcome.INCONCLUSIVE, detail))
     return verdict
 
 
