@@ -84,11 +84,11 @@ def build(
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--every", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reseed-at", type=int, default=None)
+    parser.add_argument("--out", required=True, help="the run directory to record (one folder per rank)")
+    parser.add_argument("--steps", type=int, default=6, help="training steps, on every rank")
+    parser.add_argument("--every", type=int, default=2, help="snapshot every this many steps")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model and the DistributedSampler")
+    parser.add_argument("--reseed-at", type=int, default=None, help="rank 1 reseeds torch from entropy at this step")
     args = parser.parse_args()
     initialise()
     model = DistributedDataParallel(network(args.seed))

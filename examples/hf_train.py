@@ -45,13 +45,13 @@ class LoggingTrainer(Trainer):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--reseed-at", type=int, default=None)
-    parser.add_argument("--accumulate", type=int, default=1)
-    parser.add_argument("--save-every", type=int, default=0)
-    parser.add_argument("--resume", default=None)
-    parser.add_argument("--output-dir", default="out")
+    parser.add_argument("--out", required=True, help="the run directory to record")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps (TrainingArguments.max_steps)")
+    parser.add_argument("--reseed-at", type=int, default=None, help="compute_loss calls torch.seed() at this step")
+    parser.add_argument("--accumulate", type=int, default=1, help="batches per step (gradient_accumulation_steps)")
+    parser.add_argument("--save-every", type=int, default=0, help="also save a Trainer checkpoint every this many steps")
+    parser.add_argument("--resume", default=None, help="a Trainer checkpoint folder to resume from")
+    parser.add_argument("--output-dir", default="out", help="the Trainer's own output folder, for its checkpoints")
     args = parser.parse_args()
 
     set_seed(0)  # before the model is built: Trainer seeds only when it is created, after

@@ -39,12 +39,12 @@ class Regressor(L.LightningModule):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--reseed-at", type=int, default=None)
-    parser.add_argument("--accumulate", type=int, default=1)
-    parser.add_argument("--save", default=None)
-    parser.add_argument("--resume", default=None)
+    parser.add_argument("--out", required=True, help="the run directory to record")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps (the Trainer's max_steps)")
+    parser.add_argument("--reseed-at", type=int, default=None, help="training_step calls torch.seed() at this step")
+    parser.add_argument("--accumulate", type=int, default=1, help="batches per step (accumulate_grad_batches)")
+    parser.add_argument("--save", default=None, help="save a Lightning checkpoint to this file when training ends")
+    parser.add_argument("--resume", default=None, help="a Lightning checkpoint to resume from (ckpt_path)")
     args = parser.parse_args()
 
     L.seed_everything(0, verbose=False)

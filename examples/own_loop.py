@@ -35,13 +35,13 @@ class Model(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--every", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reseed-at", type=int, default=None)
-    parser.add_argument("--nondeterministic", action="store_true")
-    parser.add_argument("--unseeded-shuffle", action="store_true")
+    parser.add_argument("--out", required=True, help="the run directory to record")
+    parser.add_argument("--steps", type=int, default=20, help="training steps")
+    parser.add_argument("--every", type=int, default=5, help="snapshot every this many steps, checkpoint every twice as many")
+    parser.add_argument("--seed", type=int, default=0, help="seeds Python, NumPy, torch and the loader's shuffle")
+    parser.add_argument("--reseed-at", type=int, default=None, help="reseed torch from entropy at this step")
+    parser.add_argument("--nondeterministic", action="store_true", help="look embeddings up with table[idx] on two threads")
+    parser.add_argument("--unseeded-shuffle", action="store_true", help="shuffle from torch's stream, reseeded from entropy")
     args = parser.parse_args()
 
     random.seed(args.seed)

@@ -1,4 +1,4 @@
-/* The CPU kernel of bisect-repro's tensor hash, format 1 (defined in hashing.py).
+/* The CPU kernel of bisect-repro's tensor hash, format 1 (defined in hash_format.py).
  *
  * Plain C with no Python or torch headers: called through ctypes on tensors' data pointers.
  * One entry point hashes a whole batch of byte buffers (a model's tensors) in one call: the

@@ -1,10 +1,11 @@
 """The format-1 tensor hash on the CPU as a compiled C kernel, called through ctypes.
 
-Private to :mod:`bisect_repro.capture.hashing`, which defines the hash; this module only computes the
-same two lane sums faster. The kernel, ``_hash_c.c`` beside this file, is plain C (no Python or
-torch headers) built at install time as an optional extension: where it was not built (no C
-compiler, or a platform it does not compile on) :func:`load` returns ``None`` and the hash uses
-torch ops instead, with the same lanes.
+Private to :mod:`bisect_repro.capture.hashing`, which picks it; the hash is defined in
+:mod:`bisect_repro.capture.hash_format`, and this module only computes the same two lane sums
+faster. The kernel, ``_hash_c.c`` beside this file, is plain C (no Python or torch headers) built
+at install time as an optional extension: where it was not built (no C compiler, or a platform it
+does not compile on) :func:`load` returns ``None`` and the hash uses torch ops instead, with the
+same lanes.
 
 One call hashes a whole batch of tensors: the kernel reads each tensor's bytes once, through its
 data pointer, with AVX-512 or AVX2 where the CPU has them (chosen when the call runs, never fixed

@@ -1,8 +1,9 @@
 """The format-1 tensor hash as one fused Triton kernel over many tensors (CUDA).
 
-Private to :mod:`bisect_repro.capture.hashing`, which defines the hash; this module only computes the
-same two lane sums faster. Triton is an optional import: it ships with the CUDA builds of torch
-and is never a dependency of bisect-repro.
+Private to :mod:`bisect_repro.capture.hashing`, which picks it; the hash is defined in
+:mod:`bisect_repro.capture.hash_format`, and this module only computes the same two lane sums
+faster. Triton is an optional import: it ships with the CUDA builds of torch and is never a
+dependency of bisect-repro.
 
 One launch covers every tensor of a call. The host cuts each tensor's words into *blocks* of at
 most ``_BLOCK_WORDS`` words and writes one row per block into a table: the block's address, its

@@ -36,7 +36,7 @@ from ..serve.protocol import StepResult
 from . import causes
 from .causes import Cause
 from .difference import difference_stats
-from .findings import Finding
+from .findings import Finding, Severity
 from .selfcheck import check_repeats
 
 __all__ = ["RecipeChecks"]
@@ -81,7 +81,7 @@ class RecipeChecks:
                     confirmed = self._first_run_again(check, outcome)
                     if confirmed is not None:
                         self.findings += confirmed
-                        if any(f.severity == "error" for f in confirmed):
+                        if any(f.severity is Severity.ERROR for f in confirmed):
                             self.unrepeatable_step = outcome.step
                         return
                     continue  # the first run itself differs in another process: the processes' comparison says why

@@ -48,7 +48,7 @@ from ..replay.replica import Replica
 from . import causes
 from .audit import environment_findings
 from .checks import RecipeChecks
-from .findings import SEVERITIES, Finding
+from .findings import SEVERITIES, Finding, Severity
 from .probe import differences, probe
 
 __all__ = ["DEFAULT_STEPS", "SCHEMA", "DoctorReport", "doctor"]
@@ -75,7 +75,7 @@ class DoctorReport:
     @property
     def reproducible(self) -> bool:
         """No finding is an error: reproducible on this machine (warnings may remain)."""
-        return not any(f.severity == "error" for f in self.findings)
+        return not any(f.severity is Severity.ERROR for f in self.findings)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -313,7 +313,7 @@ def _threads_finding(findings: list[Finding], local: RecipeChecks) -> None:
     if changed is not None:
         unpinned.evidence += f"; shown here: step 0 on {other} thread(s) instead of {threads} computes a different {changed}"
     else:
-        unpinned.severity = "info"
+        unpinned.severity = Severity.INFO
         unpinned.evidence += f"; step 0 on {other} thread(s) instead of {threads} computes the same results, so this recipe may not care"
 
 

@@ -6,29 +6,38 @@ item of the ``bisect-repro/doctor/1`` JSON object only at the edge (:meth:`Findi
 lives apart from ``doctor`` because the experiments, the environment audit and the report all
 make or read findings, and ``doctor`` imports them all.
 
-Severity: ``error`` makes the recipe irreproducible on this machine, ``warning`` will bite
-elsewhere (another GPU, core count or launcher), ``info`` is worth knowing; ``SEVERITIES`` is
-also the order findings are listed in.
+Severity (:class:`Severity`): ``error`` makes the recipe irreproducible on this machine,
+``warning`` will bite elsewhere (another GPU, core count or launcher), ``info`` is worth knowing;
+their order is also the order findings are listed in (``SEVERITIES``, their values).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
-__all__ = ["SEVERITIES", "Finding"]
-
-SEVERITIES = ("error", "warning", "info")
+__all__ = ["SEVERITIES", "Finding", "Severity"]
 
 
-@dataclass
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+SEVERITIES = tuple(severity.value for severity in Severity)
+"""The severities' values, most severe first: the order findings are listed in."""
+
+
+@dataclass(init=False)
 class Finding:
     """One finding: what it is, how bad, what was seen, the fix, and where."""
 
     id: str
     """What it is: ``unseeded-init``, ``reseeded-stream:torch``, ``nondeterministic-op``, ..."""
-    severity: str
-    """One of :data:`SEVERITIES`."""
+    severity: Severity
+    """How bad it is."""
     evidence: str
     """What the experiment that proves it showed, in a sentence."""
     fix: str
@@ -38,5 +47,16 @@ class Finding:
     op: str | None = None
     """The aten op, when one is named."""
 
+    def __init__(self, id: str, severity: Severity | str, evidence: str, fix: str, layer: str | None = None, op: str | None = None) -> None:
+        """``severity`` may be given by its value (``"error"``); an unknown one raises ``ValueError``."""
+        self.id, self.severity, self.evidence, self.fix, self.layer, self.op = id, Severity(severity), evidence, fix, layer, op
+
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "severity": self.severity, "layer": self.layer, "op": self.op, "evidence": self.evidence, "fix": self.fix}
+        return {
+            "id": self.id,
+            "severity": self.severity.value,
+            "layer": self.layer,
+            "op": self.op,
+            "evidence": self.evidence,
+            "fix": self.fix,
+        }

@@ -29,7 +29,7 @@ from ..capture.rng import tree_digest
 from ..errors import BisectReproError
 from ..store.run import Run
 from .causes import Cause, fix_for
-from .verdict import Confidence, Evidence, TimelineRow, Verdict
+from .verdict import Confidence, Evidence, Outcome, TimelineRow, Verdict
 
 __all__ = ["Records", "first_divergence", "layer_of", "rank_verdict", "read_records", "records_verdict", "structure_verdict"]
 
@@ -201,10 +201,13 @@ def structure_verdict(records: Records) -> Verdict:
         config_keys=list(records.config_diff),
         explanation=f"the models differ in structure: {detail}",
         fix=fix_for(Cause.STRUCTURE) + (f" (the settings differ: {', '.join(records.config_diff)})" if records.config_diff else ""),
-        evidence=[
-            Evidence(experiment="records", subject="both runs", outcome="differs", detail=f"the recorded model structures differ: {detail}")
-        ],
+        evidence=[_from_records(Outcome.DIFFERS, f"the recorded model structures differ: {detail}")],
     )
+
+
+def _from_records(outcome: Outcome, detail: str, subject: str = "both runs") -> Evidence:
+    """What the records alone show (the ``records`` experiment)."""
+    return Evidence(experiment="records", subject=subject, outcome=outcome, detail=detail)
 
 
 def records_verdict(records: Records) -> Verdict:
@@ -212,13 +215,11 @@ def records_verdict(records: Records) -> Verdict:
     logs, end = records.logs, records.end
     changed, all_along = records.changed_streams()
     reseeds = records.reseeds(records.last_equal or 0, end)
-    evidence = [Evidence(experiment="records", subject="both runs", outcome="differs", detail=_bounds(records))]
+    evidence = [_from_records(Outcome.DIFFERS, _bounds(records))]
     if reseeds:
         step, call = reseeds[0]  # a call site and a stream are optional in a step line
         shown = f"{call['call']} at {call['where']}" if call.get("where") else call["call"]
-        evidence.append(
-            Evidence(experiment="records", subject="the step logs", outcome="differs", detail=f"step {step} reseeded from entropy: {shown}")
-        )
+        evidence.append(_from_records(Outcome.DIFFERS, f"step {step} reseeded from entropy: {shown}", subject="the step logs"))
     verdict = Verdict(step=max(end, 0), confidence=Confidence.INFERRED, evidence=evidence)
     if end < 0:  # the first snapshots (before step 0) already differ: the runs part at initialisation
         verdict.phase = "init"
@@ -272,25 +273,16 @@ def records_verdict(records: Records) -> Verdict:
     verdict.explanation = f"from the records alone: the runs first differ at or before step {verdict.step}; {what}"
     still = [s for s in records.streams_at(records.first_divergent) if s not in changed and s not in all_along]
     if still:
-        evidence.append(
-            Evidence(
-                experiment="records",
-                subject="both runs",
-                outcome="inconclusive",
-                detail=f"{', '.join(still)} differed from the start but did not move between steps {records.last_equal} and "
-                f"{records.first_divergent}: nothing drew from them, so they are not the cause",
-            )
+        detail = (
+            f"{', '.join(still)} differed from the start but did not move between steps {records.last_equal} and "
+            f"{records.first_divergent}: nothing drew from them, so they are not the cause"
         )
+        evidence.append(_from_records(Outcome.INCONCLUSIVE, detail))
     if all_along and verdict.rng != all_along:
-        evidence.append(
-            Evidence(
-                experiment="records",
-                subject="both runs",
-                outcome="inconclusive",
-                detail=f"{', '.join(all_along)} already differed at step {records.last_equal}, where the runs still matched, "
-                "and was drawn from since",
-            )
+        detail = (
+            f"{', '.join(all_along)} already differed at step {records.last_equal}, where the runs still matched, and was drawn from since"
         )
+        evidence.append(_from_records(Outcome.INCONCLUSIVE, detail))
     return verdict
 
 

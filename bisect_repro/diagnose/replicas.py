@@ -29,7 +29,7 @@ that part cannot say which of them moved, so with two the rank named is the one 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RunFormatError
@@ -45,6 +45,9 @@ class DriftedTensor:
     """The ranks whose copy differs from most of the group's (with a tie, from the lowest rank's)."""
     group: list[int]
     """The ranks that must hold it equal."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "ranks": self.ranks, "group": self.group}
 
 
 @dataclass(kw_only=True)
@@ -65,7 +68,17 @@ class ReplicaDrift:
     tensors: list[DriftedTensor] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "layout": self.layout,
+            "world_size": self.world_size,
+            "replicated": self.replicated,
+            "compared": self.compared,
+            "snapshots": self.snapshots,
+            "last_equal": self.last_equal,
+            "step": self.step,
+            "ranks": self.ranks,
+            "tensors": [t.to_json() for t in self.tensors],
+        }
 
 
 def _mesh_groups(mesh: dict[str, Any], placements: list[str]) -> list[tuple[int, ...]]:

@@ -32,6 +32,7 @@ from ..replay.launch import LaunchSpec
 from ..replay.ranked import start_replica
 from ..replay.replica import Replica
 from ..serve.protocol import Fetched, StepResult
+from ..store.meta import CodeKind
 from .causes import Cause
 from .records import Records
 from .verdict import Confidence, Evidence, Verdict
@@ -195,7 +196,7 @@ class Swaps:
                 verdict.cause, verdict.environment_keys, verdict.confidence = Cause.ENVIRONMENT, variables, Confidence.PROVEN
                 return True
         config = self.records.config_diff
-        if not config or spec_b.kind != "recipe":
+        if not config or spec_b.kind is not CodeKind.RECIPE:
             return False
 
         def rebuilt(keys: list[str]) -> bool:

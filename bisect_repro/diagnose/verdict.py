@@ -10,17 +10,20 @@ The JSON form is the ``bisect-repro/compare/2`` object documented in the README;
 ``histogram`` to the verdict, ``parted`` to the replay, ``layers`` to the timeline and
 ``ops_context`` to the result, and the cause ``hidden_state``; ``ranks`` (one
 :class:`RankResult` per rank compared, one for a single process) came later, within version 2.
+Each ``to_json`` names its keys one by one, with every enumeration
+(:class:`~bisect_repro.diagnose.causes.Cause`, :class:`Confidence`, :class:`Outcome`) written as
+its value: a field added to a class reaches the JSON only when it is added there.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from .causes import Cause
 
-__all__ = ["SCHEMA", "CompareResult", "Confidence", "Evidence", "RankResult", "ReplayInfo", "TimelineRow", "Verdict"]
+__all__ = ["SCHEMA", "CompareResult", "Confidence", "Evidence", "Outcome", "RankResult", "ReplayInfo", "TimelineRow", "Verdict"]
 
 SCHEMA = "bisect-repro/compare/2"
 
@@ -31,7 +34,16 @@ class Confidence(str, Enum):
     UNEXPLAINED = "unexplained"
 
 
-@dataclass(frozen=True, kw_only=True)
+class Outcome(str, Enum):
+    """What an experiment showed: the difference (``differs``), none (``matches``: the difference
+    vanished or the step repeated), or nothing either way (``inconclusive``)."""
+
+    DIFFERS = "differs"
+    MATCHES = "matches"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(frozen=True, init=False)
 class Evidence:
     """One experiment and what it showed."""
 
@@ -40,13 +52,18 @@ class Evidence:
     ``environment``, ``environment_variables``, ``config``, ``config:<key>``, ``data_streams``, ``rebuild``, ``op_trace``."""
     subject: str
     """Which run it was run on, and how: ``run B with run A's streams``."""
-    outcome: str
-    """``differs``, ``matches`` (the difference vanished or the step repeated) or ``inconclusive``."""
+    outcome: Outcome
+    """What it showed."""
     detail: str
     """What was seen, in a sentence."""
 
+    def __init__(self, *, experiment: str, subject: str, outcome: Outcome | str, detail: str) -> None:
+        """``outcome`` may be given by its value (``"differs"``); an unknown one raises ``ValueError``."""
+        for name, value in (("experiment", experiment), ("subject", subject), ("outcome", Outcome(outcome)), ("detail", detail)):
+            object.__setattr__(self, name, value)  # the instance is frozen
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"experiment": self.experiment, "subject": self.subject, "outcome": self.outcome.value, "detail": self.detail}
 
 
 @dataclass(kw_only=True)
@@ -84,10 +101,27 @@ class Verdict:
                 setattr(self, key, stats[key])
 
     def to_json(self) -> dict[str, Any]:
-        found = {k: v for k, v in self.__dict__.items() if k != "evidence"}
-        found["cause"], found["confidence"] = self.cause.value, self.confidence.value
-        found["evidence"] = [e.to_json() for e in self.evidence]
-        return found
+        return {
+            "step": self.step,
+            "phase": self.phase,
+            "layer": self.layer,
+            "tensor": self.tensor,
+            "op": self.op,
+            "rank": self.rank,
+            "cause": self.cause.value,
+            "confidence": self.confidence.value,
+            "rng": self.rng,
+            "reseeded": self.reseeded,
+            "config_keys": self.config_keys,
+            "environment_keys": self.environment_keys,
+            "max_abs_diff": self.max_abs_diff,
+            "max_ulp": self.max_ulp,
+            "fraction_differing": self.fraction_differing,
+            "histogram": self.histogram,
+            "explanation": self.explanation,
+            "fix": self.fix,
+            "evidence": [e.to_json() for e in self.evidence],
+        }
 
 
 @dataclass(kw_only=True)
@@ -105,7 +139,15 @@ class ReplayInfo:
     """What was run to replay each run."""
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {
+            "performed": self.performed,
+            "from_step": self.from_step,
+            "replayed_steps": self.replayed_steps,
+            "faithful": self.faithful,
+            "parted": self.parted,
+            "seconds": self.seconds,
+            "commands": self.commands,
+        }
 
 
 @dataclass(kw_only=True)
@@ -120,7 +162,14 @@ class TimelineRow:
     """Differing tensors per layer (the module that owns them; ``optimizer`` state counts with its parameter's layer)."""
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {
+            "step": self.step,
+            "equal": self.equal,
+            "differing_tensors": self.differing_tensors,
+            "first_tensor": self.first_tensor,
+            "streams": self.streams,
+            "layers": self.layers,
+        }
 
 
 @dataclass(kw_only=True)

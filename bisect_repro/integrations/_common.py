@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,14 @@ def start_recorder(
     scheduler: Stateful | None,
     streams: Mapping[str, RandomSource],
     options: RecordOptions,
+    steps: int | None,
     config: Mapping[str, Any],
     environment: Mapping[str, Any],
     start_step: int,
 ) -> FrameworkRecorder:
-    """A recorder for a loop a framework drives: it snapshots at the framework's optimizer steps."""
+    """A recorder for a loop a framework drives: it snapshots at the framework's optimizer steps.
+
+    ``options`` are the callback's; ``steps`` is how many the framework will run (``None``: not known)."""
     trainee = Trainee(model, optimizer, (), scheduler=scheduler, generators=dict(streams))
+    options = replace(options, steps=steps)
     return FrameworkRecorder(out, trainee, options, config=json_safe(config), start_step=start_step, environment=environment)

@@ -70,19 +70,14 @@ class BisectRepro(Callback):
             "framework.devices": f"{trainer.num_devices} x {type(trainer.accelerator).__name__}",
             "framework.strategy": type(trainer.strategy).__name__,
         }
-        options = RecordOptions(
-            steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
-            every=self.options.every,
-            checkpoint_every=self.options.checkpoint_every,
-            force=self.options.force,
-        )
         self.recorder = start_recorder(
             self.out,
             model=pl_module,
             optimizer=optimizer,
             scheduler=schedulers[0].scheduler if schedulers else None,
             streams=loader_streams(loader for loader in loaders if loader is not None),
-            options=options,
+            options=self.options,
+            steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
             config=config,
             environment=environment,
             start_step=trainer.global_step,

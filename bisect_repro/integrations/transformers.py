@@ -66,19 +66,14 @@ class BisectRepro(TrainerCallback):
             "framework.device": str(args.device),
             "framework.n_gpu": args.n_gpu,
         }
-        options = RecordOptions(
-            steps=state.max_steps or None,
-            every=self.options.every,
-            checkpoint_every=self.options.checkpoint_every,
-            force=self.options.force,
-        )
         self.recorder = start_recorder(
             self.out,
             model=model,
             optimizer=inner,
             scheduler=lr_scheduler,
             streams=loader_streams([train_dataloader] if train_dataloader is not None else []),
-            options=options,
+            options=self.options,
+            steps=state.max_steps or None,
             config={f"args.{k}": v for k, v in args.to_dict().items()},
             environment=environment,
             start_step=state.global_step,

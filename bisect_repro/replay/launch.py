@@ -230,8 +230,9 @@ def _module_root(module: str, path: Path, *, main: bool) -> Path | None:
     return None
 
 
-def _checked_code(run: Run, code: CodeRecord | None, what: str, accept_changed: bool) -> tuple[Path, str]:
-    """The recorded file, resolved, after every check that does not depend on consent."""
+def _checked_code(run: Run, code: CodeRecord | None, kind: CodeKind, accept_changed: bool) -> tuple[Path, str]:
+    """The recorded file of a ``kind`` launch, resolved, after every check that does not depend on consent."""
+    what = kind.value
     if code is None or not code.path or not code.sha256:
         raise ReplayUnavailable(
             f"{run.path}: its launch record names no {what} file with its SHA-256 (recorded by an older bisect-repro, or edited); "
@@ -276,7 +277,7 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     if meta.target:
         if code is None or code.kind is not CodeKind.RECIPE:
             code = None
-        path, digest = _checked_code(run, code, "recipe", accept_changed)
+        path, digest = _checked_code(run, code, CodeKind.RECIPE, accept_changed)
         where, _, function = meta.target.rpartition(":")
         if not function.isidentifier():
             raise ReplayUnavailable(
@@ -300,8 +301,7 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
         )
     if code.kind is CodeKind.RECIPE:
         raise ReplayUnavailable(f"{run.path}: its launch names a recipe but the run has no target; the run was edited, record it again")
-    what = "script" if code.kind is CodeKind.SCRIPT else "module"
-    path, digest = _checked_code(run, code, what, accept_changed)
+    path, digest = _checked_code(run, code, code.kind, accept_changed)
     argv = list(launch.argv) if launch is not None and launch.argv else [str(path)]
     if code.kind is CodeKind.SCRIPT:
         return LaunchSpec(kind=CodeKind.SCRIPT, path=str(path), sha256=digest, argv=argv, **common)

@@ -22,7 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_repro.capture import _hash_cpu, hashing
+from bisect_repro.capture import _hash_cpu, _hash_torch, hashing
 from bisect_repro.capture.hashing import hash_tensor, hash_tensors
 
 from .test_hashing import fast_reference, fast_reference_lanes, tensors
@@ -183,8 +183,8 @@ def test_without_the_extension_the_torch_path_hashes(tmp_path: Path) -> None:
         mock.patch.object(hashing, "_NATIVE", []),
         mock.patch.object(_hash_cpu, "_LOADED", []),
         mock.patch.object(_hash_cpu, "library_path", lambda: missing),
-        mock.patch.object(hashing, "_lanes_of_large", wraps=hashing._lanes_of_large) as large,
-        mock.patch.object(hashing, "_lanes_of_small", wraps=hashing._lanes_of_small) as small,
+        mock.patch.object(_hash_torch, "lanes_of_large", wraps=_hash_torch.lanes_of_large) as large,
+        mock.patch.object(_hash_torch, "lanes_of_small", wraps=_hash_torch.lanes_of_small) as small,
     ):
         assert hashing._native_kernel() is None
         without = hash_tensors(named)

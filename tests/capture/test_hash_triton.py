@@ -20,7 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_repro.capture import hashing
+from bisect_repro.capture import _hash_torch, hashing
 from bisect_repro.capture.hashing import hash_tensor, hash_tensors
 
 pytest.importorskip("triton")
@@ -81,7 +81,7 @@ BLOCKS = st.sampled_from([(32, 1), (32, 4), (64, 2), (_hash_triton._VECTOR, _has
 def test_kernel_lanes_match_the_definition(batch: list[torch.Tensor], block: tuple[int, int]) -> None:
     device = kernel_device()
     vector, iterations = block
-    words = [hashing._words(t.to(device)) for t in batch]
+    words = [_hash_torch.words_of(t.to(device)) for t in batch]
     with mock.patch.multiple(_hash_triton, _VECTOR=vector, _ITERATIONS=iterations, _BLOCK_WORDS=vector * iterations):
         found = _hash_triton.lanes(words).cpu().tolist()
     assert found == [list(fast_reference_lanes(t)) for t in batch]
@@ -125,7 +125,7 @@ def test_views_off_a_16_byte_boundary_take_a_short_head_block() -> None:
     assert buffer.data_ptr() % 16 == 0
     for offset in range(4):
         view = buffer[offset : offset + 2 * block + 5]
-        table, programs = _hash_triton._table([hashing._words(view)], torch.device(device))
+        table, programs = _hash_triton._table([_hash_torch.words_of(view)], torch.device(device))
         rows = table.cpu().tolist()
         assert programs == (1 if offset else 0) + 3
         assert [r[1] for r in rows] == ([4 - offset] if offset else []) + [block, block, 2 * block + 5 - block * 2 - (4 - offset) % 4]

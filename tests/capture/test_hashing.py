@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from bisect_repro.capture.hashing import PendingHashes, digest_of, hash_tensor, hash_tensors
+from bisect_repro.capture.hash_format import digest_of
+from bisect_repro.capture.hashing import PendingHashes, hash_tensor, hash_tensors
 
 MASK = 0xFFFFFFFF
 
@@ -202,10 +203,10 @@ def test_the_chunked_and_packed_paths_match_the_definition(batch: list[torch.Ten
     # Tiny chunk and pack sizes so that small tensors cross every boundary the real sizes have.
     from unittest import mock
 
-    from bisect_repro.capture import hashing
+    from bisect_repro.capture import _hash_torch, hashing
 
     named = {f"t{i}": t for i, t in enumerate(batch)}
-    with mock.patch.multiple(hashing, _CHUNK_WORDS=chunk, _PACK_WORDS=pack, _PACK_CHUNK=pack_chunk):
+    with mock.patch.object(_hash_torch, "CHUNK_WORDS", chunk), mock.patch.multiple(hashing, _PACK_WORDS=pack, _PACK_CHUNK=pack_chunk):
         found = hash_tensors(named)
     assert found == {name: fast_reference(t) for name, t in named.items()}
 
@@ -216,27 +217,27 @@ def test_the_device_side_accumulation_matches_the_host_one(batch: list[torch.Ten
     # The branches that CUDA without Triton (and other devices) take, run on CPU tensors.
     from unittest import mock
 
-    from bisect_repro.capture import hashing
+    from bisect_repro.capture import _hash_torch
 
-    words = [hashing._words(t) for t in batch]
+    words = [_hash_torch.words_of(t) for t in batch]
     expected = [list(fast_reference_lanes(t)) for t in batch]
-    with mock.patch.object(hashing, "_CHUNK_WORDS", chunk):
-        large = [hashing._lanes_of_large(w, host_sums=False).tolist() if w.numel() else [0, 0] for w in words]
+    with mock.patch.object(_hash_torch, "CHUNK_WORDS", chunk):
+        large = [_hash_torch.lanes_of_large(w, host_sums=False).tolist() if w.numel() else [0, 0] for w in words]
     assert large == expected
     present = [w for w in words if w.numel()]
     if present:
-        assert hashing._lanes_of_small(present, numpy=False).tolist() == [e for w, e in zip(words, expected, strict=True) if w.numel()]
+        assert _hash_torch.lanes_of_small(present, numpy=False).tolist() == [e for w, e in zip(words, expected, strict=True) if w.numel()]
 
 
 def test_chunk_boundaries_at_the_real_sizes() -> None:
-    from bisect_repro.capture import hashing
+    from bisect_repro.capture import _hash_torch, hashing
 
     generator = torch.Generator().manual_seed(3)
-    chunk, pack = hashing._CHUNK_WORDS, hashing._PACK_WORDS
+    chunk, pack = _hash_torch.CHUNK_WORDS, hashing._PACK_WORDS
     for words in (chunk - 1, chunk, 2 * chunk + 3, pack - 1, pack):
         tensor = torch.randint(-(2**31), 2**31 - 1, (words,), dtype=torch.int32, generator=generator)
         assert hash_tensor(tensor) == fast_reference(tensor)
-    odd_bytes = torch.randint(0, 255, (4 * hashing._CHUNK_WORDS + 5,), dtype=torch.uint8, generator=generator)
+    odd_bytes = torch.randint(0, 255, (4 * _hash_torch.CHUNK_WORDS + 5,), dtype=torch.uint8, generator=generator)
     assert hash_tensor(odd_bytes[1:]) == fast_reference(odd_bytes[1:])
 
 
@@ -252,7 +253,7 @@ def test_a_wrong_word_is_caught_by_the_property_reference() -> None:
 def test_a_failing_kernel_falls_back_to_torch_ops_with_a_warning() -> None:
     from unittest import mock
 
-    from bisect_repro.capture import hashing
+    from bisect_repro.capture import _hash_torch, hashing
 
     class BrokenKernel:
         def lanes(self, words: list[torch.Tensor]) -> torch.Tensor:
@@ -261,6 +262,6 @@ def test_a_failing_kernel_falls_back_to_torch_ops_with_a_warning() -> None:
     batch = [torch.randn(3, 5), torch.zeros(0), torch.arange(300_000, dtype=torch.int32)]
     with mock.patch.object(hashing, "_TRITON", [BrokenKernel()]), mock.patch.object(hashing, "_BACKEND", "auto"):
         with pytest.warns(UserWarning, match="Triton hash kernel failed"):
-            lanes = hashing._fused_lanes([hashing._words(t) for t in batch])
+            lanes = hashing._fused_lanes([_hash_torch.words_of(t) for t in batch])
         assert hashing._TRITON == [None]  # not tried again
     assert lanes.tolist() == [list(fast_reference_lanes(t)) for t in batch]
