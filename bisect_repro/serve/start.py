@@ -9,9 +9,11 @@ batch was fetched and before, and the data position. :func:`keep_start` takes it
 rebuilt with A's config restores B's checkpoint, whose optimizer groups would undo the config;
 the built hyperparameters are laid back over the restored state.
 
-Where the guarantees stop: only the state the :class:`~bisect_repro.trainee.Trainee` holds is
-kept; a counter in a closure or a module global is not (the controller detects a step that reads
-one: it runs other ops from the same state).
+Where the guarantees stop: what is kept is the state the :class:`~bisect_repro.trainee.Trainee`
+holds and the counters its code keeps in module globals and closures
+(:mod:`~bisect_repro.capture.pystate`); a local variable of the running loop (an ``enumerate``
+counter) is not (the controller detects a step that reads one: it runs other ops from the same
+state).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def keep_start(
         "scheduler": copy.deepcopy(trainee.scheduler.state_dict()) if trainee.scheduler is not None else None,
         "grads": [p.grad.detach().clone() if p.grad is not None else None for p in trainee.model.parameters()],
         "extra": {name: copy.deepcopy(value.state_dict()) for name, value in state.extra.items()},
+        "python": state.python.state_dict(),
     }
     return KeptStart(step, batch, indices, tensors, state.streams.state_dict(), pre_streams, data)
 
@@ -68,6 +71,7 @@ def load_start(state: TrainingState, start: KeptStart, streams: dict[str, Any] |
         parameter.grad = grad.clone() if grad is not None else None
     for name, value in saved["extra"].items():
         state.extra[name].load_state_dict(copy.deepcopy(value))
+    state.python.load_state_dict(saved["python"])
     state.streams.load_state_dict(streams if streams is not None else start.streams)
 
 
