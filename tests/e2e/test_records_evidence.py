@@ -1,5 +1,6 @@
-"""The verdict never says "unknown" while the records name a cause: the replay's strongest evidence
-yields to the records' own when no experiment can isolate the cause."""
+"""Real recipes keep state outside the model: a counter in the step's closure, a generator in the
+dataset. Both are recorded, so the verdict is exact and proven (the records' own evidence, when a
+replay cannot prove a cause, is tested with a loop's ``enumerate`` counter in ``test_counters``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ runner = CliRunner()
 RECIPE = Path(__file__).resolve().parent / "recipes" / "counter_reseed.py"
 
 
-def test_a_reseed_behind_a_closure_counter_is_named_from_the_step_log(tmp_path: Path) -> None:
-    """The counter restarts in a replay from a checkpoint, so no replay reproduces the reseed; the
-    step log of run B still records ``torch.seed()`` in step 9, with its call site."""
+def test_a_reseed_behind_a_recipes_closure_counter_is_proven(tmp_path: Path) -> None:
+    """The counter lives in the step function's closure, which checkpoints hold: the replay from
+    the checkpoint at step 5 reproduces the reseed at step 9, and fixing entropy proves it."""
     for name, extra in (("a", []), ("b", ["--set", "reseed_at=9"])):
         args = [
             "record",
@@ -37,8 +38,20 @@ def test_a_reseed_behind_a_closure_counter_is_named_from_the_step_log(tmp_path: 
     assert result.exit_code == 1, result.output
     verdict = json.loads(result.stdout)["verdict"]
     assert (verdict["step"], verdict["cause"], verdict["rng"]) == (9, "rng_state", ["torch"]), verdict
-    assert verdict["confidence"] in ("proven", "inferred")
+    assert (verdict["phase"], verdict["confidence"]) == ("forward", "proven"), verdict
     assert verdict["reseeded"][0]["call"] == "torch.seed()" and verdict["reseeded"][0]["where"] == f"{RECIPE}:24"
     assert f"{RECIPE}:24" in verdict["fix"]
-    if verdict["confidence"] == "inferred":
-        assert "the replay could not prove it" in verdict["explanation"], verdict["explanation"]
+
+
+def test_an_unseeded_generator_held_by_the_dataset_is_named_and_proven(tmp_path: Path) -> None:
+    recipe = RECIPE.with_name("augmented.py")
+    for name, extra in (("a", []), ("b", ["--set", "seeded=false"])):
+        args = ["record", f"{recipe}:build", "--out", str(tmp_path / name), "--quiet", "--steps", "10", "--every", "5"]
+        result = runner.invoke(app, [*args, *extra])
+        assert result.exit_code == 0, result.output
+    assert "loader.dataset.rng" in json.loads((tmp_path / "a" / "run.json").read_text())["streams"]
+    result = runner.invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json"])
+    assert result.exit_code == 1, result.output
+    verdict = json.loads(result.stdout)["verdict"]
+    assert (verdict["step"], verdict["phase"], verdict["cause"], verdict["confidence"]) == (0, "data", "data_content", "proven"), verdict
+    assert verdict["rng"] == ["loader.dataset.rng"] and "'loader.dataset.rng'" in verdict["fix"]
