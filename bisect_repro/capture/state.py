@@ -69,14 +69,14 @@ class TrainingState:
             scope = Scope(step.__globals__, (step,))  # a recipe's own step function: its module and closure
         self.python = PythonState(scope or Scope())
         self.data = DataStream(trainee.loader, self.streams)
-        self._names = parameter_names(trainee.model, trainee.optimizer)
+        self._names = parameter_names(trainee.model, trainee.optim)
         self.extra: dict[str, Any] = dict(trainee.state or {})
 
     def close(self) -> None:
         self.data.close()
 
     def _named_tensors(self) -> dict[str, torch.Tensor]:
-        model, optimizer = self.trainee.model, self.trainee.optimizer
+        model, optimizer = self.trainee.model, self.trainee.optim
         found: dict[str, torch.Tensor] = dict(model.named_parameters())
         found.update(model.named_buffers())
         for group in optimizer.param_groups:
@@ -103,7 +103,7 @@ class TrainingState:
         scheduler = self.trainee.scheduler
         return {
             "model": localize(self.trainee.model.state_dict()),
-            "optimizer": localize(self.trainee.optimizer.state_dict()),
+            "optimizer": localize(self.trainee.optim.state_dict()),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "data": self.data.state_dict(),
             "streams": self.streams.state_dict(),
@@ -119,7 +119,7 @@ class TrainingState:
         """Restore a checkpoint; ``streams=False`` leaves the random streams as they are,
         ``python=False`` the code's counters. Local shards are made DTensors again where the model
         holds DTensors."""
-        model, optimizer = self.trainee.model, self.trainee.optimizer
+        model, optimizer = self.trainee.model, self.trainee.optim
         model.load_state_dict(distribute_like(state["model"], model.state_dict()))
         optimizer.load_state_dict(distribute_optimizer_state(state["optimizer"], optimizer))
         if self.trainee.scheduler is not None and state.get("scheduler") is not None:

@@ -94,9 +94,7 @@ class Swaps:
     def data(self, verdict: Verdict, order: bool, fetched_a: Fetched) -> None:
         """The loader's and the global streams, then variables and config, for run B's batch."""
         s, kind = self.step, "order" if order else "batch"
-        verdict.cause = (
-            Cause.DATA_ORDER if order or (fetched_a.order is None and fetched_a.indices is None) else Cause.DATA_CONTENT
-        )
+        verdict.cause = Cause.DATA_ORDER if order or (fetched_a.order is None and fetched_a.indices is None) else Cause.DATA_CONTENT
         if not self.rb.reruns:
             self._data_in_a_framework(verdict)
             return

@@ -51,7 +51,7 @@ def keep_start(
     trainee = state.trainee
     tensors = {
         "model": {k: v.detach().clone() for k, v in trainee.model.state_dict().items()},
-        "optimizer": copy.deepcopy(trainee.optimizer.state_dict()),
+        "optimizer": copy.deepcopy(trainee.optim.state_dict()),
         "scheduler": copy.deepcopy(trainee.scheduler.state_dict()) if trainee.scheduler is not None else None,
         "grads": [p.grad.detach().clone() if p.grad is not None else None for p in trainee.model.parameters()],
         "extra": {name: copy.deepcopy(value.state_dict()) for name, value in state.extra.items()},
@@ -64,7 +64,7 @@ def load_start(state: TrainingState, start: KeptStart, streams: dict[str, Any] |
     """Put the trainee back at ``start`` (under ``streams`` instead of its own, when given)."""
     trainee, saved = state.trainee, start.tensors
     trainee.model.load_state_dict(saved["model"])
-    trainee.optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
+    trainee.optim.load_state_dict(copy.deepcopy(saved["optimizer"]))
     if trainee.scheduler is not None:
         trainee.scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
     for parameter, grad in zip(trainee.model.parameters(), saved["grads"], strict=True):
@@ -77,7 +77,7 @@ def load_start(state: TrainingState, start: KeptStart, streams: dict[str, Any] |
 
 def hyperparameters(trainee: Trainee) -> tuple[list[dict[str, Any]], list[Any] | None]:
     """The optimizer's groups without their parameters, and the scheduler's initial rates."""
-    groups = [{k: v for k, v in group.items() if k != "params"} for group in trainee.optimizer.param_groups]
+    groups = [{k: v for k, v in group.items() if k != "params"} for group in trainee.optim.param_groups]
     return groups, list(getattr(trainee.scheduler, "base_lrs", None) or []) or None
 
 
@@ -85,7 +85,7 @@ def overlay_hyperparameters(trainee: Trainee, groups: list[dict[str, Any]], base
     """After a checkpoint is restored into a trainee built with another config: keep the
     checkpoint's tensors and position but the built optimizer's hyperparameters (a learning rate
     a scheduler has moved is scaled by the ratio of the two initial rates)."""
-    for group, built in zip(trainee.optimizer.param_groups, groups, strict=False):
+    for group, built in zip(trainee.optim.param_groups, groups, strict=False):
         for key, value in built.items():
             if key == "lr" and group.get("initial_lr") and built.get("initial_lr"):
                 group["lr"] = group["lr"] * built["initial_lr"] / group["initial_lr"]
@@ -95,4 +95,4 @@ def overlay_hyperparameters(trainee: Trainee, groups: list[dict[str, Any]], base
             group["initial_lr"] = built["initial_lr"]
     if base_lrs is not None and trainee.scheduler is not None:
         trainee.scheduler.base_lrs = base_lrs  # type: ignore[attr-defined]
-        trainee.scheduler._last_lr = [group["lr"] for group in trainee.optimizer.param_groups]  # type: ignore[attr-defined]
+        trainee.scheduler._last_lr = [group["lr"] for group in trainee.optim.param_groups]  # type: ignore[attr-defined]
