@@ -190,7 +190,7 @@ class StepServer:
             run = run.open_rank(int(os.environ.get("RANK", 0)))
         self.state.load_state_dict(run.checkpoint(request.step), python=not request.rebuilt)
         if built is not None:
-            overlay_hyperparameters(self.trainee, *built)
+            overlay_hyperparameters(self.trainee, built)
         self.position = self.current = request.step
         self.starts.clear()
         return {"step": self.position}, None
