@@ -1,5 +1,5 @@
-"""Distributed runs written directly through the store, without training: each rank's step lines and
-snapshot hashes as the test says, for the readers and the comparisons that read them."""
+"""Runs written directly through the store, without training: each rank's step lines and snapshot
+hashes as the test says, for the readers and the comparisons that read them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bisect_repro.store.run import Run
 from bisect_repro.store.writer import RunWriter
 
 MODEL = {"parameters": {"w": [[2], "float32"]}, "buffers": {"bn.running_mean": [[2], "float32"]}}
@@ -47,3 +48,27 @@ def fake_ranks(
         writer.finish(max(hashes[rank]))
         writer.close()
     return path
+
+
+def write_run(
+    path: Path,
+    lines: list[dict[str, Any]],
+    snapshots: Mapping[int, Mapping[str, Any]],
+    checkpoints: Mapping[int, Mapping[str, Any]] | None = None,
+    *,
+    config: Mapping[str, Any] | None = None,
+    environment: Mapping[str, Any] | None = None,
+    **meta: Any,
+) -> Run:
+    """A finished single-process run: its step lines as given, ``snapshots[step]`` the snapshot trees
+    (``hashes``, ``streams``, ``data``) and ``checkpoints[step]`` the checkpoint trees."""
+    model = {"parameters": {"fc.weight": [[2], "float32"]}, "buffers": {}}
+    writer = RunWriter(path, {"target": None, "config": dict(config or {}), "model": model, "environment": dict(environment or {}), **meta})
+    writer.append_steps(lines)
+    for step, tree in sorted(snapshots.items()):
+        writer.commit("snapshot", step, {"step": step, "hashes": {}, "streams": {}, "data": {}, **tree})
+    for step, tree in sorted((checkpoints or {}).items()):
+        writer.commit("checkpoint", step, dict(tree))
+    writer.finish(max(snapshots))
+    writer.close()
+    return Run.open(path)

@@ -261,12 +261,19 @@ def explanation_for(
     reseeds: Sequence[Mapping[str, Any]] = (),
     keys: Sequence[str] = (),
     data_by: str | None = None,
+    reseeded: bool = False,
 ) -> str:
-    """What a proven or observed cause means at the place it shows (``where``: step, pass, tensor, op)."""
+    """What a proven or observed cause means at the place it shows (``where``: step, pass, tensor, op);
+    ``reseeded``: the streams ended the step in another state each time it ran from the same state."""
     named = ", ".join(streams or keys)
     if cause is Cause.RNG_STATE and reseeds:
         calls = "; ".join(dict.fromkeys(f"{r['call']} at {r['where']}" if r.get("where") else r["call"] for r in reseeds))
         return f"{named} is reseeded from entropy during the step ({calls}), so {where} differs from run to run"
+    if cause is Cause.RNG_STATE and reseeded:  # no call from entropy was seen: a seed that changes (the clock's), or a call not watched
+        return (
+            f"{named} ends the step in a different state each time the step runs from the same state: it is reseeded during the "
+            f"step from a value that changes, so {where} differs from run to run"
+        )
     sentences = {
         Cause.RNG_STATE: f"the runs draw from random streams in different states ({named}): {where} differs, and with run A's streams "
         "run B matches",

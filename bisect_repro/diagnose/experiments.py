@@ -27,6 +27,7 @@ compared; what an experiment swaps in (run A's streams) is swapped in on the foc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..capture import env
@@ -34,6 +35,7 @@ from ..capture.trace import first_difference, first_divergent_op
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import Divergence, Lockstep
 from ..replay.ranked import start_replica
+from ..replay.replica import Replica
 from ..serve.protocol import StepResult
 from .causes import Cause, explanation_for, fix_for
 from .difference import difference_stats
@@ -61,15 +63,21 @@ class StepAnalysis:
         divergence: Divergence,
         specs: tuple[LaunchSpec, LaunchSpec],
         checkpoints: tuple[int, int],
+        *,
+        start: Callable[[LaunchSpec, str], Replica] = start_replica,
     ) -> None:
         self.records, self.divergence = records, divergence
+        self.start = start
+        """What starts a fresh replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
         self.ra, self.rb = lockstep.replicas
         self.step = divergence.step
         self.checkpoints = checkpoints
         self.evidence: list[Evidence] = []
         self.notes: list[str] = []
         self.ops_context: list[dict[str, Any]] = []
-        self.swaps = Swaps(records, lockstep.replicas, specs, checkpoints[1], self.step, self.evidence)
+        self.reseeded = False
+        """A stream ended the step in another state each time it ran from the same state."""
+        self.swaps = Swaps(records, lockstep.replicas, specs, checkpoints[1], self.step, self.evidence, start=start)
 
     def _add(self, experiment: str, subject: str, outcome: str, detail: str) -> None:
         self.evidence.append(Evidence(experiment=experiment, subject=subject, outcome=outcome, detail=detail))
@@ -164,7 +172,7 @@ class StepAnalysis:
         label = f"run A with its first step run {extra} extra times"
 
         def replayed(times: int) -> StepResult:
-            with start_replica(self.swaps.specs[0], label) as replica:
+            with self.start(self.swaps.specs[0], label) as replica:
                 replica.connect()
                 replica.restore(run.path, first, run.meta.environment)
                 replica.fetch()
@@ -232,7 +240,7 @@ class StepAnalysis:
             )
             verdict.rng = sorted({*verdict.rng, *check.streams})
             verdict.reseeded += [c for c in check.reseeds if c not in verdict.reseeded]
-        verdict.cause = Cause.RNG_STATE
+        verdict.cause, self.reseeded = Cause.RNG_STATE, True
         proven = all(c.reseed_proven and c.reseeds for c in checks.values())
         verdict.confidence = Confidence.PROVEN if proven else Confidence.INFERRED
 
@@ -327,7 +335,7 @@ class StepAnalysis:
             data_by = None  # not shown by fetching the batch again
         keys = verdict.config_keys or verdict.environment_keys
         verdict.explanation = explanation_for(
-            verdict.cause, where=where, streams=verdict.rng, reseeds=verdict.reseeded, keys=keys, data_by=data_by
+            verdict.cause, where=where, streams=verdict.rng, reseeds=verdict.reseeded, keys=keys, data_by=data_by, reseeded=self.reseeded
         )
         if verdict.phase == "data" and verdict.rng and verdict.confidence is not Confidence.PROVEN:
             verdict.explanation += f"; the streams the loader draws from differ there: {', '.join(verdict.rng)}"

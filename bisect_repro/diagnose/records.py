@@ -214,13 +214,10 @@ def records_verdict(records: Records) -> Verdict:
     reseeds = records.reseeds(records.last_equal or 0, end)
     evidence = [Evidence(experiment="records", subject="both runs", outcome="differs", detail=_bounds(records))]
     if reseeds:
+        step, call = reseeds[0]  # a call site and a stream are optional in a step line
+        shown = f"{call['call']} at {call['where']}" if call.get("where") else call["call"]
         evidence.append(
-            Evidence(
-                experiment="records",
-                subject="the step logs",
-                outcome="differs",
-                detail=f"step {reseeds[0][0]} reseeded from entropy: {reseeds[0][1]['call']} at {reseeds[0][1]['where']}",
-            )
+            Evidence(experiment="records", subject="the step logs", outcome="differs", detail=f"step {step} reseeded from entropy: {shown}")
         )
     verdict = Verdict(step=max(end, 0), confidence=Confidence.INFERRED, evidence=evidence)
     if end < 0:  # the first snapshots (before step 0) already differ: the runs part at initialisation
@@ -237,7 +234,7 @@ def records_verdict(records: Records) -> Verdict:
             verdict.rng = [s for s in [*changed, *all_along] if "generator" in s or s == "torch"]
     elif reseeds:
         verdict.step, verdict.cause, verdict.reseeded = reseeds[0][0], Cause.RNG_STATE, [call for _, call in reseeds]
-        verdict.rng = sorted({call["stream"] for _, call in reseeds}) or changed
+        verdict.rng = sorted({call["stream"] for _, call in reseeds if isinstance(call.get("stream"), str)}) or changed
     elif changed:
         verdict.cause, verdict.rng = Cause.RNG_STATE, changed
     elif records.config_diff:
@@ -261,7 +258,7 @@ def records_verdict(records: Records) -> Verdict:
         if verdict.tensor == "batch.indices"
         else "the batches differ (the loader's sample indices were not recorded, so order and content are not told apart)",
         Cause.DATA_CONTENT: "the same samples give different batch contents",
-        Cause.RNG_STATE: f"{', '.join(verdict.rng)} reseeded from entropy, as the step log shows"
+        Cause.RNG_STATE: f"{', '.join(verdict.rng) or 'a stream'} reseeded from entropy, as the step log shows"
         if reseeds
         else f"the random streams {', '.join(verdict.rng)} "
         + (

@@ -59,9 +59,13 @@ class Swaps:
         checkpoint_b: int,
         step: int,
         evidence: list[Evidence],
+        *,
+        start: Callable[[LaunchSpec, str], Replica] = start_replica,
     ) -> None:
         self.records, self.specs, self.checkpoint_b, self.step, self.evidence = records, specs, checkpoint_b, step, evidence
         self.ra, self.rb = replicas
+        self.start = start
+        """What starts a fresh replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
 
     def _add(self, experiment: str, subject: str, matched: bool, detail: str) -> None:
         self.evidence.append(Evidence(experiment=experiment, subject=subject, outcome=_outcome(matched), detail=detail))
@@ -208,7 +212,7 @@ class Swaps:
         """Run B's checkpoint restored in a fresh process of ``spec`` (with the hyperparameters its
         config gives), replayed to the step: its fetch there and, unless ``data``, the step's trace."""
         run = self.records.b
-        with start_replica(spec, label) as replica:
+        with self.start(spec, label) as replica:
             replica.connect()
             replica.restore(run.path, self.checkpoint_b, run.meta.environment, rebuilt=spec.config != self.specs[1].config)
             replica.skip(self.step)

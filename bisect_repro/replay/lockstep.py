@@ -39,6 +39,7 @@ from ..serve.protocol import Fetched, StepResult, Trace
 from ..store.run import Run
 from .launch import LaunchSpec
 from .ranked import start_replica
+from .replica import Replica
 
 __all__ = ["Divergence", "Lockstep", "Parted", "both"]
 
@@ -84,8 +85,17 @@ class Divergence:
 class Lockstep:
     """Two replicas of two runs (see the module docstring)."""
 
-    def __init__(self, runs: tuple[Run, Run], specs: tuple[LaunchSpec, LaunchSpec], progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        runs: tuple[Run, Run],
+        specs: tuple[LaunchSpec, LaunchSpec],
+        progress: Progress | None = None,
+        *,
+        start: Callable[[LaunchSpec, str], Replica] = start_replica,
+    ) -> None:
         self.runs = runs
+        self.start = start
+        """What starts a replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
         self.progress = progress or (lambda *args: None)
         self.parted: list[Parted] = []
         self.notes: list[str] = []
@@ -97,7 +107,12 @@ class Lockstep:
 
     def _launch(self) -> None:
         runs, specs = self.runs, self.specs
-        self.replicas = (start_replica(specs[0], f"run A ({runs[0].path})"), start_replica(specs[1], f"run B ({runs[1].path})"))
+        first = self.start(specs[0], f"run A ({runs[0].path})")
+        try:  # run A's process must not outlive a failure to start run B's
+            self.replicas = (first, self.start(specs[1], f"run B ({runs[1].path})"))
+        except BaseException:
+            first.close()
+            raise
         try:
             both(self.replicas[0].connect, self.replicas[1].connect)
         except BaseException:

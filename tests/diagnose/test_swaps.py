@@ -1,0 +1,154 @@
+"""Run B's divergent step again under run A's conditions, one kind at a time, on fake replicas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.records import Records, read_records
+from bisect_repro.diagnose.swaps import Swaps
+from bisect_repro.diagnose.verdict import Confidence, Evidence, Verdict
+from bisect_repro.replay.launch import LaunchSpec
+from bisect_repro.store.meta import CodeKind
+from tests.fake_programs import one_layer, record, shuffled
+from tests.fake_replica import FakeReplica, Launcher, Program
+
+SCRIPTS = (LaunchSpec(kind=CodeKind.SCRIPT, path="/code/a.py"), LaunchSpec(kind=CodeKind.SCRIPT, path="/code/b.py"))
+
+
+def replicas(a: Program, b: Program, specs: tuple[LaunchSpec, LaunchSpec] = SCRIPTS) -> tuple[FakeReplica, FakeReplica]:
+    """Both runs built and standing at step 0, its start kept."""
+    pair = FakeReplica(a, "run A", specs[0]), FakeReplica(b, "run B", specs[1])
+    for replica in pair:
+        replica.connect()
+        replica.fetch()
+    return pair
+
+
+def records_of(tmp_path: Path, a: Program, b: Program, specs: tuple[LaunchSpec, LaunchSpec] = SCRIPTS) -> Records:
+    return read_records(record(a, tmp_path / "a", steps=2, spec=specs[0]), record(b, tmp_path / "b", steps=2, spec=specs[1]))
+
+
+def swapped(records: Records, pair: tuple[FakeReplica, FakeReplica], launcher: Launcher | None = None) -> Swaps:
+    return Swaps(records, pair, SCRIPTS, 0, 0, [], start=launcher or Launcher({}))
+
+
+def test_a_step_that_computes_differently_matches_under_run_as_streams_narrowed_to_the_one_that_suffices(tmp_path: Path) -> None:
+    a = Program(step=one_layer, streams={"python": 7, "torch": 1})  # the step draws its dropout from torch only
+    b = Program(step=one_layer, streams={"python": 8, "torch": 2})
+    ra, rb = replicas(a, b)
+    trace_a, trace_b = ra.run(0, trace="full"), rb.run(0, trace="full")
+    assert trace_a.entries != trace_b.entries
+    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
+    swaps.compute(verdict, trace_a)
+    assert (verdict.cause, verdict.confidence, verdict.rng) == (Cause.RNG_STATE, Confidence.PROVEN, ["torch"])
+    assert swaps.evidence == [
+        Evidence(
+            experiment="stream",
+            subject="run B with run A's random streams",
+            outcome="matches",
+            detail="with python, torch as in run A: step 0 of run B matches run A",
+        ),
+        Evidence(experiment="stream:torch", subject="run B with run A's torch", outcome="matches", detail="torch alone makes step 0 match"),
+    ]
+    assert rb.run(0, trace="full").entries == trace_b.entries  # the swapped streams were for those runs only
+
+
+def test_a_step_that_matches_under_run_as_in_process_settings_names_the_setting(tmp_path: Path) -> None:
+    def threaded(call):  # a reduction whose order follows the thread count
+        return one_layer(call, forward=call.environment.get("torch.get_num_threads"))
+
+    a = Program(step=threaded, environment={"torch.get_num_threads": 1})
+    b = Program(step=threaded, environment={"torch.get_num_threads": 4})
+    ra, rb = replicas(a, b)
+    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
+    swaps.compute(verdict, ra.run(0, trace="full"))
+    assert (verdict.cause, verdict.confidence, verdict.environment_keys) == (
+        Cause.ENVIRONMENT,
+        Confidence.PROVEN,
+        ["torch.get_num_threads"],
+    )
+    assert [(e.experiment, e.outcome, e.detail) for e in swaps.evidence] == [
+        ("environment", "matches", "with torch.get_num_threads=1: step 0 of run B matches run A")
+    ]
+    assert rb.run(0).outcome != ra.run(0).outcome  # the settings were for that run only
+
+
+def test_a_config_that_makes_the_step_match_is_proven_in_a_fresh_process_rebuilt_with_it(tmp_path: Path) -> None:
+    recipe = Program(step=one_layer)  # the optimizer's update reads the config's lr
+    specs = tuple(
+        LaunchSpec(kind=CodeKind.RECIPE, target="/code/recipe.py:build", path="/code/recipe.py", config={"lr": lr}) for lr in (0.1, 0.2)
+    )
+    records = records_of(tmp_path, recipe, recipe, specs)
+    assert records.config_diff == {"lr": [0.1, 0.2]}
+    ra, rb = replicas(recipe, recipe, specs)
+    launcher = Launcher({"/code/recipe.py": recipe})
+    swaps, verdict = Swaps(records, (ra, rb), specs, 0, 0, [], start=launcher), Verdict(step=0)
+    swaps.compute(verdict, ra.run(0, trace="full"))
+    assert (verdict.cause, verdict.confidence, verdict.config_keys) == (Cause.CONFIG, Confidence.PROVEN, ["lr"])
+    assert swaps.evidence == [
+        Evidence(
+            experiment="config",
+            subject="run B rebuilt with run A's config",
+            outcome="matches",
+            detail="run B rebuilt with lr=0.1: step 0 of run B matches run A",
+        )
+    ]
+    [fresh] = launcher.started
+    assert (fresh.label, fresh.spec.config, fresh.closed) == ("run B rebuilt with run A's lr", {"lr": 0.1}, True)
+
+
+def test_a_step_no_condition_explains_is_unexplained(tmp_path: Path) -> None:
+    a, b = Program(step=one_layer), Program(step=lambda call: one_layer(call, forward="B's own"))
+    ra, rb = replicas(a, b)
+    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
+    swaps.compute(verdict, ra.run(0, trace="full"))
+    assert (verdict.cause, verdict.confidence, swaps.evidence) == (Cause.UNKNOWN, Confidence.UNEXPLAINED, [])
+
+
+def test_a_batch_of_other_samples_matches_under_run_as_loader_stream(tmp_path: Path) -> None:
+    a = Program(step=one_layer, loader=shuffled("loader.generator"), streams={"loader.generator": 3, "torch": 0})
+    b = Program(step=one_layer, loader=shuffled("loader.generator"), streams={"loader.generator": 4, "torch": 1})
+    ra, rb = (FakeReplica(p, label) for p, label in ((a, "run A"), (b, "run B")))
+    ra.connect(), rb.connect()
+    fetched_a, fetched_b = ra.fetch(), rb.fetch()
+    assert fetched_a.order != fetched_b.order
+    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
+    swaps.data(verdict, True, fetched_a)
+    assert (verdict.cause, verdict.confidence, verdict.rng) == (Cause.DATA_ORDER, Confidence.PROVEN, ["loader.generator"])
+    assert swaps.evidence == [
+        Evidence(
+            experiment="data_streams",
+            subject="run B with run A's loader and global streams",
+            outcome="matches",
+            detail="with loader.generator, torch as in run A: step 0 of run B matches run A",
+        ),
+        Evidence(
+            experiment="data_streams:loader.generator",
+            subject="run B with run A's loader.generator",
+            outcome="matches",
+            detail="loader.generator alone makes step 0 match",
+        ),
+    ]
+    assert rb.fetch().order != ra.fetch().order  # fetching again put run B's loader back where it was
+
+
+def test_a_batch_that_differs_in_a_frameworks_loop_names_the_streams_that_differ_from_the_records(tmp_path: Path) -> None:
+    a = Program(step=one_layer, loader=shuffled("torch"), streams={"torch": 1, "python": 1}, reruns=False)
+    b = Program(step=one_layer, loader=shuffled("torch"), streams={"torch": 2, "python": 1}, reruns=False)
+    ra, rb = (FakeReplica(p, label) for p, label in ((a, "run A"), (b, "run B")))
+    ra.connect(), rb.connect()
+    fetched_a = ra.fetch()
+    assert (fetched_a.order, fetched_a.batch) == (None, None)  # a framework's loop tells the batch only as the step runs
+    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
+    swaps.data(verdict, False, fetched_a)
+    assert (verdict.cause, verdict.confidence, verdict.rng) == (Cause.DATA_ORDER, Confidence.INFERRED, ["torch"])
+    assert swaps.evidence == [
+        Evidence(
+            experiment="data_streams",
+            subject="run B's batch under run A's streams",
+            outcome="inconclusive",
+            detail="a framework's data loader cannot fetch a batch again; "
+            "the streams a loader shuffles and seeds its workers from differ at the step's start: torch",
+        )
+    ]
