@@ -55,3 +55,19 @@ def test_an_unseeded_generator_held_by_the_dataset_is_named_and_proven(tmp_path:
     verdict = json.loads(result.stdout)["verdict"]
     assert (verdict["step"], verdict["phase"], verdict["cause"], verdict["confidence"]) == (0, "data", "data_content", "proven"), verdict
     assert verdict["rng"] == ["loader.dataset.rng"] and "'loader.dataset.rng'" in verdict["fix"]
+
+
+def test_a_scheduler_milestone_in_the_config_is_proven_and_the_output_folder_is_not_blamed(tmp_path: Path) -> None:
+    """The checkpoint at step 30 holds the learning rate run B's scheduler has already decayed: the
+    config experiment rebuilds run B with run A's milestone from its first checkpoint instead."""
+    recipe = RECIPE.with_name("milestones.py")
+    for name, extra in (("a", ["--set", "out_dir=runs/a"]), ("b", ["--set", "milestone=30", "--set", "out_dir=runs/b"])):
+        args = ["record", f"{recipe}:build", "--out", str(tmp_path / name), "--quiet", "--steps", "36", "--every", "5"]
+        result = runner.invoke(app, [*args, "--checkpoint-every", "10", *extra])
+        assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json"])
+    assert result.exit_code == 1, result.output
+    verdict = json.loads(result.stdout)["verdict"]
+    assert (verdict["step"], verdict["phase"], verdict["layer"], verdict["op"]) == (30, "optimizer", "0", "aten.add_.Tensor"), verdict
+    assert (verdict["cause"], verdict["confidence"], verdict["config_keys"]) == ("config", "proven", ["milestone"]), verdict
+    assert "out_dir" not in verdict["fix"]
