@@ -71,3 +71,14 @@ def test_a_scheduler_milestone_in_the_config_is_proven_and_the_output_folder_is_
     assert (verdict["step"], verdict["phase"], verdict["layer"], verdict["op"]) == (30, "optimizer", "0", "aten.add_.Tensor"), verdict
     assert (verdict["cause"], verdict["confidence"], verdict["config_keys"]) == ("config", "proven", ["milestone"]), verdict
     assert "out_dir" not in verdict["fix"]
+
+
+def test_doctor_names_the_reseed_behind_a_closure_counter_not_streams_nothing_draws_from() -> None:
+    result = runner.invoke(app, ["doctor", f"{RECIPE}:build", "--set", "reseed_at=14", "--steps", "16", "--json"])
+    assert result.exit_code == 1, result.output
+    findings = {f["id"]: f for f in json.loads(result.stdout)["findings"]}
+    torch_reseed = findings["reseeded-stream:torch"]
+    assert torch_reseed["severity"] == "error" and f"torch.seed() at {RECIPE}:24" in torch_reseed["evidence"]
+    assert "step 14" in torch_reseed["evidence"] and "with that seeding given a fixed seed, the step repeats" in torch_reseed["evidence"]
+    errors = [name for name, finding in findings.items() if finding["severity"] == "error"]
+    assert errors == ["reseeded-stream:torch"], findings  # python and numpy differ, but nothing draws from them
