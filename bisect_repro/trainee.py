@@ -18,10 +18,21 @@ import torch
 from .errors import RecipeError
 from .stateful import Stateful
 
-__all__ = ["RandomSource", "Trainee"]
+__all__ = ["NoOptimizer", "RandomSource", "Trainee"]
 
 RandomSource = Union[torch.Generator, np.random.Generator, np.random.RandomState, random.Random]  # noqa: UP007 (a runtime alias on 3.10)
 """A random stream a recipe may own: a torch, NumPy or Python generator."""
+
+
+class NoOptimizer(torch.optim.Optimizer):
+    """Stands for the optimizer of a loop that has none: it holds the model's parameters, keeps no
+    state and its ``step`` does nothing (the loop updates the weights itself)."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter]) -> None:
+        super().__init__(list(params), {})
+
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+        return None
 
 
 @dataclass
@@ -30,8 +41,11 @@ class Trainee:
 
     model: torch.nn.Module
     """The model; its parameters and buffers are hashed by ``named_parameters`` names."""
-    optimizer: torch.optim.Optimizer
-    """The optimizer whose ``step`` the step function calls; its state is hashed per parameter."""
+    optimizer: torch.optim.Optimizer | None
+    """The optimizer whose ``step`` the step function calls; its state is hashed per parameter.
+    ``None`` for a loop that updates the weights itself (``p.data.add_(p.grad, alpha=-lr)``): the
+    step is then whatever the loop does between two batches, and the model's parameters, buffers
+    and gradients are the whole state (an :class:`NoOptimizer` holds the parameters)."""
     loader: Iterable[Any]
     """Any iterable of batches, usually a ``torch.utils.data.DataLoader``; iterated for as many epochs as needed."""
     step: Callable[[Any], torch.Tensor] | None = None
@@ -74,11 +88,22 @@ class Trainee:
 
         return cls(model, optimizer, loader, step, scheduler=scheduler, generators=generators, state=state)
 
+    @property
+    def optim(self) -> torch.optim.Optimizer:
+        """The optimizer; for a loop without one, the :class:`NoOptimizer` holding the model's parameters."""
+        assert self.optimizer is not None, "set in __post_init__"
+        return self.optimizer
+
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
             raise RecipeError(f"Trainee: model is a {type(self.model).__name__}, expected a torch.nn.Module")
+        if self.optimizer is None:
+            self.optimizer = NoOptimizer(self.model.parameters())
         if not isinstance(self.optimizer, torch.optim.Optimizer):
-            raise RecipeError(f"Trainee: optimizer is a {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
+            raise RecipeError(
+                f"Trainee: optimizer is a {type(self.optimizer).__name__}, expected a torch.optim.Optimizer; "
+                "give optimizer=None for a loop that updates the weights itself"
+            )
         if not isinstance(self.loader, Iterable):
             raise RecipeError(f"Trainee: loader is a {type(self.loader).__name__}, which cannot be iterated")
         if self.scheduler is not None and not isinstance(self.scheduler, Stateful):

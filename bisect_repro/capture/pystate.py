@@ -5,17 +5,19 @@ Real loops keep counters of their own: a module global (``iter_num += 1``), a di
 reseed at step 9, a learning-rate warm-up, an evaluation every N steps) reads state that no
 ``state_dict`` holds, so a replay restored from a checkpoint, or a step run again from its start,
 would see the counter as the replay left it. :class:`PythonState` finds that state and makes it
-part of the trainee's: it is saved in checkpoints and restored with them, kept with a step's start
-and put back when the step runs again, and its integers are hashed into every snapshot, so that
-two runs whose counters part are seen to part.
+part of the trainee's: it is saved in checkpoints and restored with them, and kept with a step's
+start and put back when the step runs again. It is not hashed into snapshots: a closure also holds
+the settings the code was built with, which the config already compares.
 
 What is found, in the module the step's code lives in (the module of the step function, or the
 one that made the Recorder):
 
 - its globals bound to *small* values: ``int``, ``float``, ``bool``, and lists, tuples and dicts
   (with string keys) of those, at most :data:`MAX_ITEMS` items and two levels deep;
-- the closure cells of the step function and of the functions defined in that module, holding
-  small values the same way (a ``{"n": 0}`` counter), named ``<function>.<variable>``.
+- the closure cells of the functions defined in that module, of the step function, and of the
+  functions the code that made the Recorder holds in its local variables (``maybe_reseed =
+  make_helper()`` in ``main``), holding small values the same way (a ``{"n": 0}`` counter),
+  named ``<function>.<variable>``.
 
 Restoring is data only: a saved value is put back only under a name found here, only when it is
 small and of the same type as the value there now; mutable containers are updated in place, so
@@ -26,8 +28,6 @@ Where the guarantees stop:
 - a local variable of a running frame (``for t, batch in enumerate(...)``: ``t``) cannot be read
   or set from outside; read ``recorder.step`` (or ``bisect_repro.current_step()``) instead;
 - strings, objects and large containers are not captured (a path, a model, a dataset);
-- floats are restored but not hashed into snapshots: timings (``t0 = time.time()``) differ from
-  run to run and must not make two runs look different;
 - names bound after the Recorder was made are found at the next snapshot, not before.
 """
 
@@ -36,22 +36,35 @@ from __future__ import annotations
 import copy
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_ITEMS", "PythonState", "caller_namespace", "is_small"]
+__all__ = ["MAX_ITEMS", "PythonState", "Scope", "caller_scope", "is_small"]
 
 MAX_ITEMS = 64
 _SCALARS = (bool, int, float)
 
 
-def caller_namespace() -> dict[str, Any] | None:
-    """The globals of the nearest calling frame outside this package: the module that made the
-    Recorder (a script's ``__main__``, a library's trainer module)."""
+@dataclass(frozen=True)
+class Scope:
+    """Where a loop's counters live: its module's globals, and functions it holds (whose closures count)."""
+
+    namespace: dict[str, Any] | None = None
+    functions: tuple[types.FunctionType, ...] = ()
+
+
+def caller_scope() -> Scope:
+    """The scope of the nearest calling frame outside this package, the code that made the
+    Recorder (a script's ``main``, a library's trainer): its module's globals, and the functions
+    among its local variables (a helper made by a factory, whose closure keeps a counter)."""
     frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] == __name__.split(".")[0]:
         frame = frame.f_back
-    return frame.f_globals if frame is not None else None
+    if frame is None:
+        return Scope()
+    local = () if frame.f_locals is frame.f_globals else tuple(v for v in frame.f_locals.values() if isinstance(v, types.FunctionType))
+    return Scope(frame.f_globals, local)
 
 
 def is_small(value: Any, depth: int = 2) -> bool:
@@ -63,15 +76,6 @@ def is_small(value: Any, depth: int = 2) -> bool:
     if type(value) is dict:
         return all(type(k) is str and is_small(v, depth - 1) for k, v in value.items())
     return all(is_small(v, depth - 1) for v in value)
-
-
-def _integral(value: Any) -> bool:
-    """Only integers and booleans, all the way down: what a snapshot hashes."""
-    if type(value) in (bool, int):
-        return True
-    if type(value) is dict:
-        return all(_integral(v) for v in value.values())
-    return type(value) in (list, tuple) and all(_integral(v) for v in value)
 
 
 def _same_shape(saved: Any, current: Any) -> bool:
@@ -97,19 +101,19 @@ def _put_back(current: Any, saved: Any) -> Any:
 class PythonState:
     """The counters of one module and its functions' closures (see the module docstring)."""
 
-    def __init__(self, namespace: Mapping[str, Any] | None, step: Callable[..., Any] | None = None) -> None:
-        self._namespace: dict[str, Any] | None = namespace if isinstance(namespace, dict) else None
-        self._step = step
+    def __init__(self, scope: Scope) -> None:
+        self._namespace = scope.namespace
+        self._held = scope.functions
 
     def _functions(self) -> dict[str, types.FunctionType]:
+        """The functions whose closures count: those held, and those the module defines."""
+        namespace = self._namespace or {}
+        module = namespace.get("__name__")
+        defined = (v for v in namespace.values() if isinstance(v, types.FunctionType) and v.__module__ == module)
         found: dict[str, types.FunctionType] = {}
-        module = (self._namespace or {}).get("__name__")
-        candidates = list((self._namespace or {}).items())
-        if isinstance(self._step, types.FunctionType):
-            candidates.append((self._step.__qualname__, self._step))
-        for _, value in candidates:
-            if isinstance(value, types.FunctionType) and value.__closure__ and (value is self._step or value.__module__ == module):
-                found.setdefault(value.__qualname__, value)
+        for function in (*self._held, *defined):
+            if function.__closure__:
+                found.setdefault(function.__qualname__, function)
         return found
 
     def _cells(self) -> dict[str, types.CellType]:
@@ -149,9 +153,3 @@ class PythonState:
             for name, cell in self._cells().items():
                 if name in saved_cells and _same_shape(saved_cells[name], cell.cell_contents):
                     cell.cell_contents = _put_back(cell.cell_contents, saved_cells[name])
-
-    def integral(self) -> dict[str, Any]:
-        """The counters a snapshot hashes, by ``python.<name>``: integers and booleans only."""
-        state = self.state_dict()
-        named = {**state["globals"], **state["cells"]}
-        return {f"python.{name}": value for name, value in named.items() if _integral(value)}

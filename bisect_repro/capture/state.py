@@ -4,8 +4,13 @@ Two views of the same state:
 - :meth:`TrainingState.tensors`: every parameter, buffer and optimizer-state tensor by a stable
   name, for hashing (``encoder.embed.table``, ``optimizer.encoder.embed.table.exp_avg``);
 - :meth:`TrainingState.state_dict`: everything needed to resume training exactly, for
-  checkpoints, including the trainee's own ``state`` objects (a counter, a curriculum), whose
-  digests :meth:`TrainingState.extra_digests` gives for snapshots.
+  checkpoints, including the trainee's own ``state`` objects (a counter, a curriculum) and the
+  counters its code keeps in module globals and closures (:mod:`~bisect_repro.capture.pystate`);
+  :meth:`TrainingState.extra_digests` gives the digests of the ``state`` objects for snapshots.
+
+The random streams are the global ones, the loader's generators, the trainee's ``generators`` and
+the generators held inside the dataset and samplers (:func:`~bisect_repro.capture.hidden.recipe_streams`:
+an augmentation's ``self.rng``), so that a snapshot holds every stream the data draws from.
 
 :meth:`TrainingState.load_state_dict` restores in the one order that is exact: tensors, then the
 data position (whose fast-forward draws from the streams), then the streams of the resumed step.
@@ -13,13 +18,16 @@ data position (whose fast-forward draws from the streams), then the streams of t
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
 
 from ..trainee import Trainee
-from .data import DataStream, loader_generators
+from .data import DataStream
+from .hidden import recipe_streams
 from .parallel import distribute_like, distribute_optimizer_state, local, localize, model_placements, placements
+from .pystate import PythonState, Scope
 from .rng import RandomStreams, tree_digest
 
 __all__ = ["TrainingState", "model_structure"]
@@ -50,21 +58,25 @@ def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 
 
 class TrainingState:
-    """The stateful whole of a :class:`Trainee`."""
+    """The stateful whole of a :class:`Trainee`; ``scope``: where the code that drives it keeps its
+    counters (the step function's own module and closure, when it has a step function)."""
 
-    def __init__(self, trainee: Trainee) -> None:
+    def __init__(self, trainee: Trainee, scope: Scope | None = None) -> None:
         self.trainee = trainee
-        extra = {**loader_generators(trainee.loader), **dict(trainee.generators or {})}
-        self.streams = RandomStreams(extra)
+        self.streams = RandomStreams(recipe_streams(trainee))
+        step = trainee.step
+        if isinstance(step, types.FunctionType) and not str(step.__module__).startswith(__name__.split(".")[0] + "."):
+            scope = Scope(step.__globals__, (step,))  # a recipe's own step function: its module and closure
+        self.python = PythonState(scope or Scope())
         self.data = DataStream(trainee.loader, self.streams)
-        self._names = parameter_names(trainee.model, trainee.optimizer)
+        self._names = parameter_names(trainee.model, trainee.optim)
         self.extra: dict[str, Any] = dict(trainee.state or {})
 
     def close(self) -> None:
         self.data.close()
 
     def _named_tensors(self) -> dict[str, torch.Tensor]:
-        model, optimizer = self.trainee.model, self.trainee.optimizer
+        model, optimizer = self.trainee.model, self.trainee.optim
         found: dict[str, torch.Tensor] = dict(model.named_parameters())
         found.update(model.named_buffers())
         for group in optimizer.param_groups:
@@ -91,21 +103,23 @@ class TrainingState:
         scheduler = self.trainee.scheduler
         return {
             "model": localize(self.trainee.model.state_dict()),
-            "optimizer": localize(self.trainee.optimizer.state_dict()),
+            "optimizer": localize(self.trainee.optim.state_dict()),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "data": self.data.state_dict(),
             "streams": self.streams.state_dict(),
             "extra": {name: value.state_dict() for name, value in self.extra.items()},
+            "python": self.python.state_dict(),
         }
 
     def extra_digests(self) -> dict[str, str]:
         """A digest of each ``Trainee.state`` object's state, by ``state.<name>``."""
         return {f"state.{name}": tree_digest(value.state_dict()) for name, value in self.extra.items()}
 
-    def load_state_dict(self, state: dict[str, Any], *, streams: bool = True) -> None:
-        """Restore a checkpoint; ``streams=False`` leaves the random streams as they are. Local
-        shards are made DTensors again where the model holds DTensors."""
-        model, optimizer = self.trainee.model, self.trainee.optimizer
+    def load_state_dict(self, state: dict[str, Any], *, streams: bool = True, python: bool = True) -> None:
+        """Restore a checkpoint; ``streams=False`` leaves the random streams as they are,
+        ``python=False`` the code's counters. Local shards are made DTensors again where the model
+        holds DTensors."""
+        model, optimizer = self.trainee.model, self.trainee.optim
         model.load_state_dict(distribute_like(state["model"], model.state_dict()))
         optimizer.load_state_dict(distribute_optimizer_state(state["optimizer"], optimizer))
         if self.trainee.scheduler is not None and state.get("scheduler") is not None:
@@ -113,6 +127,8 @@ class TrainingState:
         for name, value in (state.get("extra") or {}).items():
             if name in self.extra:
                 self.extra[name].load_state_dict(value)
+        if python:
+            self.python.load_state_dict(state.get("python"))
         current = self.streams.state_dict()
         self.data.load_state_dict(state["data"])
         self.streams.load_state_dict(state["streams"] if streams else current)

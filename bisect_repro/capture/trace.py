@@ -7,7 +7,8 @@ the order they happen:
 - forward: every leaf module's (and every module owning parameters) inputs and outputs;
 - backward: the gradient of each such module's outputs as autograd computes it, and each
   parameter's ``.grad`` once accumulated;
-- optimizer: every parameter and optimizer-state tensor after ``optimizer.step()``.
+- optimizer: every parameter and optimizer-state tensor after ``optimizer.step()`` (in a step that
+  calls no optimizer, a loop that updates the weights itself: every parameter as the step leaves it).
 
 Two traces of the same code line up entry by entry, so the first entry whose hash differs names
 the phase, the layer and the tensor where two runs part ways.
@@ -80,6 +81,7 @@ class StepTracer:
     def __post_init__(self) -> None:
         self._pending = PendingHashes()
         self._handles: list[Any] = []
+        self._stepped = False
 
     def _note(self, phase: str, layer: str | None, name: str, tensor: torch.Tensor) -> None:
         index = len(self.entries)
@@ -112,6 +114,10 @@ class StepTracer:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if kind is None and not self._stepped:  # no optimizer step: the loop updated the weights itself
+            for parameter in self.model.parameters():
+                name = self.parameter_names.get(id(parameter), "?")
+                self._note("optimizer", _layer_of(name), name, parameter)
         if kind is None:  # buffers (running statistics) change in the forward pass, outside any hook
             for name, buffer in self.model.named_buffers():
                 self._note("optimizer", _layer_of(name), name, buffer)
@@ -145,6 +151,7 @@ class StepTracer:
         return hook
 
     def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._stepped = True
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 name = self.parameter_names.get(id(parameter), "?")

@@ -266,9 +266,7 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
             verdict = _parted_verdict(records, lockstep.parted)
         expected = verdict is not None and (bool(verdict.reseeded) or verdict.cause is Cause.NONDETERMINISTIC_OP)  # entropy
         unfaithful = [
-            p
-            for p in lockstep.parted
-            if divergence is None or p.step < divergence.step or (p.step == divergence.step and not expected)
+            p for p in lockstep.parted if divergence is None or p.step < divergence.step or (p.step == divergence.step and not expected)
         ]
         info.faithful = not unfaithful
         if verdict is not None and divergence is not None and unfaithful and verdict.cause is not Cause.HIDDEN_STATE:

@@ -99,9 +99,7 @@ class Swaps:
     def data(self, verdict: Verdict, order: bool, fetched_a: Fetched) -> None:
         """The loader's and the global streams, then variables and config, for run B's batch."""
         s, kind = self.step, "order" if order else "batch"
-        verdict.cause = (
-            Cause.DATA_ORDER if order or (fetched_a.order is None and fetched_a.indices is None) else Cause.DATA_CONTENT
-        )
+        verdict.cause = Cause.DATA_ORDER if order or (fetched_a.order is None and fetched_a.indices is None) else Cause.DATA_CONTENT
         if not self.rb.reruns:
             self._data_in_a_framework(verdict)
             return
@@ -199,10 +197,16 @@ class Swaps:
         if not config or spec_b.kind is not CodeKind.RECIPE:
             return False
 
+        first = min(self.records.b.checkpoints, default=self.checkpoint_b)
+
         def rebuilt(keys: list[str]) -> bool:
             changed = {**spec_b.config, **{k: config[k][0] for k in keys}}
             changed = {k: v for k, v in changed.items() if v is not None or k in spec_a.config}
-            return vanishes(*self._variant(spec_b.with_config(changed), f"run B rebuilt with run A's {', '.join(keys)}", data))
+            spec, label = spec_b.with_config(changed), f"run B rebuilt with run A's {', '.join(keys)}"
+            if vanishes(*self._variant(spec, label, data)):
+                return True
+            # a config may have moved state the later checkpoint holds (a scheduler's learning rate): from the start
+            return first < self.checkpoint_b and vanishes(*self._variant(spec, f"{label}, from step {first}", data, first))
 
         shown = ", ".join(f"{k}={v[0]!r}" if k in spec_a.config else f"{k} as the recipe's default" for k, v in config.items())
         keys = self._narrowed("config", "run B rebuilt with run A's config", list(config), rebuilt, f"run B rebuilt with {shown}")
@@ -211,13 +215,15 @@ class Swaps:
         verdict.cause, verdict.config_keys, verdict.confidence = Cause.CONFIG, keys, Confidence.PROVEN
         return True
 
-    def _variant(self, spec: LaunchSpec, label: str, data: bool) -> tuple[Fetched, StepResult | None]:
-        """Run B's checkpoint restored in a fresh process of ``spec`` (with the hyperparameters its
-        config gives), replayed to the step: its fetch there and, unless ``data``, the step's trace."""
+    def _variant(self, spec: LaunchSpec, label: str, data: bool, checkpoint: int | None = None) -> tuple[Fetched, StepResult | None]:
+        """Run B's checkpoint (the replay's, or ``checkpoint``) restored in a fresh process of ``spec``
+        (with the hyperparameters its config gives), replayed to the step: its fetch there and,
+        unless ``data``, the step's trace."""
         run = self.records.b
         with self.start(spec, label) as replica:
             replica.connect()
-            replica.restore(run.path, self.checkpoint_b, run.meta.environment, rebuilt=spec.config != self.specs[1].config)
+            start = self.checkpoint_b if checkpoint is None else checkpoint
+            replica.restore(run.path, start, run.meta.environment, rebuilt=spec.config != self.specs[1].config)
             replica.skip(self.step)
             fetched = replica.fetch()
             return fetched, None if data else replica.run(self.step, trace="full")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..capture.pystate import Scope
 from ..errors import BisectReproError
 from ..trainee import Trainee
 
@@ -68,3 +69,6 @@ class SessionPlan:
     """The step the loop starts at (a framework resuming from its own checkpoint)."""
     environment: Mapping[str, Any] = field(default_factory=dict)
     """Settings recorded beside the process's fingerprint (a framework's precision, ...)."""
+    scope: Scope | None = None
+    """Where the code that drives the loop keeps its counters, state too
+    (:mod:`~bisect_repro.capture.pystate`); ``None``: only a recipe's step function's."""

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..capture.pystate import caller_scope
 from ..errors import BisectReproError
 from ..serve.channel import replay_address
 from ..serve.hooks import HookServer
@@ -76,7 +77,7 @@ def _open_role(plan: SessionPlan) -> Role:
     address = replay_address()
     if address is not None and _server is None:
         kind = HookServer if plan.framework else StepServer
-        _server = kind.connect(plan.trainee, *address, start_step=plan.start_step)
+        _server = kind.connect(plan.trainee, *address, start_step=plan.start_step, scope=plan.scope)
         return _server
     return RecordingSession(plan)
 
@@ -122,6 +123,7 @@ class Recorder:
             restore_streams=restore_streams,
             resume=resume,
             max_pending_writes=max_pending_writes,
+            scope=caller_scope() if trainee.step is None else None,  # a recipe's step: its own module
         )
         self.trainee = trainee
         self._role = _open_role(plan)

@@ -113,7 +113,7 @@ class RecordingSession:
             raise BisectReproError(f"max_pending_writes {plan.max_pending_writes}: must be 0 or more")
         info = rank_info()  # this process's rank in a distributed run, None for a single process
         self.trainee = trainee
-        self.state = TrainingState(trainee)
+        self.state = TrainingState(trainee, plan.scope)
         self.step = 0
         self._pending: list[_PendingStep] = []
         self._batch_hashes = PendingHashes()

@@ -141,7 +141,8 @@ class Lockstep:
 
     def _check_hashes(self, which: int, step: int, hashes: dict[str, str]) -> None:
         run = self.runs[which]
-        if step in run.snapshots and run.snapshot(step)["hashes"] != hashes:
+        recorded = run.snapshot(step)["hashes"] if step in run.snapshots else None
+        if recorded is not None and {name: hashes.get(name) for name in recorded} != recorded:  # what the records hold
             self._note_parted(which, step, "state at the snapshot")
 
     # -- the walk ------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from ..capture.data import describe_loader
 from ..capture.hashing import hash_tensor, hash_tensors
 from ..capture.hidden import hidden_streams, recipe_streams, stream_kind
 from ..capture.parallel import local
+from ..capture.pystate import Scope
 from ..capture.rng import RandomStreams, draw_once, tree_digest
 from ..capture.seeding import SeedingWatch
 from ..capture.state import TrainingState, model_structure
@@ -92,10 +93,10 @@ class StepServer:
     """A kept step can run again in this process (a framework's hooks cannot; see ``hooks.py``)."""
     replaying = True
 
-    def __init__(self, trainee: Trainee, channel: Channel, start_step: int = 0) -> None:
+    def __init__(self, trainee: Trainee, channel: Channel, start_step: int = 0, scope: Scope | None = None) -> None:
         self.trainee = trainee
         self.channel = channel
-        self.state = TrainingState(trainee)
+        self.state = TrainingState(trainee, scope)
         self.position = start_step
         """The step the next fetch takes the batch of."""
         self.current = start_step
@@ -117,7 +118,7 @@ class StepServer:
         }
 
     @classmethod
-    def connect(cls, trainee: Trainee, address: str, token: str, start_step: int = 0) -> StepServer:
+    def connect(cls, trainee: Trainee, address: str, token: str, start_step: int = 0, scope: Scope | None = None) -> StepServer:
         hello = Hello(
             pid=os.getpid(),
             rank=int(os.environ.get("RANK", 0)),
@@ -125,7 +126,7 @@ class StepServer:
             structure=model_structure(trainee.model),
             reruns=cls.reruns,
         )
-        return cls(trainee, Channel.connect(address, token, hello.to_json()), start_step)
+        return cls(trainee, Channel.connect(address, token, hello.to_json()), start_step, scope)
 
     # -- the recorder's calls --------------------------------------------------------------------
     @property
@@ -187,9 +188,9 @@ class StepServer:
         run = RunDirectory.open(request.run)
         if run.distributed:  # each rank restores its own records
             run = run.open_rank(int(os.environ.get("RANK", 0)))
-        self.state.load_state_dict(run.checkpoint(request.step))
+        self.state.load_state_dict(run.checkpoint(request.step), python=not request.rebuilt)
         if built is not None:
-            overlay_hyperparameters(self.trainee, *built)
+            overlay_hyperparameters(self.trainee, built)
         self.position = self.current = request.step
         self.starts.clear()
         return {"step": self.position}, None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import types
 
-from bisect_repro.capture.pystate import MAX_ITEMS, PythonState, is_small
+from bisect_repro.capture.pystate import MAX_ITEMS, PythonState, Scope, caller_scope, is_small
 
 SOURCE = """
 import time
@@ -42,14 +42,14 @@ def module() -> types.ModuleType:
 
 
 def test_counters_in_globals_and_closures_are_found_and_other_values_are_not() -> None:
-    found = PythonState(module().__dict__).state_dict()
+    found = PythonState(Scope(module().__dict__)).state_dict()
     assert set(found["globals"]) == {"iter_num", "best", "t0", "flags"}
     assert found["cells"] == {"make_step.<locals>.step.count": {"n": 0}}
 
 
 def test_a_saved_state_is_put_back_in_place_and_survives_json() -> None:
     made = module()
-    state = PythonState(made.__dict__)
+    state = PythonState(Scope(made.__dict__))
     made.step(None), made.advance()
     saved = json.loads(json.dumps(state.state_dict()))
     flags, closure_dict = made.flags, made.step.__closure__[0].cell_contents
@@ -64,7 +64,7 @@ def test_a_saved_state_is_put_back_in_place_and_survives_json() -> None:
 
 def test_hostile_saved_state_changes_nothing_it_should_not() -> None:
     made = module()
-    state = PythonState(made.__dict__)
+    state = PythonState(Scope(made.__dict__))
     state.load_state_dict({
         "globals": {"iter_num": "import os", "name": 5, "missing": 1, "best": [0] * (MAX_ITEMS + 1), "flags": {"warm": object()}},
         "cells": {"make_step.<locals>.step.count": "x", "other.cell": 1},
@@ -76,13 +76,19 @@ def test_hostile_saved_state_changes_nothing_it_should_not() -> None:
     assert made.iter_num == 0
 
 
-def test_only_integers_and_booleans_are_hashed() -> None:
-    made = module()
-    integral = PythonState(made.__dict__).integral()
-    assert set(integral) == {"python.iter_num", "python.flags", "python.make_step.<locals>.step.count"}
-
-
 def test_small_values() -> None:
     assert is_small(3) and is_small(2.5) and is_small(True) and is_small({"a": [1, 2]}) and is_small((1, 2))
     assert not is_small("text") and not is_small({1: 2}) and not is_small([[[1]]]) and not is_small(list(range(MAX_ITEMS + 1)))
     assert not is_small(None) and not is_small(object())
+
+
+def test_a_helper_held_in_a_local_variable_counts_through_its_closure() -> None:
+    made = module()
+
+    def main() -> PythonState:
+        helper = made.make_step()  # a local of the loop's function, not a global
+        helper(None)
+        return PythonState(caller_scope())
+
+    state = main()
+    assert state.state_dict()["cells"]["make_step.<locals>.step.count"] == {"n": 1}

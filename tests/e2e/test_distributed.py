@@ -171,3 +171,14 @@ def test_the_recorder_under_a_plain_torchrun(tmp_path) -> None:
         "nproc_per_node": 2,
         "nnodes": 1,
     }
+
+
+def test_a_reseed_behind_a_closure_counter_on_one_rank_is_proven_on_that_rank(recorded) -> None:
+    target = f"{Path(__file__).resolve().parent / 'recipes' / 'ddp_counter.py'}:build"
+    schedule = ("--checkpoint-every", "2")
+    a, b = recorded("counter-a", target, *schedule), recorded("counter-b", target, *schedule, "--set", "reseed_at=3")
+    code, result = compare(a, b)
+    verdict = result["verdict"]
+    assert code == 1 and (verdict["step"], verdict["rank"], verdict["cause"], verdict["rng"]) == (3, 1, "rng_state", ["torch"]), verdict
+    assert verdict["confidence"] == "proven" and verdict["reseeded"][0]["call"] == "torch.seed()", verdict
+    assert result["replay"]["from_step"] == 2, result["replay"]  # the counter restored from the checkpoint at step 2

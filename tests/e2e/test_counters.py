@@ -1,0 +1,52 @@
+"""A script that keeps its own step counter: the reseed it plants at step 9 is found exactly.
+
+Counters in a closure and in a module global are state the recorder captures (checkpoints hold
+them, a step run again starts from them), so the replay reproduces the reseed and the experiments
+prove it. A loop's ``enumerate`` counter is a local of the running loop, which nothing outside can
+restore: the records still name the reseed and its call site, marked inferred, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent / "loops" / "counters.py"
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("counters")
+    copy = folder / "train.py"
+    copy.write_text(SCRIPT.read_text())
+    return copy
+
+
+@pytest.mark.parametrize("counter", ["closure", "global", "enumerate"])
+def test_a_reseed_behind_a_counter_of_the_scripts_own(script: Path, counter: str) -> None:
+    folder = script.parent
+    for name, extra in (("a", ()), ("b", ("--reseed-at", "9"))):
+        done = _run(str(script), "--out", f"{counter}-{name}", "--counter", counter, *extra, cwd=folder)
+        assert done.returncode == 0, done.stderr[-2000:]
+    done = _run("-m", "bisect_repro.cli", "compare", f"{counter}-a", f"{counter}-b", "--json", cwd=folder)
+    assert done.returncode == 1, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    verdict = report["verdict"]
+    assert (verdict["step"], verdict["cause"], verdict["rng"]) == (9, "rng_state", ["torch"]), verdict
+    assert verdict["reseeded"][0]["call"] == "torch.seed()" and verdict["reseeded"][0]["where"].startswith(f"{script}:")
+    assert "reseed_at" not in (verdict.get("config_keys") or [])
+    if counter == "enumerate":  # a local of the running loop: no replay from a checkpoint sees it
+        assert verdict["confidence"] == "inferred", verdict
+        assert "the replay could not prove it" in verdict["explanation"], verdict["explanation"]
+    else:
+        assert (verdict["phase"], verdict["layer"], verdict["confidence"]) == ("forward", "2", "proven"), verdict
+        assert any(e["experiment"] == "reseed_fixed" and e["outcome"] == "matches" for e in verdict["evidence"]), verdict["evidence"]
+        assert report["replay"]["from_step"] == 5 and report["replay"]["replayed_steps"] <= 5, report["replay"]
