@@ -35,7 +35,7 @@ def fake_ranks(
     writers = []
     for rank in range(world):
         rank_meta = {"rank": rank, "world_size": world, "environment": {}, **(rank_extra or {}).get(rank, {})}
-        writers.append(RunWriter(path, meta, rank_meta=rank_meta) if rank == 0 else RunWriter.join(path, rank, rank_meta))
+        writers.append(RunWriter.create(path, meta, rank_meta=rank_meta) if rank == 0 else RunWriter.join(path, rank, rank_meta))
     for rank, writer in enumerate(writers):
         steps = (losses or {}).get(rank) or [1.0] * max(hashes[rank])
         for step, loss in enumerate(steps):
@@ -63,7 +63,9 @@ def write_run(
     """A finished single-process run: its step lines as given, ``snapshots[step]`` the snapshot trees
     (``hashes``, ``streams``, ``data``) and ``checkpoints[step]`` the checkpoint trees."""
     model = {"parameters": {"fc.weight": [[2], "float32"]}, "buffers": {}}
-    writer = RunWriter(path, {"target": None, "config": dict(config or {}), "model": model, "environment": dict(environment or {}), **meta})
+    writer = RunWriter.create(
+        path, {"target": None, "config": dict(config or {}), "model": model, "environment": dict(environment or {}), **meta}
+    )
     writer.append_steps(lines)
     for step, tree in sorted(snapshots.items()):
         writer.commit("snapshot", step, {"step": step, "hashes": {}, "streams": {}, "data": {}, **tree})

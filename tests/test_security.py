@@ -105,7 +105,7 @@ AUDITED = textwrap.dedent(
 
     root = Path(sys.argv[1])
     tree = {"w": torch.ones(3), "a": np.arange(4), "t": (1, 2.5, None), "d": torch.bfloat16, "k": {3: "x"}, "hashes": {}, "streams": {}}
-    writer = RunWriter(root / "warm", {"target": "evil.py:build", "config": {}})
+    writer = RunWriter.create(root / "warm", {"target": "evil.py:build", "config": {}})
     writer.append_steps([{"step": 0, "loss": 1.0, "order": None, "batch": "00"}])
     writer.commit("snapshot", 0, tree)
     writer.commit("checkpoint", 0, tree)

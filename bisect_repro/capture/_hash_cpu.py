@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import array
 import ctypes
+import functools
 import os
 import re
 import sysconfig
-import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,8 +42,6 @@ __all__ = ["CHUNK_WORDS", "LEVELS", "Kernel", "library_path", "load"]
 LEVELS = ("portable", "avx2", "avx512")  # the kernel's vector levels, by number
 CHUNK_WORDS = 1 << 16  # 256 KiB handed to a thread at a time: a few microseconds of work, so threads stay balanced
 _NAME = "_hash_c"  # the extension's name, beside this file
-_LOCK = threading.Lock()
-_LOADED: list[Kernel | None] = []
 
 
 class Kernel:
@@ -142,16 +140,12 @@ def library_path() -> Path:
     return Path(__file__).with_name(_NAME + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 
 
+@functools.cache
 def load() -> Kernel | None:
     """The installed kernel, loaded on first use; ``None`` where it was not built or cannot load."""
-    if not _LOADED:
-        with _LOCK:
-            if not _LOADED:
-                path = library_path()
-                try:
-                    kernel: Kernel | None = Kernel(path) if path.is_file() else None
-                except (OSError, AttributeError) as error:  # built for another platform, or a stale build
-                    warnings.warn(f"bisect-repro: the C hash kernel {path} does not load ({error}); hashing with torch ops", stacklevel=3)
-                    kernel = None
-                _LOADED.append(kernel)
-    return _LOADED[0]
+    path = library_path()
+    try:
+        return Kernel(path) if path.is_file() else None
+    except (OSError, AttributeError) as error:  # built for another platform, or a stale build
+        warnings.warn(f"bisect-repro: the C hash kernel {path} does not load ({error}); hashing with torch ops", stacklevel=3)
+        return None

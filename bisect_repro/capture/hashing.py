@@ -37,6 +37,7 @@ caller's job), and the torch-op path refuses a lazy conjugate view, as it always
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -59,30 +60,30 @@ class _LanesKernel(Protocol):  # the module _hash_triton, as used here
     def lanes(self, words: Sequence[torch.Tensor]) -> torch.Tensor: ...
 
 
-_TRITON: list[_LanesKernel | None] = []
-_NATIVE: list[_hash_cpu.Kernel | None] = []  # the C kernel, or None where it was not built; loaded on first use
+_triton_failed = False  # the kernel failed once here: not tried again in this process
+
+
+@functools.cache
+def _triton_kernel() -> _LanesKernel | None:
+    """:mod:`._hash_triton` when Triton imports, else ``None``; imported on first use only, since
+    importing Triton takes a second and CPU-only runs never need it."""
+    try:
+        from . import _hash_triton
+    except Exception:  # a broken Triton installation must not break hashing: fall back
+        return None
+    return _hash_triton if _hash_triton.available() else None
 
 
 def _triton_module() -> _LanesKernel | None:
-    """:mod:`._hash_triton` when Triton imports, else ``None``; imported on first use only, since
-    importing Triton takes a second and CPU-only runs never need it."""
-    if not _TRITON:
-        try:
-            from . import _hash_triton
-        except Exception:  # a broken Triton installation must not break hashing: fall back
-            _TRITON.append(None)
-        else:
-            _TRITON.append(_hash_triton if _hash_triton.available() else None)
-    return _TRITON[0]
+    """The Triton kernel, unless it is missing or failed once in this process."""
+    return None if _triton_failed else _triton_kernel()
 
 
 def _native_kernel() -> _hash_cpu.Kernel | None:
     """The C kernel for CPU tensors, or ``None`` for the torch-op path (the switch, or not built)."""
     if _BACKEND in ("torch", "triton"):
         return None
-    if not _NATIVE:
-        _NATIVE.append(_hash_cpu.load())
-    kernel = _NATIVE[0]
+    kernel = _hash_cpu.load()
     if kernel is None and _BACKEND == "c":
         raise RuntimeError(
             f"BISECT_REPRO_HASH_BACKEND=c, but the C hash kernel is not installed ({_hash_cpu.library_path()} is missing):"
@@ -120,6 +121,7 @@ def _uses_kernel(device: torch.device) -> bool:
 
 
 def _fused_lanes(words: list[torch.Tensor]) -> torch.Tensor:
+    global _triton_failed
     """Lane sums (int64[k, 2]) of k word tensors of one device by the Triton kernel.
 
     If the kernel cannot be built or launched there (an odd toolchain or device), it warns once,
@@ -132,7 +134,7 @@ def _fused_lanes(words: list[torch.Tensor]) -> torch.Tensor:
             if _BACKEND == "triton":
                 raise
             warnings.warn(f"bisect-repro: the Triton hash kernel failed ({error}); hashing with torch ops instead", stacklevel=4)
-            _TRITON[:] = [None]
+            _triton_failed = True
     return torch.cat([_hash_torch.lanes_of_large(w).unsqueeze(0) if w.numel() else w.new_zeros((1, 2), dtype=torch.int64) for w in words])
 
 

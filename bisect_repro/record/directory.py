@@ -107,11 +107,11 @@ def open_writer(
 ) -> RunWriter:
     """The writer of this process's folder of a new run (see the module docstring)."""
     if info is None:
-        return RunWriter(out, meta, force=force)
+        return RunWriter.create(out, meta, force=force)
     assert rank_meta is not None
     group = _Group()
     try:
-        writer, error = _attempt(lambda: RunWriter(out, meta, force=force, rank_meta=rank_meta)) if info.rank == 0 else (None, None)
+        writer, error = _attempt(lambda: RunWriter.create(out, meta, force=force, rank_meta=rank_meta)) if info.rank == 0 else (None, None)
         _settle(group, error, writer, f"{out}: rank 0 could not create the run; its own error says why")
         if info.rank != 0:
             writer, error = _attempt(lambda: RunWriter.join(out, info.rank, rank_meta))

@@ -183,29 +183,37 @@ class Resumed:
 class RunWriter:
     """Writes one run directory (or one rank's folder of it), holding its lock; see the module docstring."""
 
-    def __init__(self, path: Path | str, meta: dict[str, Any], *, force: bool = False, rank_meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: Path | str, rank: int = 0) -> None:
+        """A writer of ``path``'s folder for ``rank``, holding no lock yet: :meth:`create`,
+        :meth:`join` and :meth:`resume` make the ones that write."""
+        self.path = Path(path)
+        self.rank = self.path / rank_folder(rank)
+        self._lock: RunLock | None = None
+
+    @classmethod
+    def create(cls, path: Path | str, meta: dict[str, Any], *, force: bool = False, rank_meta: dict[str, Any] | None = None) -> RunWriter:
         """Create the run (rank 0 of a distributed one, whose ``meta`` has ``distributed`` and who
         writes its own ``rank_meta``)."""
-        self.path = Path(path)
-        self.rank = self.path / rank_folder(0)
-        self._lock: RunLock | None = None
-        with self._closed_on_error(self.path, "create the run"):
-            if self.path.exists() and any(c.name not in (_LOCK, f".{_META}.tmp") for c in self.path.iterdir()):
+        writer = cls(path)
+        path = writer.path
+        with writer._closed_on_error(path, "create the run"):
+            if path.exists() and any(c.name not in (_LOCK, f".{_META}.tmp") for c in path.iterdir()):
                 if not force:
                     raise RunExistsError(
-                        f"{self.path}: already exists; pass --force to overwrite it, --resume to continue it, or choose another --out"
+                        f"{path}: already exists; pass --force to overwrite it, --resume to continue it, or choose another --out"
                     )
-                if not (self.path / _META).exists():
-                    raise RunExistsError(f"{self.path}: not empty and not a bisect-repro run; refusing to overwrite it even with --force")
-                self._lock = RunLock(self.path)  # before deleting anything: never pull a run from under its recorder
-                _remove_contents_but_lock(self.path)
+                if not (path / _META).exists():
+                    raise RunExistsError(f"{path}: not empty and not a bisect-repro run; refusing to overwrite it even with --force")
+                writer._lock = RunLock(path)  # before deleting anything: never pull a run from under its recorder
+                _remove_contents_but_lock(path)
             else:
-                self.path.mkdir(parents=True, exist_ok=True)
-                self._lock = RunLock(self.path)
+                path.mkdir(parents=True, exist_ok=True)
+                writer._lock = RunLock(path)
             # run.json first: a directory killed before it holds only the lock file and counts as empty
-            write_atomic(self.path / _META, _signed_meta(meta))
-            self._make_folder(rank_meta)
-            _fsync_dir(self.path)
+            write_atomic(path / _META, _signed_meta(meta))
+            writer._make_folder(rank_meta)
+            _fsync_dir(path)
+        return writer
 
     @contextlib.contextmanager
     def _closed_on_error(self, path: Path, doing: str) -> Iterator[None]:
@@ -234,8 +242,7 @@ class RunWriter:
         run = Run.open(path)
         if rank_meta.get("rank") != rank or not 0 < rank < run.world_size:
             raise RecordingError(f"{path}: rank {rank} cannot join a run of world size {run.world_size}")
-        writer = cls.__new__(cls)
-        writer.path, writer.rank, writer._lock = path, path / rank_folder(rank), None
+        writer = cls(path, rank)
         with writer._closed_on_error(writer.rank, "create the rank's folder"):
             writer.rank.mkdir(exist_ok=True)
             writer._lock = RunLock(writer.rank)
@@ -251,8 +258,7 @@ class RunWriter:
         the checkpoint at step ``at``), and reopen it for writing."""
         path = Path(path)
         Run.open(path, rank)  # a missing or foreign directory gets the reader's error, before anything is created
-        writer = cls.__new__(cls)
-        writer.path, writer.rank, writer._lock = path, path / rank_folder(rank), None
+        writer = cls(path, rank)
         with writer._closed_on_error(path, "resume the run"):
             writer._lock = RunLock(path if rank == 0 else writer.rank)
             resumed = writer._go_back(rank, at)

@@ -83,7 +83,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[str]:
         return
     if request.param == "c":
         kernel = request.getfixturevalue("c_kernel")
-        with mock.patch.object(hashing, "_BACKEND", "c"), mock.patch.object(hashing, "_NATIVE", [kernel]):
+        with mock.patch.object(hashing, "_BACKEND", "c"), mock.patch.object(_hash_cpu, "load", lambda: kernel):
             yield "c"
     else:
         with mock.patch.object(hashing, "_BACKEND", "torch"):

@@ -141,7 +141,7 @@ def test_hash_tensors_takes_the_kernel_for_every_plain_cpu_tensor(c_kernel: _has
     spy = mock.Mock(wraps=c_kernel.lanes_of_buffers)
     with (
         mock.patch.object(hashing, "_BACKEND", "auto"),
-        mock.patch.object(hashing, "_NATIVE", [c_kernel]),
+        mock.patch.object(_hash_cpu, "load", lambda: c_kernel),
         mock.patch.object(c_kernel, "lanes_of_buffers", spy),
     ):
         found = hash_tensors(named)
@@ -156,7 +156,7 @@ def test_lazy_conjugate_and_negative_views_behave_as_before(c_kernel: _hash_cpu.
     # strided negative view by value (copying it resolves the bit); the kernel path must agree.
     z = torch.randn(4, dtype=torch.complex64, generator=torch.Generator().manual_seed(6))
     for backend in ("auto", "torch"):
-        with mock.patch.object(hashing, "_BACKEND", backend), mock.patch.object(hashing, "_NATIVE", [c_kernel]):
+        with mock.patch.object(hashing, "_BACKEND", backend), mock.patch.object(_hash_cpu, "load", lambda: c_kernel):
             with pytest.raises(RuntimeError, match="conjugate view"):
                 hash_tensor(z.conj())
             assert z.conj().imag.is_neg()
@@ -180,8 +180,7 @@ def test_without_the_extension_the_torch_path_hashes(tmp_path: Path) -> None:
     missing = tmp_path / "not-built.so"
     with (
         mock.patch.object(hashing, "_BACKEND", "auto"),
-        mock.patch.object(hashing, "_NATIVE", []),
-        mock.patch.object(_hash_cpu, "_LOADED", []),
+        mock.patch.object(_hash_cpu, "load", _hash_cpu.load.__wrapped__),
         mock.patch.object(_hash_cpu, "library_path", lambda: missing),
         mock.patch.object(_hash_torch, "lanes_of_large", wraps=_hash_torch.lanes_of_large) as large,
         mock.patch.object(_hash_torch, "lanes_of_small", wraps=_hash_torch.lanes_of_small) as small,
@@ -194,7 +193,7 @@ def test_without_the_extension_the_torch_path_hashes(tmp_path: Path) -> None:
 
 def test_the_kernel_and_the_fallback_give_the_same_digests(c_kernel: _hash_cpu.Kernel) -> None:
     named = fallback_inputs()
-    with mock.patch.object(hashing, "_BACKEND", "c"), mock.patch.object(hashing, "_NATIVE", [c_kernel]):
+    with mock.patch.object(hashing, "_BACKEND", "c"), mock.patch.object(_hash_cpu, "load", lambda: c_kernel):
         with_kernel = hash_tensors(named)
     with mock.patch.object(hashing, "_BACKEND", "torch"):
         assert hash_tensors(named) == with_kernel
@@ -203,7 +202,7 @@ def test_the_kernel_and_the_fallback_give_the_same_digests(c_kernel: _hash_cpu.K
 def test_a_library_that_does_not_load_warns_and_falls_back(tmp_path: Path) -> None:
     broken = tmp_path / "_hash_c.so"
     broken.write_bytes(b"not a shared library")
-    with mock.patch.object(_hash_cpu, "_LOADED", []), mock.patch.object(_hash_cpu, "library_path", lambda: broken):
+    with mock.patch.object(_hash_cpu, "load", _hash_cpu.load.__wrapped__), mock.patch.object(_hash_cpu, "library_path", lambda: broken):
         with pytest.warns(UserWarning, match="does not load"):
             assert _hash_cpu.load() is None
         assert _hash_cpu.load() is None  # tried once
@@ -212,8 +211,7 @@ def test_a_library_that_does_not_load_warns_and_falls_back(tmp_path: Path) -> No
 def test_requiring_the_kernel_where_it_is_missing_is_an_error(tmp_path: Path) -> None:
     with (
         mock.patch.object(hashing, "_BACKEND", "c"),
-        mock.patch.object(hashing, "_NATIVE", []),
-        mock.patch.object(_hash_cpu, "_LOADED", []),
+        mock.patch.object(_hash_cpu, "load", _hash_cpu.load.__wrapped__),
         mock.patch.object(_hash_cpu, "library_path", lambda: tmp_path / "missing.so"),
         pytest.raises(RuntimeError, match="BISECT_REPRO_HASH_BACKEND=c"),
     ):
@@ -246,14 +244,14 @@ def test_the_environment_switch_forces_the_torch_path() -> None:
 def test_the_installed_kernel_is_used_where_it_was_built() -> None:
     if not _hash_cpu.library_path().is_file():
         pytest.skip("not built beside the package here (a regular install tested from the checkout, or no compiler)")
-    with mock.patch.object(hashing, "_BACKEND", "auto"), mock.patch.object(hashing, "_NATIVE", []):
+    with mock.patch.object(hashing, "_BACKEND", "auto"), mock.patch.object(_hash_cpu, "load", _hash_cpu.load.__wrapped__):
         assert isinstance(hashing._native_kernel(), _hash_cpu.Kernel)
 
 
 @pytest.mark.parametrize("path", ["c", "torch"])
 def test_a_name_added_twice_keeps_its_first_place_and_its_last_digest(request: pytest.FixtureRequest, path: str) -> None:
     kernel = request.getfixturevalue("c_kernel") if path == "c" else None
-    with mock.patch.object(hashing, "_BACKEND", path), mock.patch.object(hashing, "_NATIVE", [kernel]):
+    with mock.patch.object(hashing, "_BACKEND", path), mock.patch.object(_hash_cpu, "load", lambda: kernel):
         pending = hashing.PendingHashes()
         pending.add({"a": torch.zeros(3), "b": torch.ones(2)})
         pending.add({"c": torch.arange(4), "a": torch.ones(3)})

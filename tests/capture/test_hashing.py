@@ -260,8 +260,9 @@ def test_a_failing_kernel_falls_back_to_torch_ops_with_a_warning() -> None:
             raise RuntimeError("no usable GPU toolchain")
 
     batch = [torch.randn(3, 5), torch.zeros(0), torch.arange(300_000, dtype=torch.int32)]
-    with mock.patch.object(hashing, "_TRITON", [BrokenKernel()]), mock.patch.object(hashing, "_BACKEND", "auto"):
+    broken = mock.patch.object(hashing, "_triton_kernel", lambda: BrokenKernel())
+    with broken, mock.patch.object(hashing, "_triton_failed", False), mock.patch.object(hashing, "_BACKEND", "auto"):
         with pytest.warns(UserWarning, match="Triton hash kernel failed"):
             lanes = hashing._fused_lanes([_hash_torch.words_of(t) for t in batch])
-        assert hashing._TRITON == [None]  # not tried again
+        assert hashing._triton_failed and hashing._triton_module() is None  # not tried again
     assert lanes.tolist() == [list(fast_reference_lanes(t)) for t in batch]

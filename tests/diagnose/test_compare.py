@@ -38,7 +38,7 @@ def test_nans_in_the_same_place_are_equal_and_integers_have_no_ulp() -> None:
 
 
 def fake_run(path, hashes_by_step, losses, format_version=1):
-    writer = RunWriter(
+    writer = RunWriter.create(
         path, {"target": None, "config": {}, "model": {"parameters": {"w": [[2], "float32"]}, "buffers": {}}, "environment": {}}
     )
     if format_version != 1:
@@ -134,7 +134,9 @@ def test_a_single_process_comparison_lists_its_one_rank(tmp_path) -> None:
 def test_a_config_key_that_only_names_each_runs_directory_is_never_the_cause(tmp_path) -> None:
     def run(name: str, config: dict) -> None:
         path = tmp_path / "runs" / name
-        writer = RunWriter(path, {"target": None, "config": config, "model": {"parameters": {"w": [[2], "float32"]}}, "environment": {}})
+        writer = RunWriter.create(
+            path, {"target": None, "config": config, "model": {"parameters": {"w": [[2], "float32"]}}, "environment": {}}
+        )
         writer.append_steps([{"step": s, "loss": 1.0 if s < 3 or name == "a" else 2.0, "order": "o", "batch": "b"} for s in range(5)])
         writer.commit("snapshot", 0, {"step": 0, "hashes": {"w": "x"}, "streams": {}, "data": {}})
         writer.commit("snapshot", 4, {"step": 4, "hashes": {"w": "y" if name == "a" else "z"}, "streams": {}, "data": {}})

@@ -138,7 +138,7 @@ def test_resume_refuses_other_options_a_complete_run_and_a_run_without_checkpoin
         Recorder(tmp_path / "r", trainee, RecordOptions(**OPTIONS), resume=True, config={"hidden": 32})
     with pytest.raises(RecordingError, match="complete; nothing to resume"):
         Recorder(whole.path, trainee, resume=True)
-    writer = store.RunWriter(tmp_path / "fresh", {"options": {**OPTIONS, "start_step": 0}})
+    writer = store.RunWriter.create(tmp_path / "fresh", {"options": {**OPTIONS, "start_step": 0}})
     writer.close()  # killed before its first commit
     with pytest.raises(RecordingError, match="no readable checkpoint"):
         Recorder(tmp_path / "fresh", trainee, resume=True)

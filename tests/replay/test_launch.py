@@ -33,7 +33,7 @@ def fake_run(path: Path, code: Path, **extra) -> Run:
         },
         **extra,
     }
-    RunWriter(path, meta).close()
+    RunWriter.create(path, meta).close()
     return Run.open(path)
 
 
@@ -64,7 +64,7 @@ def test_an_edited_run_is_not_signed(tmp_path: Path, script: Path) -> None:
 
 def test_a_world_size_this_machine_cannot_run_is_refused(tmp_path: Path, script: Path) -> None:
     distributed = {"world_size": 4 * (os.cpu_count() or 1) + 1, "backend": "gloo", "layout": "ddp"}
-    RunWriter(tmp_path / "run", {"target": None, "distributed": distributed}, rank_meta={"rank": 0}).close()
+    RunWriter.create(tmp_path / "run", {"target": None, "distributed": distributed}, rank_meta={"rank": 0}).close()
     run = Run.open(tmp_path / "run")
     with pytest.raises(ReplayUnavailable, match="more than this machine runs"):
         spec_for_run(run)
@@ -100,7 +100,7 @@ def test_a_module_is_run_from_the_root_its_file_lies_under(tmp_path: Path) -> No
         "cwd": str(tmp_path),
         "code": {"kind": "module", "module": "pkg.train", "path": str(package / "train.py"), "sha256": digest},
     }
-    RunWriter(tmp_path / "run", {"target": None, "launch": launch}).close()
+    RunWriter.create(tmp_path / "run", {"target": None, "launch": launch}).close()
     spec = spec_for_run(Run.open(tmp_path / "run"))
     assert spec.root == str(tmp_path / "src") and spec.module == "pkg.train" and spec.describe().startswith("python -m pkg.train")
 

@@ -42,7 +42,7 @@ MB = 1 << 20
 def write_run(path: Path, hashes: dict[int, str], *, model: dict = MODEL, target: str | None = None, config: dict | None = None,
               streams: dict | None = None) -> Path:  # fmt: skip
     """A finished single-process run: a snapshot per entry of ``hashes``, a checkpoint at the first."""
-    writer = RunWriter(path, {"target": target, "config": config or {}, "model": model, "environment": {}})
+    writer = RunWriter.create(path, {"target": target, "config": config or {}, "model": model, "environment": {}})
     for step in range(max(hashes) + 1):
         writer.append_steps([{"step": step, "loss": 1.0, "order": "o", "batch": "b"}])
     for number, (step, digest) in enumerate(sorted(hashes.items())):

@@ -18,7 +18,7 @@ from tests.fakes import fake_ranks
 
 
 def make_run(path: Path, steps: int = 3) -> RunWriter:
-    writer = RunWriter(path, {"target": "t", "config": {}})
+    writer = RunWriter.create(path, {"target": "t", "config": {}})
     for step in range(steps):
         writer.append_steps([{"step": step, "loss": 1.0 / (step + 1), "order": None, "batch": "b"}])
         writer.commit("snapshot", step, {"step": step, "hashes": {"w": str(step)}, "t": torch.full((2,), float(step))})
@@ -37,8 +37,8 @@ def test_written_run_reads_back(tmp_path) -> None:
 def test_refuses_to_overwrite_without_force(tmp_path) -> None:
     make_run(tmp_path / "r")
     with pytest.raises(RunExistsError, match="--force"):
-        RunWriter(tmp_path / "r", {})
-    RunWriter(tmp_path / "r", {}, force=True)
+        RunWriter.create(tmp_path / "r", {})
+    RunWriter.create(tmp_path / "r", {}, force=True)
     assert Run.open(tmp_path / "r").snapshots == {}
 
 
@@ -46,7 +46,7 @@ def test_force_never_deletes_a_folder_that_is_not_a_run(tmp_path) -> None:
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("precious")
     with pytest.raises(RunExistsError, match="not a bisect-repro run"):
-        RunWriter(tmp_path / "mine", {}, force=True)
+        RunWriter.create(tmp_path / "mine", {}, force=True)
     assert (tmp_path / "mine" / "thesis.tex").read_text() == "precious"
 
 
@@ -154,16 +154,16 @@ def test_a_missing_or_foreign_rank_folder_is_one_line(tmp_path) -> None:
 
 def test_each_rank_folder_has_one_writer_and_force_waits_for_them(tmp_path) -> None:
     meta = fakes.distributed_meta(2)
-    first = RunWriter(tmp_path / "r", meta, rank_meta={"rank": 0})
+    first = RunWriter.create(tmp_path / "r", meta, rank_meta={"rank": 0})
     second = RunWriter.join(tmp_path / "r", 1, {"rank": 1})
     with pytest.raises(RunLockedError, match="another recorder"):
         RunWriter.join(tmp_path / "r", 1, {"rank": 1})
     first.close()
     with pytest.raises(RunLockedError):  # rank 1 still writes: its folder is not deleted under it
-        RunWriter(tmp_path / "r", meta, force=True, rank_meta={"rank": 0})
+        RunWriter.create(tmp_path / "r", meta, force=True, rank_meta={"rank": 0})
     assert Run.open(tmp_path / "r").rank_meta.rank == 0  # nothing was deleted
     second.close()
-    RunWriter(tmp_path / "r", meta, force=True, rank_meta={"rank": 0}).close()
+    RunWriter.create(tmp_path / "r", meta, force=True, rank_meta={"rank": 0}).close()
     assert not (tmp_path / "r" / "rank1").exists()
     with pytest.raises(RecordingError, match="cannot join"):
         RunWriter.join(tmp_path / "r", 2, {"rank": 2})
