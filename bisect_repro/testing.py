@@ -45,7 +45,7 @@ from .diagnose.causes import cause_title
 from .diagnose.compare import compare
 from .diagnose.verdict import CompareResult
 from .report.html import comparison_html, run_losses, write_html
-from .report.text import verdict_where
+from .report.text import named_by, verdict_where
 
 try:
     import pytest
@@ -62,18 +62,20 @@ def _fail(message: str) -> NoReturn:
     raise AssertionError(message)
 
 
-def failure_message(subject: str, result: Mapping[str, Any]) -> str:
-    """The verdict of a ``bisect-repro/compare/2`` object in a few lines: where, cause and confidence, explanation, fix."""
-    verdict = result.get("verdict") or {}
-    where = ", ".join(f"{label} {value}" if label else value for label, value in verdict_where(verdict)) if verdict else "?"
-    named = [*verdict.get("rng", []), *verdict.get("config_keys", []), *verdict.get("environment_keys", [])]
-    cause = cause_title(str(verdict.get("cause"))) + (f" ({', '.join(named)})" if named else "")
-    explanation = str(verdict.get("explanation", "")).rstrip(".")
+def failure_message(subject: str, result: CompareResult) -> str:
+    """The verdict of a comparison in a few lines: where, cause and confidence, explanation, fix."""
+    verdict = result.verdict
+    if verdict is None:
+        return f"{subject} is not reproducible: the runs differ; the comparison gave no verdict."
+    where = ", ".join(f"{label} {value}" if label else value for label, value in verdict_where(verdict))
+    named = named_by(verdict)
+    cause = cause_title(verdict.cause) + (f" ({', '.join(named)})" if named else "")
+    explanation = verdict.explanation.rstrip(".")
     lines = [
         f"{subject} is not reproducible: the runs diverge at {where}.",
-        f"Cause: {cause}, {verdict.get('confidence', 'inferred')}.",
+        f"Cause: {cause}, {verdict.confidence.value}.",
         f"{explanation[:1].upper()}{explanation[1:]}.",
-        f"Fix: {verdict.get('fix', '')}",
+        f"Fix: {verdict.fix}",
     ]
     return "\n".join(lines)
 
@@ -114,10 +116,9 @@ def _check(subject: str, folder: Path, record: Callable[[str, Path], None], repl
         record(label, run)
     result = compare(*runs, replay=replay)
     if not result.identical:
-        found = result.to_json()
         report = folder / "report.html"
-        write_html(report, comparison_html(found, run_losses(runs)))
-        _fail(f"{failure_message(subject, found)}\nThe two runs and an HTML report: {report}")
+        write_html(report, comparison_html(result, run_losses(runs)))
+        _fail(f"{failure_message(subject, result)}\nThe two runs and an HTML report: {report}")
     return result
 
 

@@ -10,19 +10,42 @@ The JSON form is the ``bisect-repro/compare/2`` object documented in the README;
 ``histogram`` to the verdict, ``parted`` to the replay, ``layers`` to the timeline and
 ``ops_context`` to the result, and the cause ``hidden_state``; ``ranks`` (one
 :class:`RankResult` per rank compared, one for a single process) came later, within version 2.
+``CompareResult.from_json`` reads such an object back (a key that version 2 added later, absent
+from an older object, takes its default).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from .causes import Cause
 
 __all__ = ["SCHEMA", "CompareResult", "Confidence", "Evidence", "RankResult", "ReplayInfo", "TimelineRow", "Verdict"]
 
 SCHEMA = "bisect-repro/compare/2"
+
+
+def _known(cls: type, found: Mapping[str, Any], *, but: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The items of ``found`` that are fields of the dataclass ``cls`` (less ``but``)."""
+    names = {f.name for f in fields(cls)} - set(but)
+    return {key: value for key, value in found.items() if key in names}
+
+
+_FlatT = TypeVar("_FlatT", bound="_Flat")
+
+
+class _Flat:
+    """A dataclass whose JSON form is its fields as they are."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls: type[_FlatT], found: Mapping[str, Any]) -> _FlatT:
+        return cls(**_known(cls, found))
 
 
 class Confidence(str, Enum):
@@ -89,9 +112,18 @@ class Verdict:
         found["evidence"] = [e.to_json() for e in self.evidence]
         return found
 
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> Verdict:
+        return cls(
+            **_known(cls, found, but=("cause", "confidence", "evidence")),
+            cause=Cause(found.get("cause", Cause.UNKNOWN.value)),
+            confidence=Confidence(found.get("confidence", Confidence.INFERRED.value)),
+            evidence=[Evidence(**item) for item in found.get("evidence") or []],
+        )
+
 
 @dataclass(kw_only=True)
-class ReplayInfo:
+class ReplayInfo(_Flat):
     performed: bool = False
     from_step: int | None = None
     replayed_steps: int = 0
@@ -104,12 +136,9 @@ class ReplayInfo:
     commands: list[str] = field(default_factory=list)
     """What was run to replay each run."""
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass(kw_only=True)
-class TimelineRow:
+class TimelineRow(_Flat):
     step: int
     equal: bool
     differing_tensors: int
@@ -118,9 +147,6 @@ class TimelineRow:
     """Random streams in different states at this snapshot."""
     layers: dict[str, int] = field(default_factory=dict)
     """Differing tensors per layer (the module that owns them; ``optimizer`` state counts with its parameter's layer)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass(kw_only=True)
@@ -137,6 +163,15 @@ class RankResult:
             "verdict": self.verdict.to_json() if self.verdict else None,
             "timeline": [r.to_json() for r in self.timeline],
         }
+
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> RankResult:
+        verdict = found.get("verdict")
+        return cls(
+            rank=found["rank"],
+            verdict=Verdict.from_json(verdict) if verdict else None,
+            timeline=[TimelineRow.from_json(row) for row in found.get("timeline") or []],
+        )
 
 
 @dataclass(kw_only=True)
@@ -172,3 +207,15 @@ class CompareResult:
             "notes": self.notes,
             "ranks": [rank.to_json() for rank in self.ranks],
         }
+
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> CompareResult:
+        """A ``bisect-repro/compare/2`` object (``compare --json``) read back."""
+        verdict = found.get("verdict")
+        return cls(
+            **_known(cls, found, but=("verdict", "replay", "timeline", "ranks")),
+            verdict=Verdict.from_json(verdict) if verdict else None,
+            replay=ReplayInfo.from_json(found.get("replay") or {}),
+            timeline=[TimelineRow.from_json(row) for row in found.get("timeline") or []],
+            ranks=[RankResult.from_json(rank) for rank in found.get("ranks") or []],
+        )

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
+from bisect_repro.diagnose.causes import Cause
 from bisect_repro.diagnose.compare import compare
 from bisect_repro.diagnose.difference import difference_stats
+from bisect_repro.diagnose.verdict import CompareResult, Confidence
 from bisect_repro.errors import RunFormatError, RunMismatchError
 from bisect_repro.store.writer import RunWriter
 from tests.fakes import fake_ranks
@@ -101,6 +104,14 @@ def test_distributed_runs_diverge_at_the_earliest_step_on_the_rank_where_it_star
     replayed = compare(tmp_path / "a", tmp_path / "b").to_json()  # written without code: nothing to replay
     assert replayed["verdict"] == verdict and not replayed["replay"]["performed"] and replayed["replay"]["commands"] == []
     assert len(replayed["notes"]) == 1 and replayed["notes"][0].startswith(f"no replay: {tmp_path / 'a'}: the run names no script")
+
+
+def test_a_comparison_reads_back_from_its_json(tmp_path) -> None:
+    result = compare(two_ranks(tmp_path / "a"), two_ranks(tmp_path / "b", reseed=True), replay=False)
+    found = json.loads(json.dumps(result.to_json()))
+    again = CompareResult.from_json(found)
+    assert again == result and again.to_json() == found
+    assert again.verdict is not None and again.verdict.cause is Cause.RNG_STATE and again.verdict.confidence is Confidence.INFERRED
 
 
 def test_identical_distributed_runs_have_a_null_verdict_on_every_rank(tmp_path) -> None:
