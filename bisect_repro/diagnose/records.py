@@ -26,6 +26,7 @@ from typing import Any
 
 from ..capture import env
 from ..capture.rng import tree_digest
+from ..capture.seeding import SeedingCall
 from ..errors import BisectReproError
 from ..store.run import Run
 from .causes import Cause, fix_for
@@ -219,7 +220,7 @@ def records_verdict(records: Records) -> Verdict:
                 experiment="records",
                 subject="the step logs",
                 outcome="differs",
-                detail=f"step {reseeds[0][0]} reseeded from entropy: {reseeds[0][1]['call']} at {reseeds[0][1]['where']}",
+                detail=f"step {reseeds[0][0]} reseeded from entropy: {SeedingCall.from_json(reseeds[0][1])}",
             )
         )
     verdict = Verdict(step=max(end, 0), confidence=Confidence.INFERRED, evidence=evidence)

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..capture.seeding import SeedingCall
 from ..diagnose.causes import cause_title
 from ..diagnose.summary import SCHEMA as SHOW_SCHEMA
 from ..diagnose.summary import RunSummary
@@ -120,6 +121,10 @@ def _loss_charts(losses: Sequence[Losses], labels: Sequence[str], markers: Seque
     return out
 
 
+def _code(text: str) -> str:
+    return f"<code>{esc(text)}</code>"
+
+
 def _verdict(result: CompareResult) -> str:
     verdict = result.verdict
     if result.identical:
@@ -136,11 +141,9 @@ def _verdict(result: CompareResult) -> str:
     body += f"<p>{esc(explanation[:1].upper() + explanation[1:])}.</p>" if explanation else ""
     body += f'<div class="fix"><b>Fix:</b> {esc(verdict.fix)}</div>' if verdict.fix else ""
     if verdict.reseeded:
-        calls = "".join(
-            f"<li><code>{esc(r.get('call'))}</code> at <code>{esc(r.get('where'))}</code> ({esc(r.get('stream'))})</li>"
-            for r in verdict.reseeded
-        )
-        body += f"<p>Reseeded from entropy during the step:</p><ul>{calls}</ul>"
+        calls = [SeedingCall.from_json(found) for found in verdict.reseeded]
+        items = "".join(f"<li>{c.describe(_code)}{f' ({esc(c.stream)})' if c.stream else ''}</li>" for c in calls)
+        body += f"<p>Reseeded from entropy during the step:</p><ul>{items}</ul>"
     if verdict.evidence:
         rows = [[esc(e.experiment), esc(e.subject), badge(e.outcome), esc(e.detail)] for e in verdict.evidence]
         body += "<h2>Evidence</h2>" + table(["experiment", "on", "result", "what was seen"], rows)
