@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture import env
-from ..capture.rng import tree_digest
+from ..capture.rng import loader_draws_from, tree_digest
 from ..capture.seeding import SeedingCall
 from ..errors import BisectReproError
 from ..store.run import Run
@@ -230,12 +230,12 @@ def records_verdict(records: Records) -> Verdict:
     order, batch = logs.get("order"), logs.get("batch")
     if order is not None and order <= end:
         verdict.step, verdict.phase, verdict.cause, verdict.tensor = order, "data", Cause.DATA_ORDER, "batch.indices"
-        verdict.rng = [s for s in changed if "generator" in s or s == "torch"]
+        verdict.rng = [s for s in changed if loader_draws_from(s)]
     elif batch is not None and batch <= end:
         verdict.step, verdict.phase, verdict.cause = batch, "data", Cause.DATA_CONTENT
         if records.a.steps.get(batch, {}).get("order") is None:  # no sample indices recorded: order or content
             verdict.cause, verdict.tensor = Cause.DATA_ORDER, "batch"
-            verdict.rng = [s for s in [*changed, *all_along] if "generator" in s or s == "torch"]
+            verdict.rng = [s for s in [*changed, *all_along] if loader_draws_from(s)]
     elif reseeds:
         verdict.step, verdict.cause, verdict.reseeded = reseeds[0][0], Cause.RNG_STATE, [call for _, call in reseeds]
         verdict.rng = sorted({call["stream"] for _, call in reseeds}) or changed
