@@ -2,6 +2,9 @@
 
 Exit codes: 0 success (runs identical, recipe reproducible), 1 a divergence was found, 2 bad
 input or an error, reported as one line naming the file and the problem, never a traceback.
+
+The results stay typed up to here (``RunSummary``, ``CompareResult``, ``DoctorReport``): the text
+and HTML reports render the objects, and only ``--json`` turns them into JSON (``to_json()``).
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ from rich.text import Text
 from .demo import record_pair
 from .diagnose.compare import compare
 from .diagnose.doctor import DEFAULT_STEPS, doctor
+from .diagnose.summary import run_summary
+from .diagnose.verdict import CompareResult
 from .errors import BisectReproError
 from .record.recipe import build, parse_settings
 from .record.recorder import RecordingWarning, RecordOptions, record
 from .record.torchrun import record_ranks
 from .replay.launch import Consent, LaunchSpec
 from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
-from .report.text import render_comparison, render_doctor, render_summary, run_summary
+from .report.text import render_comparison, render_doctor, render_summary
 from .store.printable import printable
 from .store.run import Run
 
@@ -155,7 +160,7 @@ def show_command(
         check_html_path(html)
     summary = run_summary(Run.open(run), verify=verify)
     if as_json:
-        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        sys.stdout.write(json.dumps(summary.to_json(), indent=2) + "\n")
     else:
         render_summary(summary, stdout)
     if html is not None:
@@ -187,12 +192,12 @@ def compare_command(
         check_html_path(html)
     result = _compare(run_a, run_b, replay=not no_replay, quiet=as_json, accept_changed_code=accept_changed_code, trust=trust)
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
         render_comparison(result, stdout)
     if html is not None:
         _write_html(html, comparison_html(result, run_losses([run_a, run_b])))
-    raise typer.Exit(0 if result["identical"] else 1)
+    raise typer.Exit(0 if result.identical else 1)
 
 
 def _announce(prefix: str, spec: LaunchSpec) -> None:
@@ -221,7 +226,7 @@ def _consent(trust: bool) -> Consent:
 
 def _compare(
     run_a: Path, run_b: Path, *, replay: bool, quiet: bool, accept_changed_code: bool = False, trust: bool = False
-) -> dict[str, Any]:
+) -> CompareResult:
     console = Console(stderr=True, quiet=quiet)
 
     def announce(specs: list[LaunchSpec]) -> None:  # always, even with --json: nothing runs unannounced
@@ -252,7 +257,7 @@ def _compare(
             progress=on_progress,
             announce=announce,
         )
-    return result.to_json()
+    return result
 
 
 @app.command("demo")
@@ -290,7 +295,7 @@ def doctor_command(
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:
-        render_doctor(report.to_json(), stdout)
+        render_doctor(report, stdout)
     raise typer.Exit(0 if report.reproducible else 1)
 
 

@@ -39,20 +39,23 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 from .diagnose.causes import cause_title
 from .diagnose.compare import compare
 from .diagnose.verdict import CompareResult
 from .report.html import comparison_html, run_losses, write_html
-from .report.text import verdict_where
+from .report.text import named_by, verdict_where
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 try:
     import pytest
 except ImportError:  # the helpers work without pytest; only the fixture needs it
     pytest = None  # type: ignore[assignment]
 
-__all__ = ["Reproducibility", "assert_reproducible", "assert_reproducible_script", "failure_message", "reproducibility"]
+__all__ = ["CheckOptions", "Reproducibility", "assert_reproducible", "assert_reproducible_script", "failure_message", "reproducibility"]
 
 
 def _fail(message: str) -> NoReturn:
@@ -62,18 +65,20 @@ def _fail(message: str) -> NoReturn:
     raise AssertionError(message)
 
 
-def failure_message(subject: str, result: Mapping[str, Any]) -> str:
-    """The verdict of a ``bisect-repro/compare/2`` object in a few lines: where, cause and confidence, explanation, fix."""
-    verdict = result.get("verdict") or {}
-    where = ", ".join(f"{label} {value}" if label else value for label, value in verdict_where(verdict)) if verdict else "?"
-    named = [*verdict.get("rng", []), *verdict.get("config_keys", []), *verdict.get("environment_keys", [])]
-    cause = cause_title(str(verdict.get("cause"))) + (f" ({', '.join(named)})" if named else "")
-    explanation = str(verdict.get("explanation", "")).rstrip(".")
+def failure_message(subject: str, result: CompareResult) -> str:
+    """The verdict of a comparison in a few lines: where, cause and confidence, explanation, fix."""
+    verdict = result.verdict
+    if verdict is None:
+        return f"{subject} is not reproducible: the runs differ; the comparison gave no verdict."
+    where = ", ".join(f"{label} {value}" if label else value for label, value in verdict_where(verdict))
+    named = named_by(verdict)
+    cause = cause_title(verdict.cause) + (f" ({', '.join(named)})" if named else "")
+    explanation = verdict.explanation.rstrip(".")
     lines = [
         f"{subject} is not reproducible: the runs diverge at {where}.",
-        f"Cause: {cause}, {verdict.get('confidence', 'inferred')}.",
+        f"Cause: {cause}, {verdict.confidence.value}.",
         f"{explanation[:1].upper()}{explanation[1:]}.",
-        f"Fix: {verdict.get('fix', '')}",
+        f"Fix: {verdict.fix}",
     ]
     return "\n".join(lines)
 
@@ -105,20 +110,46 @@ def _run(
         _fail(f"recording run {label} of {subject} failed with exit code {done.returncode}: {' '.join(command)}\n{tail}")
 
 
-def _check(subject: str, folder: Path, record: Callable[[str, Path], None], replay: bool) -> CompareResult:
-    runs = folder / "a", folder / "b"
-    for label, run in zip("AB", runs, strict=True):
-        if run.exists() and not (run / "run.json").is_file():
-            raise ValueError(f"{run}: exists and is not a run; give an 'out' folder without 'a' and 'b' in it")
-        shutil.rmtree(run, ignore_errors=True)  # a run from an earlier check
-        record(label, run)
-    result = compare(*runs, replay=replay)
-    if not result.identical:
-        found = result.to_json()
-        report = folder / "report.html"
-        write_html(report, comparison_html(found, run_losses(runs)))
-        _fail(f"{failure_message(subject, found)}\nThe two runs and an HTML report: {report}")
-    return result
+class CheckOptions(TypedDict, total=False):
+    """The keyword arguments both checks take, besides what they record."""
+
+    env: Mapping[str, str] | None
+    """Environment variables for both recordings (``{"OMP_NUM_THREADS": "2"}``)."""
+    replay: bool
+    """``False`` judges from the records alone (faster, and the cause is then ``inferred``); default ``True``."""
+    out: Path | str | None
+    """The folder for the two runs (``a``, ``b``) and, on a failure, ``report.html``; default: a
+    temporary folder, deleted when the runs match."""
+    cwd: Path | str | None
+    """The working directory of both recordings."""
+    timeout: float
+    """Seconds each recording may take; default 600."""
+
+
+def _check(
+    subject: str,
+    command: Callable[[Path], list[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    replay: bool = True,
+    out: Path | str | None = None,
+    cwd: Path | str | None = None,
+    timeout: float = 600.0,
+) -> CompareResult:
+    """Record ``command(run)`` for runs ``a`` and ``b`` in ``out``, compare them, and fail unless they match."""
+    with _folder(out) as folder:
+        runs = folder / "a", folder / "b"
+        for label, run in zip("AB", runs, strict=True):
+            if run.exists() and not (run / "run.json").is_file():
+                raise ValueError(f"{run}: exists and is not a run; give an 'out' folder without 'a' and 'b' in it")
+            shutil.rmtree(run, ignore_errors=True)  # a run from an earlier check
+            _run(command(run), label, subject, cwd=cwd, env=env, timeout=timeout)
+        result = compare(*runs, replay=replay)
+        if not result.identical:
+            report = folder / "report.html"
+            write_html(report, comparison_html(result, run_losses(runs)))
+            _fail(f"{failure_message(subject, result)}\nThe two runs and an HTML report: {report}")
+        return result
 
 
 def assert_reproducible(
@@ -128,54 +159,38 @@ def assert_reproducible(
     every: int = 5,
     checkpoint_every: int | None = None,
     config: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    replay: bool = True,
-    out: Path | str | None = None,
-    cwd: Path | str | None = None,
-    timeout: float = 600.0,
+    **options: Unpack[CheckOptions],
 ) -> CompareResult:
     """Record the recipe ``target`` (``path/file.py:function`` or ``module:function``) twice and fail unless the runs match.
 
-    ``config`` holds the recipe's keyword arguments (``--set``); ``env`` environment variables for
-    both recordings (``{"OMP_NUM_THREADS": "2"}``); ``checkpoint_every`` defaults to ``every``.
-    ``replay=False`` judges from the records alone (faster, and the cause is then ``inferred``).
+    ``config`` holds the recipe's keyword arguments (``--set``); ``checkpoint_every`` defaults to
+    ``every``. The other options (``env``, ``replay``, ``out``, ``cwd``, ``timeout``) are :class:`CheckOptions`.
     """
     settings = [arg for key, value in (config or {}).items() for arg in ("--set", f"{key}={json.dumps(value)}")]
-    options = ["--steps", str(steps), "--every", str(every), "--checkpoint-every", str(checkpoint_every or every), "--quiet"]
+    flags = ["--steps", str(steps), "--every", str(every), "--checkpoint-every", str(checkpoint_every or every), "--quiet"]
 
-    def record(label: str, run: Path) -> None:
-        command = [sys.executable, "-m", "bisect_repro.cli", "record", target, "--out", str(run), *options, *settings]
-        _run(command, label, target, cwd=cwd, env=env, timeout=timeout)
+    def command(run: Path) -> list[str]:
+        return [sys.executable, "-m", "bisect_repro.cli", "record", target, "--out", str(run), *flags, *settings]
 
-    with _folder(out) as folder:
-        return _check(target, folder, record, replay)
+    return _check(target, command, **options)
 
 
-def assert_reproducible_script(
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    replay: bool = True,
-    out: Path | str | None = None,
-    cwd: Path | str | None = None,
-    timeout: float = 600.0,
-) -> CompareResult:
+def assert_reproducible_script(argv: Sequence[str], **options: Unpack[CheckOptions]) -> CompareResult:
     """Run a script with its own loop (it records with ``Recorder``) twice and fail unless the runs match.
 
     ``argv`` is the command; ``{out}`` in it is replaced by each run's directory. A first item
     ending in ``.py``, or ``-m``, runs under this interpreter (``["train.py", "--out", "{out}"]``,
-    ``["-m", "pkg.train", "--out={out}"]``); anything else runs as given.
+    ``["-m", "pkg.train", "--out={out}"]``); anything else runs as given. The options (``env``,
+    ``replay``, ``out``, ``cwd``, ``timeout``) are :class:`CheckOptions`.
     """
     if not any("{out}" in arg for arg in argv):
         raise ValueError(f"{list(argv)}: put '{{out}}' where the script takes its run directory, such as ['train.py', '--out', '{{out}}']")
     prefix = [sys.executable] if argv and (argv[0].endswith(".py") or argv[0] == "-m") else []
-    subject = " ".join(argv)
 
-    def record(label: str, run: Path) -> None:
-        _run([*prefix, *(arg.replace("{out}", str(run)) for arg in argv)], label, subject, cwd=cwd, env=env, timeout=timeout)
+    def command(run: Path) -> list[str]:
+        return [*prefix, *(arg.replace("{out}", str(run)) for arg in argv)]
 
-    with _folder(out) as folder:
-        return _check(subject, folder, record, replay)
+    return _check(" ".join(argv), command, **options)
 
 
 class Reproducibility:

@@ -100,7 +100,7 @@ AUDITED = textwrap.dedent(
     from pathlib import Path
     import numpy as np, torch
     from bisect_repro import Run
-    from bisect_repro.report.text import run_summary
+    from bisect_repro.diagnose.summary import run_summary
     from bisect_repro.store.writer import RunWriter
 
     root = Path(sys.argv[1])

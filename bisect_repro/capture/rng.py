@@ -14,6 +14,12 @@ Design decisions:
   ``RandomSampler``, and both are one stream.
 - CUDA streams are captured only when CUDA is already initialised, so recording never creates a
   CUDA context in a CPU-only recipe; in a distributed run, only the rank's current device's.
+- A stream's name says what it is (:func:`stream_role`): the global streams and ``cuda:<i>`` are
+  named here, a loader's and its samplers' generators by :func:`~bisect_repro.capture.data.loader_generators`
+  (``loader.generator``, ``sampler.generator``, ``batch_sampler.generator``), the streams found
+  inside a loader by attribute path by :func:`~bisect_repro.capture.hidden.find_streams`
+  (``loader.dataset.rng``, ``loader.sampler.generator``; a framework's second loader adds ``#1``),
+  and the recipe's own by the names it gives them.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from collections.abc import Iterable, Mapping
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -30,10 +38,59 @@ import torch
 from ..errors import BisectReproError
 from ..trainee import RandomSource
 
-__all__ = ["GLOBAL_STREAMS", "RandomSource", "RandomStreams", "draw_once", "tree_digest"]
+__all__ = ["GLOBAL_STREAMS", "RandomSource", "RandomStreams", "StreamRole", "draw_once", "loader_draws_from", "stream_role", "tree_digest"]
 
 
 GLOBAL_STREAMS = ("python", "numpy", "torch")
+
+
+class StreamRole(str, Enum):
+    """What a random stream is to a training process, told by its name (:func:`stream_role`)."""
+
+    GLOBAL = "global"
+    """One of :data:`GLOBAL_STREAMS`: Python's ``random``, NumPy's global ``RandomState``, torch's CPU generator."""
+    CUDA = "cuda"
+    """A CUDA device's generator: ``cuda:0``."""
+    LOADER = "loader"
+    """The DataLoader's own ``generator=``: ``loader.generator``."""
+    SAMPLER = "sampler"
+    """A sampler's generator (``sampler.generator``, ``batch_sampler.generator``), or a stream found
+    inside a sampler (``loader.sampler.generator``, ``loader.batch_sampler.sampler.rng``)."""
+    DATASET = "dataset"
+    """A stream found inside the dataset, such as an augmentation's: ``loader.dataset.transforms[0].rng``."""
+    RECIPE = "recipe"
+    """One of the recipe's own ``generators``, under the name the recipe gave it."""
+
+
+_SAMPLER_GENERATORS = ("sampler.generator", "batch_sampler.generator")
+_LOADER_COPY = re.compile(r"#\d+$")  # a framework's second, third... loader: loader.generator#1
+
+
+def _inside(name: str, root: str) -> bool:
+    """``name`` is ``root`` or a path below it (``root.attribute``, ``root[0]``)."""
+    return name == root or name.startswith((f"{root}.", f"{root}["))
+
+
+def stream_role(name: str) -> StreamRole:
+    """The role of the stream named ``name``, by how the names are made (see the module docstring)."""
+    base = _LOADER_COPY.sub("", name)
+    if name in GLOBAL_STREAMS:
+        return StreamRole.GLOBAL
+    if name.startswith("cuda:"):
+        return StreamRole.CUDA
+    if base == "loader.generator":
+        return StreamRole.LOADER
+    if base in _SAMPLER_GENERATORS or _inside(base, "loader.sampler") or _inside(base, "loader.batch_sampler"):
+        return StreamRole.SAMPLER
+    if _inside(base, "loader.dataset"):
+        return StreamRole.DATASET
+    return StreamRole.RECIPE
+
+
+def loader_draws_from(name: str) -> bool:
+    """Whether a DataLoader shuffles, or seeds its workers, from the stream ``name``: its own
+    generator, a sampler's, or torch's global stream (which it uses without a ``generator=``)."""
+    return name == "torch" or stream_role(name) in (StreamRole.LOADER, StreamRole.SAMPLER)
 
 
 def _capture(source: RandomSource) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import os
 import random
 import sys
 import sysconfig
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from types import FrameType
@@ -61,10 +61,31 @@ class SeedingCall:
     entropy: bool
     """No seed was given: the OS or the clock chose it."""
     where: str | None
-    """``file:line`` of the caller, the first frame outside torch, NumPy, ``random`` and bisect-repro."""
+    """``file:line`` of the caller, the first frame outside torch, NumPy, ``random`` and bisect-repro;
+    ``None`` when no frame is, as for code given to ``python -c``."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> SeedingCall:
+        """A call as :meth:`to_json` wrote it, in a step log (``seeded``) or a verdict (``reseeded``);
+        a field that is missing or not text reads as unknown (``""``, or ``None`` for ``where``)."""
+
+        def text(key: str) -> str:
+            value = found.get(key)
+            return value if isinstance(value, str) else ""
+
+        return cls(stream=text("stream"), call=text("call"), entropy=found.get("entropy") is True, where=text("where") or None)
+
+    def describe(self, mark: Callable[[str], str] = str) -> str:
+        """``torch.seed() at train.py:9``, or ``torch.seed()`` alone where the call site is unknown.
+
+        ``mark`` wraps the call and the call site each (a report's ``<code>``, with its escaping)."""
+        return f"{mark(self.call)} at {mark(self.where)}" if self.where else mark(self.call)
+
+    def __str__(self) -> str:
+        return self.describe()
 
 
 def _call_site() -> str | None:

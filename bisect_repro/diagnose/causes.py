@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from ..capture.seeding import SeedingCall
+
 __all__ = [
     "CAUSES",
     "Cause",
@@ -106,7 +108,7 @@ def cause_title(cause: str) -> str:
 def stream_fix(streams: Sequence[str], *, resumed: bool = False, reseeds: Sequence[Mapping[str, Any]] = ()) -> str:
     """How to seed the named streams alike in both runs; ``reseeds``: the entropy seeding calls to remove."""
     if reseeds:
-        calls = "; ".join(dict.fromkeys(f"{r['call']} at {r['where']}" if r.get("where") else r["call"] for r in reseeds))
+        calls = "; ".join(dict.fromkeys(SeedingCall.from_json(r).describe() for r in reseeds))
         seeded = "; ".join(dict.fromkeys(_RESEED_FIXES.get(r.get("stream", ""), "a seed of your own") for r in reseeds))
         return f"remove the reseeding from entropy ({calls}), or give it a seed: {seeded}"
     parts = []
@@ -267,7 +269,7 @@ def explanation_for(
     ``reseeded``: the streams ended the step in another state each time it ran from the same state."""
     named = ", ".join(streams or keys)
     if cause is Cause.RNG_STATE and reseeds:
-        calls = "; ".join(dict.fromkeys(f"{r['call']} at {r['where']}" if r.get("where") else r["call"] for r in reseeds))
+        calls = "; ".join(dict.fromkeys(SeedingCall.from_json(r).describe() for r in reseeds))
         return f"{named} is reseeded from entropy during the step ({calls}), so {where} differs from run to run"
     if cause is Cause.RNG_STATE and reseeded:  # no call from entropy was seen: a seed that changes (the clock's), or a call not watched
         return (

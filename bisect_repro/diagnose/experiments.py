@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..capture import env
+from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference, first_divergent_op
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import Divergence, Lockstep
@@ -50,7 +51,7 @@ _MACHINE = ("python", "torch", "numpy", "cuda", "cudnn", "devices", "cpu")  # wh
 
 
 def _calls(seeding: list[dict[str, Any]]) -> str:
-    return ", ".join(dict.fromkeys(f"{c['call']} at {c['where']}" if c.get("where") else c["call"] for c in seeding))
+    return ", ".join(dict.fromkeys(SeedingCall.from_json(c).describe() for c in seeding))
 
 
 class StepAnalysis:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture import env
-from ..capture.rng import tree_digest
+from ..capture.rng import loader_draws_from, tree_digest
+from ..capture.seeding import SeedingCall
 from ..errors import BisectReproError
 from ..store.run import Run
 from .causes import Cause, fix_for
@@ -218,8 +219,9 @@ def records_verdict(records: Records) -> Verdict:
     evidence = [_from_records(Outcome.DIFFERS, _bounds(records))]
     if reseeds:
         step, call = reseeds[0]  # a call site and a stream are optional in a step line
-        shown = f"{call['call']} at {call['where']}" if call.get("where") else call["call"]
-        evidence.append(_from_records(Outcome.DIFFERS, f"step {step} reseeded from entropy: {shown}", subject="the step logs"))
+        evidence.append(
+            _from_records(Outcome.DIFFERS, f"step {step} reseeded from entropy: {SeedingCall.from_json(call)}", subject="the step logs")
+        )
     verdict = Verdict(step=max(end, 0), confidence=Confidence.INFERRED, evidence=evidence)
     if end < 0:  # the first snapshots (before step 0) already differ: the runs part at initialisation
         verdict.phase = "init"
@@ -227,12 +229,12 @@ def records_verdict(records: Records) -> Verdict:
     order, batch = logs.get("order"), logs.get("batch")
     if order is not None and order <= end:
         verdict.step, verdict.phase, verdict.cause, verdict.tensor = order, "data", Cause.DATA_ORDER, "batch.indices"
-        verdict.rng = [s for s in changed if "generator" in s or s == "torch"]
+        verdict.rng = [s for s in changed if loader_draws_from(s)]
     elif batch is not None and batch <= end:
         verdict.step, verdict.phase, verdict.cause = batch, "data", Cause.DATA_CONTENT
         if records.a.steps.get(batch, {}).get("order") is None:  # no sample indices recorded: order or content
             verdict.cause, verdict.tensor = Cause.DATA_ORDER, "batch"
-            verdict.rng = [s for s in [*changed, *all_along] if "generator" in s or s == "torch"]
+            verdict.rng = [s for s in [*changed, *all_along] if loader_draws_from(s)]
     elif reseeds:
         verdict.step, verdict.cause, verdict.reseeded = reseeds[0][0], Cause.RNG_STATE, [call for _, call in reseeds]
         verdict.rng = sorted({call["stream"] for _, call in reseeds if isinstance(call.get("stream"), str)}) or changed

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..capture import env
-from ..capture.rng import tree_digest
+from ..capture.rng import loader_draws_from, tree_digest
 from ..capture.trace import first_difference
 from ..replay.launch import LaunchSpec
 from ..replay.ranked import start_replica
@@ -126,7 +126,7 @@ class Swaps:
             sa, sb = a.snapshot(s)["streams"], b.snapshot(s)["streams"]
         else:
             sa, sb = self.ra.streams(s).streams, self.rb.streams(s).streams
-        differing = [n for n in _differing(sa, sb) if n == "torch" or "generator" in n or "sampler" in n]
+        differing = [n for n in _differing(sa, sb) if loader_draws_from(n)]
         detail = "a framework's data loader cannot fetch a batch again"
         if differing:
             detail += f"; the streams a loader shuffles and seeds its workers from differ at the step's start: {', '.join(differing)}"

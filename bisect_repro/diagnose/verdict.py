@@ -13,19 +13,39 @@ The JSON form is the ``bisect-repro/compare/2`` object documented in the README;
 Each ``to_json`` names its keys one by one, with every enumeration
 (:class:`~bisect_repro.diagnose.causes.Cause`, :class:`Confidence`, :class:`Outcome`) written as
 its value: a field added to a class reaches the JSON only when it is added there.
+``CompareResult.from_json`` reads such an object back (a key that version 2 added later, absent
+from an older object, takes its default).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from .causes import Cause
 
 __all__ = ["SCHEMA", "CompareResult", "Confidence", "Evidence", "Outcome", "RankResult", "ReplayInfo", "TimelineRow", "Verdict"]
 
 SCHEMA = "bisect-repro/compare/2"
+
+
+def _known(cls: type, found: Mapping[str, Any], *, but: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The items of ``found`` that are fields of the dataclass ``cls`` (less ``but``)."""
+    names = {f.name for f in fields(cls)} - set(but)
+    return {key: value for key, value in found.items() if key in names}
+
+
+_ReadT = TypeVar("_ReadT", bound="_ReadBack")
+
+
+class _ReadBack:
+    """A dataclass whose JSON form holds its fields as they are, so it reads back field by field."""
+
+    @classmethod
+    def from_json(cls: type[_ReadT], found: Mapping[str, Any]) -> _ReadT:
+        return cls(**_known(cls, found))
 
 
 class Confidence(str, Enum):
@@ -123,9 +143,18 @@ class Verdict:
             "evidence": [e.to_json() for e in self.evidence],
         }
 
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> Verdict:
+        return cls(
+            **_known(cls, found, but=("cause", "confidence", "evidence")),
+            cause=Cause(found.get("cause", Cause.UNKNOWN.value)),
+            confidence=Confidence(found.get("confidence", Confidence.INFERRED.value)),
+            evidence=[Evidence(**item) for item in found.get("evidence") or []],
+        )
+
 
 @dataclass(kw_only=True)
-class ReplayInfo:
+class ReplayInfo(_ReadBack):
     performed: bool = False
     from_step: int | None = None
     replayed_steps: int = 0
@@ -151,7 +180,7 @@ class ReplayInfo:
 
 
 @dataclass(kw_only=True)
-class TimelineRow:
+class TimelineRow(_ReadBack):
     step: int
     equal: bool
     differing_tensors: int
@@ -187,6 +216,15 @@ class RankResult:
             "timeline": [r.to_json() for r in self.timeline],
         }
 
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> RankResult:
+        verdict = found.get("verdict")
+        return cls(
+            rank=found["rank"],
+            verdict=Verdict.from_json(verdict) if verdict else None,
+            timeline=[TimelineRow.from_json(row) for row in found.get("timeline") or []],
+        )
+
 
 @dataclass(kw_only=True)
 class CompareResult:
@@ -221,3 +259,15 @@ class CompareResult:
             "notes": self.notes,
             "ranks": [rank.to_json() for rank in self.ranks],
         }
+
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> CompareResult:
+        """A ``bisect-repro/compare/2`` object (``compare --json``) read back."""
+        verdict = found.get("verdict")
+        return cls(
+            **_known(cls, found, but=("verdict", "replay", "timeline", "ranks")),
+            verdict=Verdict.from_json(verdict) if verdict else None,
+            replay=ReplayInfo.from_json(found.get("replay") or {}),
+            timeline=[TimelineRow.from_json(row) for row in found.get("timeline") or []],
+            ranks=[RankResult.from_json(rank) for rank in found.get("ranks") or []],
+        )

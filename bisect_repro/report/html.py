@@ -1,9 +1,9 @@
 """The HTML report of ``compare --html`` and ``show --html``: one self-contained file, verdict first.
 
-:func:`comparison_html` renders the ``bisect-repro/compare/2`` object (``CompareResult.to_json()``)
-and :func:`summary_html` the ``show`` summary (``run_summary``), each with the runs' logged losses
-(``Run.losses()``). They are pure functions from those objects to a string: they read no file and
-run nothing. Reading the losses and writing the file is :func:`run_losses` and :func:`write_html`.
+:func:`comparison_html` renders a :class:`~bisect_repro.diagnose.verdict.CompareResult` and
+:func:`summary_html` a :class:`~bisect_repro.diagnose.summary.RunSummary`, each with the runs' logged
+losses (``Run.losses()``). They are pure functions from those objects to a string: they read no file
+and run nothing. Reading the losses and writing the file is :func:`run_losses` and :func:`write_html`.
 
 The guarantee: the page holds the same facts as ``--json`` (the verdict with its cause,
 confidence, explanation, fix and evidence; the snapshot timeline by layer and random stream; the
@@ -26,13 +26,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..capture.seeding import SeedingCall
 from ..diagnose.causes import cause_title
+from ..diagnose.summary import SCHEMA as SHOW_SCHEMA
+from ..diagnose.summary import RunSummary
+from ..diagnose.verdict import SCHEMA as COMPARE_SCHEMA
+from ..diagnose.verdict import CompareResult, RankResult, TimelineRow, Verdict
 from ..errors import BisectReproError
 from ..store.run import Run
 from ..version import __version__
 from .page import badge, document, esc, key_values, section, table, value
 from .svg import Cell, Series, bars, downsample, heatmap, line_chart
-from .text import replay_summary, verdict_where
+from .text import named_by, replay_summary, verdict_where
 
 __all__ = ["check_html_path", "comparison_html", "run_losses", "summary_html", "write_html"]
 
@@ -116,33 +121,31 @@ def _loss_charts(losses: Sequence[Losses], labels: Sequence[str], markers: Seque
     return out
 
 
-def _verdict(result: Mapping[str, Any]) -> str:
-    verdict = result.get("verdict")
-    if result.get("identical"):
+def _code(text: str) -> str:
+    return f"<code>{esc(text)}</code>"
+
+
+def _verdict(result: CompareResult) -> str:
+    verdict = result.verdict
+    if result.identical:
         body = '<p class="headline good">The runs are identical at every common snapshot and step.</p>'
         return section("", body, css="verdict good")
-    if not verdict:
+    if verdict is None:
         return section("", '<p class="headline bad">The runs differ; the comparison gave no verdict.</p>', css="verdict bad")
-    where = ", ".join(
-        f"{esc(label)} <b>{esc(v)}</b>" if label else esc(v) for label, v in verdict_where(verdict, ranks=result.get("ranks"))
-    )
-    named = [*verdict.get("rng", []), *verdict.get("config_keys", []), *verdict.get("environment_keys", [])]
-    confidence = str(verdict.get("confidence", "inferred"))
+    where = ", ".join(f"{esc(label)} <b>{esc(v)}</b>" if label else esc(v) for label, v in verdict_where(verdict, ranks=result.ranks))
+    named = named_by(verdict)
     body = f'<p class="headline bad">The runs diverge at {where}.</p>'
-    body += f'<p class="cause">Cause: <b>{esc(cause_title(str(verdict.get("cause"))))}</b>'
-    body += (f" ({esc(', '.join(map(str, named)))})" if named else "") + f" {badge(confidence)}</p>"
-    explanation = str(verdict.get("explanation") or "").rstrip(".")
+    body += f'<p class="cause">Cause: <b>{esc(cause_title(verdict.cause))}</b>'
+    body += (f" ({esc(', '.join(named))})" if named else "") + f" {badge(verdict.confidence.value)}</p>"
+    explanation = verdict.explanation.rstrip(".")
     body += f"<p>{esc(explanation[:1].upper() + explanation[1:])}.</p>" if explanation else ""
-    body += f'<div class="fix"><b>Fix:</b> {esc(verdict.get("fix", ""))}</div>' if verdict.get("fix") else ""
-    reseeded = verdict.get("reseeded") or []
-    if reseeded:
-        calls = "".join(
-            f"<li><code>{esc(r.get('call'))}</code> at <code>{esc(r.get('where'))}</code> ({esc(r.get('stream'))})</li>" for r in reseeded
-        )
-        body += f"<p>Reseeded from entropy during the step:</p><ul>{calls}</ul>"
-    evidence = verdict.get("evidence") or []
-    if evidence:
-        rows = [[esc(e.get("experiment")), esc(e.get("subject")), badge(str(e.get("outcome"))), esc(e.get("detail"))] for e in evidence]
+    body += f'<div class="fix"><b>Fix:</b> {esc(verdict.fix)}</div>' if verdict.fix else ""
+    if verdict.reseeded:
+        calls = [SeedingCall.from_json(found) for found in verdict.reseeded]
+        items = "".join(f"<li>{c.describe(_code)}{f' ({esc(c.stream)})' if c.stream else ''}</li>" for c in calls)
+        body += f"<p>Reseeded from entropy during the step:</p><ul>{items}</ul>"
+    if verdict.evidence:
+        rows = [[esc(e.experiment), esc(e.subject), badge(e.outcome), esc(e.detail)] for e in verdict.evidence]
         body += "<h2>Evidence</h2>" + table(["experiment", "on", "result", "what was seen"], rows)
     return section("", body, css="verdict bad")
 
@@ -185,28 +188,28 @@ def _count(item: Any) -> int:
     return int(item) if isinstance(item, (int, float)) else 0
 
 
-def _timeline(timeline: Sequence[Mapping[str, Any]]) -> str:
+def _timeline(timeline: Sequence[TimelineRow]) -> str:
     title = "Snapshot timeline"
     if not timeline:
         return section(title, '<p class="muted">No common snapshots.</p>')
-    steps = [_count(row.get("step")) for row in timeline]
+    steps = [row.step for row in timeline]
     groups = _group(steps)
-    layers: list[Mapping[str, Any]] = [found if isinstance(found := row.get("layers"), Mapping) else {} for row in timeline]
+    layers = [row.layers for row in timeline]
     order = list(dict.fromkeys(name for found in layers for name in found))  # by the snapshot where each first differs
     unit = "differing tensor(s)"
-    rows = [_row("all tensors", [_count(row.get("differing_tensors")) for row in timeline], steps, groups, unit)]
+    rows = [_row("all tensors", [row.differing_tensors for row in timeline], steps, groups, unit)]
     rows += [
         _row(name or "(the model itself)", [_count(found.get(name)) for found in layers], steps, groups, unit) for name in order[:MAX_ROWS]
     ]
     rest = order[MAX_ROWS:]
     if rest:
         rows.append(_row(f"{len(rest)} more layers", [sum(_count(found.get(n)) for n in rest) for found in layers], steps, groups, unit))
-    differ = [{str(s) for s in row.get("streams") or []} for row in timeline]
+    differ = [{str(s) for s in row.streams} for row in timeline]
     streams = sorted(set().union(*differ))
     rows += [_row(f"stream {name}", [int(name in found) for found in differ], steps, groups, "") for name in streams]
     if not streams:
         rows.append(_row("random streams", [0] * len(timeline), steps, groups, ""))
-    first = next((j for j, group in enumerate(groups) if any(not timeline[i].get("equal", True) for i in group)), None)
+    first = next((j for j, group in enumerate(groups) if any(not timeline[i].equal for i in group)), None)
     grouped = f" Each column groups {len(groups[0])} snapshots and shows the largest count." if len(groups[0]) > 1 else ""
     outlined = " The outlined column is the first divergent snapshot." if first is not None else ""
     legend = '<span class="legend"><span><i class="eq"></i>equal</span><span><i class="ne"></i>differ (darker: more tensors)</span></span>'
@@ -216,15 +219,14 @@ def _timeline(timeline: Sequence[Mapping[str, Any]]) -> str:
     return section(title, heatmap(rows, columns, title="differing tensors by layer and snapshot", highlight=first) + note)
 
 
-def _difference(verdict: Mapping[str, Any] | None) -> str:
-    keys = ("max_abs_diff", "max_ulp", "fraction_differing", "histogram")
-    if not verdict or all(verdict.get(k) is None for k in keys):
+def _difference(verdict: Verdict | None) -> str:
+    if verdict is None or all(x is None for x in (verdict.max_abs_diff, verdict.max_ulp, verdict.fraction_differing, verdict.histogram)):
         return ""
-    fraction = verdict.get("fraction_differing")
+    fraction = verdict.fraction_differing
     shown = f"{100 * fraction:.4g}%" if isinstance(fraction, (int, float)) else value(fraction)
-    body = key_values([("tensor", f"<code>{esc(verdict.get('tensor'))}</code>"), ("max |a - b|", value(verdict.get("max_abs_diff"))),
-                       ("max ULP distance", value(verdict.get("max_ulp"))), ("elements that differ", esc(shown))])  # fmt: skip
-    histogram = verdict.get("histogram")
+    body = key_values([("tensor", f"<code>{esc(verdict.tensor)}</code>"), ("max |a - b|", value(verdict.max_abs_diff)),
+                       ("max ULP distance", value(verdict.max_ulp)), ("elements that differ", esc(shown))])  # fmt: skip
+    histogram = verdict.histogram
     if isinstance(histogram, Mapping) and histogram:
         counts = []
         for key, count in histogram.items():
@@ -251,16 +253,15 @@ def _ops(ops: Sequence[Mapping[str, Any]]) -> str:
     return section("Ops around the first divergent op", note + table(["#", "op", "layer", "phase", "inputs", "outputs"], rows, row_css=css))
 
 
-def _diffs(result: Mapping[str, Any]) -> str:
-    """The config and environment diffs: ``{key: [a, b]}``, ``null`` for a key one run does not set."""
+def _diffs(result: CompareResult) -> str:
+    """The config and environment diffs: ``{key: [a, b]}``, ``None`` for a key one run does not set."""
 
     def side(pair: Any, i: int) -> str:
         found = pair[i] if isinstance(pair, list) and len(pair) > i else None
         return '<span class="muted">not set</span>' if found is None else value(found)
 
     out = ""
-    for title, key in (("Config diff", "config_diff"), ("Environment diff", "environment_diff")):
-        diff = result.get(key) or {}
+    for title, diff in (("Config diff", result.config_diff), ("Environment diff", result.environment_diff)):
         if diff:
             out += section(
                 title, table(["key", "run A", "run B"], [[f"<code>{esc(k)}</code>", side(v, 0), side(v, 1)] for k, v in diff.items()])
@@ -268,112 +269,98 @@ def _diffs(result: Mapping[str, Any]) -> str:
     return out
 
 
-def _replay(result: Mapping[str, Any]) -> str:
-    replay = result.get("replay") or {}
+def _replay(result: CompareResult) -> str:
+    replay = result.replay
     pairs: list[tuple[str, str]] = []
-    if replay.get("performed"):
-        if replay.get("from_step") is None:
-            pairs.append(("replay", f"the code built again in fresh processes, {value(replay.get('seconds'))} s"))
+    if replay.performed:
+        if replay.from_step is None:
+            pairs.append(("replay", f"the code built again in fresh processes, {value(replay.seconds)} s"))
         else:
             summary, exact = replay_summary(replay)
             faithful = badge(summary, "equal" if exact else "inconclusive")
-            steps = f"{value(replay.get('replayed_steps'))} step(s) in {value(replay.get('seconds'))} s"
-            pairs.append(("replay", f"from the checkpoint at step {value(replay.get('from_step'))}, {steps} {faithful}"))
-        for label, command in zip(("run A", "run B"), replay.get("commands") or [], strict=False):
+            steps = f"{value(replay.replayed_steps)} step(s) in {value(replay.seconds)} s"
+            pairs.append(("replay", f"from the checkpoint at step {value(replay.from_step)}, {steps} {faithful}"))
+        for label, command in zip(("run A", "run B"), replay.commands, strict=False):
             pairs.append((f"{label} replayed by", f"<code>{esc(command)}</code>"))
-        for parted in replay.get("parted") or []:
+        for parted in replay.parted:
             pairs.append(
                 ("parted from its records", f"run {esc(parted.get('run'))} at step {value(parted.get('step'))}: {esc(parted.get('what'))}")
             )
     else:
         pairs.append(("replay", "none: the verdict is from the records alone"))
-    snapshots = result.get("snapshots") or {}
-    pairs.append(("last equal snapshot", value(snapshots.get("last_equal"))))
-    pairs.append(("first divergent snapshot", value(snapshots.get("first_divergent"))))
-    logs = result.get("first_log_difference") or {}
+    pairs.append(("last equal snapshot", value(result.snapshots.get("last_equal"))))
+    pairs.append(("first divergent snapshot", value(result.snapshots.get("first_divergent"))))
+    logs = result.first_log_difference
     pairs += [(f"logged {key} first differs at step", value(logs.get(key))) for key in ("order", "batch", "loss") if key in logs]
     body = key_values(pairs)
-    notes = result.get("notes") or []
-    if notes:
-        body += "<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
+    if result.notes:
+        body += "<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in result.notes) + "</ul>"
     return section("Replay", body)
 
 
-def _ranks(ranks: Sequence[Mapping[str, Any]] | None) -> str:
+def _ranks(ranks: Sequence[RankResult]) -> str:
     if not ranks:
         return ""
     rows = []
     for item in ranks:
-        verdict = item.get("verdict")
-        if verdict:
+        verdict = item.verdict
+        if verdict is not None:
             where = ", ".join(f"{label} {v}" if label else v for label, v in verdict_where(verdict) if label != "rank")
-            rows.append(
-                [
-                    value(item.get("rank")),
-                    badge("differs"),
-                    esc(where),
-                    esc(cause_title(str(verdict.get("cause")))),
-                    badge(str(verdict.get("confidence", "inferred"))),
-                ]
-            )
+            rows.append([value(item.rank), badge("differs"), esc(where), esc(cause_title(verdict.cause)), badge(verdict.confidence.value)])
         else:
-            rows.append([value(item.get("rank")), badge("equal"), "identical", "-", "-"])
+            rows.append([value(item.rank), badge("equal"), "identical", "-", "-"])
     body = table(["rank", "", "first divergence", "cause", "confidence"], rows)
-    timelines = [[r for r in item.get("timeline") or [] if isinstance(r, Mapping)] for item in ranks]
-    steps = sorted({_count(r.get("step")) for timeline in timelines for r in timeline})
+    steps = sorted({row.step for item in ranks for row in item.timeline})
     if steps:
         groups = _group(steps)
         grid = []
-        for item, timeline in zip(ranks, timelines, strict=True):
-            by_step = {_count(r.get("step")): _count(r.get("differing_tensors")) for r in timeline}
-            grid.append(_row(f"rank {item.get('rank')}", [by_step.get(step) for step in steps], steps, groups, "differing tensor(s)"))
+        for item in ranks:
+            by_step: dict[int, int | None] = {row.step: row.differing_tensors for row in item.timeline}
+            grid.append(_row(f"rank {item.rank}", [by_step.get(step) for step in steps], steps, groups, "differing tensor(s)"))
         body += heatmap(grid, [_column(steps, g) for g in groups], title="differing tensors by rank and snapshot")
     return section("Ranks", body)
 
 
-def comparison_html(result: Mapping[str, Any], losses: Sequence[Losses] = ()) -> str:
-    """The report of one comparison: ``result`` is the ``bisect-repro/compare/2`` object, ``losses`` each run's ``Run.losses()``."""
-    verdict = result.get("verdict")
+def comparison_html(result: CompareResult, losses: Sequence[Losses] = ()) -> str:
+    """The report of one comparison, with ``losses`` each run's ``Run.losses()``."""
+    verdict = result.verdict
     markers: list[tuple[int, str]] = []
-    if verdict and isinstance(verdict.get("step"), int) and verdict["step"] >= 0:
-        markers.append((verdict["step"], f"diverges at step {verdict['step']}"))
-    loss_step = (result.get("first_log_difference") or {}).get("loss")
+    if verdict is not None and verdict.step >= 0:
+        markers.append((verdict.step, f"diverges at step {verdict.step}"))
+    loss_step = result.first_log_difference.get("loss")
     if isinstance(loss_step, int) and not (markers and markers[0][0] == loss_step):
         markers.append((loss_step, f"losses differ from step {loss_step}"))
     curves = section("Loss", _loss_charts(losses, ["run A", "run B"], markers)) if losses else ""
-    runs = result.get("runs") or []
+    runs = result.runs
     title = "bisect-repro compare: " + " vs ".join(str(r) for r in runs)
     heading = "<h1>bisect-repro compare</h1>" + _run_names(runs)
-    body = heading + _verdict(result) + _ranks(result.get("ranks")) + curves + _timeline(result.get("timeline") or [])
-    body += _difference(verdict) + _ops(result.get("ops_context") or []) + _diffs(result) + _replay(result)
-    return document(title, body, footer=f"bisect-repro {__version__}, {result.get('schema', '')}")
+    body = heading + _verdict(result) + _ranks(result.ranks) + curves + _timeline(result.timeline)
+    body += _difference(verdict) + _ops(result.ops_context) + _diffs(result) + _replay(result)
+    return document(title, body, footer=f"bisect-repro {__version__}, {COMPARE_SCHEMA}")
 
 
-def summary_html(summary: Mapping[str, Any], losses: Losses) -> str:
-    """The report of one run: ``summary`` is the ``bisect-repro/show/1`` object (``run_summary``), ``losses`` its ``Run.losses()``."""
-    status = (
-        badge("complete") if summary.get("complete") else badge(f"incomplete: last complete step {summary.get('last_step')}", "incomplete")
-    )
-    options = summary.get("options") or {}
-    size = summary.get("bytes") or {}
-    snapshots, checkpoints = summary.get("snapshots") or [], summary.get("checkpoints") or []
+def summary_html(summary: RunSummary, losses: Losses) -> str:
+    """The report of one run, with ``losses`` its ``Run.losses()``."""
+    status = badge("complete") if summary.complete else badge(f"incomplete: last complete step {summary.last_step}", "incomplete")
+    options = summary.options
+    snapshots, checkpoints = summary.snapshots, summary.checkpoints
     pairs = [
-        ("target", f"<code>{esc(summary.get('target'))}</code>"),
-        ("config", esc(", ".join(f"{k}={v!r}" for k, v in (summary.get("config") or {}).items()) or "-")),
+        ("target", f"<code>{esc(summary.target)}</code>"),
+        ("config", esc(", ".join(f"{k}={v!r}" for k, v in summary.config.items()) or "-")),
         ("options", esc(", ".join(f"{k}={options.get(k)}" for k in ("steps", "every", "checkpoint_every")))),
-        ("steps logged", value(summary.get("steps_logged"))),
-        ("snapshots", f"{len(snapshots)}{_span(snapshots)} ({_bytes(size.get('snapshots'))})"),
-        ("checkpoints", f"{len(checkpoints)}{_span(checkpoints)} ({_bytes(size.get('checkpoints'))})"),
-        ("tensors hashed", value(summary.get("tensors_hashed"))),
-        ("random streams", esc(", ".join(map(str, summary.get("streams") or [])))),
-        ("loss", f"first {value(summary.get('first_loss'))}, last {value(summary.get('last_loss'))}"),
-        ("model", value(summary.get("model"))),
-        ("loader", value(summary.get("loader"))),
+        ("steps logged", value(summary.steps_logged)),
+        ("snapshots", f"{len(snapshots)}{_span(snapshots)} ({_bytes(summary.snapshot_bytes)})"),
+        ("checkpoints", f"{len(checkpoints)}{_span(checkpoints)} ({_bytes(summary.checkpoint_bytes)})"),
+        ("tensors hashed", value(summary.tensors_hashed)),
+        ("random streams", esc(", ".join(map(str, summary.streams)))),
+        ("loss", f"first {value(summary.first_loss)}, last {value(summary.last_loss)}"),
+        ("model", value(summary.model)),
+        ("loader", value(summary.loader)),
     ]  # fmt: skip
-    title = f"bisect-repro show: {summary.get('path')}"
+    title = f"bisect-repro show: {summary.path}"
     body = f"<h1>{esc(title)} {status}</h1>" + section("Run", key_values(pairs))
     body += section("Loss", _loss_charts([losses], ["loss"], []))
-    environment = summary.get("environment") or {}
+    environment = summary.environment
     if environment:
         body += section("Environment", f"<details><summary>{len(environment)} settings</summary>{key_values(environment)}</details>")
-    return document(title, body, footer=f"bisect-repro {__version__}, {summary.get('schema', '')}")
+    return document(title, body, footer=f"bisect-repro {__version__}, {SHOW_SCHEMA}")

@@ -1,95 +1,31 @@
-"""What the CLI prints: JSON objects and their human (rich) renderings.
+"""What the CLI prints for people: the typed results rendered with rich.
 
-The JSON objects are made where their data is (``run_summary`` here, ``compare`` and ``doctor`` in
-their modules); the renderings read only those objects, so ``--json`` and the human report never
-disagree. Every string in them that a run supplied (paths, target, config, names, environment,
-notes) enters rich markup through :func:`bisect_repro.report.safe.safe_text`: ``[red]`` in a run
-is printed as text and a control character as a visible escape, never sent to the terminal.
+The results are made where their data is (:class:`~bisect_repro.diagnose.summary.RunSummary`,
+:class:`~bisect_repro.diagnose.verdict.CompareResult`, :class:`~bisect_repro.diagnose.doctor.DoctorReport`);
+their ``to_json()`` is what ``--json`` prints, and the renderings read the same objects, so the
+two never disagree. Every string in them that a run supplied (paths, target, config, names,
+environment, notes) enters rich markup through :func:`bisect_repro.report.safe.safe_text`:
+``[red]`` in a run is printed as text and a control character as a visible escape, never sent to
+the terminal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from ..diagnose.causes import cause_title
+from ..diagnose.doctor import DoctorReport
 from ..diagnose.findings import SEVERITIES
-from ..diagnose.replicas import replica_drift
-from ..store import signing
-from ..store.run import Run
+from ..diagnose.replicas import ReplicaDrift
+from ..diagnose.summary import RunSummary
+from ..diagnose.verdict import CompareResult, RankResult, ReplayInfo, TimelineRow, Verdict
 from .safe import safe_text
 
-__all__ = ["render_comparison", "render_doctor", "render_summary", "replay_summary", "run_summary", "verdict_where"]
-
-
-def run_summary(run: Run, *, verify: bool = False) -> dict[str, Any]:
-    """What a run holds, as one JSON-able object (``bisect-repro show --json``).
-
-    ``verify`` reads every committed snapshot and checkpoint (checksums, sizes, contents), not
-    only the last snapshot, of every rank. A distributed run adds ``distributed``, ``ranks`` (each
-    rank's completeness) and ``replicas`` (:func:`replica_drift`: where its replicas first part);
-    the rest is rank 0's.
-    """
-    ranks = [run.open_rank(rank) for rank in range(run.world_size)] if run.distributed else [run]
-    summary = _rank_summary(run, verify=verify)
-    for other in ranks[1:] if verify else []:
-        _rank_summary(other, verify=True)
-    if run.distributed:
-        summary["distributed"] = run.meta.raw["distributed"]
-        summary["ranks"] = [
-            {
-                "rank": r.rank,
-                "complete": r.complete,
-                "last_step": r.last_step,
-                "steps_logged": len(r.steps),
-                "host": r.rank_meta.hostname if r.rank_meta is not None else None,
-            }
-            for r in ranks
-        ]
-        summary["replicas"] = replica_drift(run).to_json()
-        summary["complete"] = all(r.complete for r in ranks)
-        summary["verified"] = sum(len(r.snapshots) + len(r.checkpoints) for r in ranks) if verify else None
-    return summary
-
-
-def _rank_summary(run: Run, *, verify: bool) -> dict[str, Any]:
-    losses = [loss for loss in run.losses().values() if loss is not None]
-    meta = run.meta
-    last_snapshot = run.snapshot(max(run.snapshots)) if run.snapshots else None
-    if verify:
-        for step in run.snapshots:
-            run.snapshot(step)
-        for step in run.checkpoints:
-            run.checkpoint(step)
-    return {
-        "schema": "bisect-repro/show/1",
-        "path": str(run.path),
-        "format": meta.format,
-        "target": meta.target,
-        "config": meta.config,
-        "options": meta.raw.get("options") or {},
-        "recorded_by_you": signing.verify(meta.raw),
-        "complete": run.complete,
-        "steps_logged": len(run.steps),
-        "last_step": run.last_step,
-        "snapshots": sorted(run.snapshots),
-        "checkpoints": sorted(run.checkpoints),
-        "streams": sorted(last_snapshot["streams"]) if last_snapshot else list(meta.streams),
-        "tensors_hashed": len(last_snapshot["hashes"]) if last_snapshot else 0,
-        "verified": len(run.snapshots) + len(run.checkpoints) if verify else None,
-        "first_loss": losses[0] if losses else None,
-        "last_loss": losses[-1] if losses else None,
-        "bytes": {
-            "snapshots": sum(e.bytes for e in run.snapshots.values()),
-            "checkpoints": sum(e.bytes for e in run.checkpoints.values()),
-        },
-        "model": {kind: len(names) for kind, names in meta.model.items()},
-        "loader": meta.loader,
-        "environment": meta.environment,
-    }
+__all__ = ["named_by", "render_comparison", "render_doctor", "render_summary", "replay_summary", "verdict_where"]
 
 
 def _short(values: list[int], limit: int = 12) -> str:
@@ -98,13 +34,13 @@ def _short(values: list[int], limit: int = 12) -> str:
     return ", ".join(map(str, values[: limit // 2])) + ", ..., " + ", ".join(map(str, values[-limit // 2 :]))
 
 
-def render_summary(summary: dict[str, Any], console: Console) -> None:
-    status = "[green]complete[/]" if summary["complete"] else f"[yellow]incomplete[/] (last complete step {summary['last_step']})"
-    console.print(f"[bold]{safe_text(summary['path'])}[/]  {status}")
+def render_summary(summary: RunSummary, console: Console) -> None:
+    status = "[green]complete[/]" if summary.complete else f"[yellow]incomplete[/] (last complete step {summary.last_step})"
+    console.print(f"[bold]{safe_text(summary.path)}[/]  {status}")
     table = Table(show_header=False, box=None, padding=(0, 2))
-    table.add_row("target", safe_text(summary["target"]))
-    table.add_row("config", safe_text(", ".join(f"{k}={v!r}" for k, v in summary["config"].items()) or "-"))
-    options = summary["options"]
+    table.add_row("target", safe_text(summary.target))
+    table.add_row("config", safe_text(", ".join(f"{k}={v!r}" for k, v in summary.config.items()) or "-"))
+    options = summary.options
     table.add_row(
         "options",
         safe_text(f"steps={options.get('steps')} every={options.get('every')} checkpoint_every={options.get('checkpoint_every')}"),
@@ -112,25 +48,22 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_row(
         "recorded by",
         "you, on this machine: compare replays it"
-        if summary["recorded_by_you"]
+        if summary.recorded_by_you
         else "[yellow]someone else, or edited since[/]: compare replays it only with your consent (--trust)",
     )
-    table.add_row("steps logged", str(summary["steps_logged"]))
-    table.add_row("snapshots", f"{len(summary['snapshots'])}: {_short(summary['snapshots'])}  ({summary['bytes']['snapshots']:,} bytes)")
-    table.add_row(
-        "checkpoints", f"{len(summary['checkpoints'])}: {_short(summary['checkpoints'])}  ({summary['bytes']['checkpoints']:,} bytes)"
-    )
-    table.add_row("tensors hashed", str(summary["tensors_hashed"]))
-    table.add_row("random streams", safe_text(", ".join(map(str, summary["streams"]))))
-    table.add_row("loss", safe_text(f"first {summary['first_loss']}, last {summary['last_loss']}"))
-    loader = summary["loader"]
-    table.add_row("loader", safe_text(", ".join(f"{k}={v}" for k, v in loader.items())))
-    environment = summary["environment"]
+    table.add_row("steps logged", str(summary.steps_logged))
+    table.add_row("snapshots", f"{len(summary.snapshots)}: {_short(summary.snapshots)}  ({summary.snapshot_bytes:,} bytes)")
+    table.add_row("checkpoints", f"{len(summary.checkpoints)}: {_short(summary.checkpoints)}  ({summary.checkpoint_bytes:,} bytes)")
+    table.add_row("tensors hashed", str(summary.tensors_hashed))
+    table.add_row("random streams", safe_text(", ".join(map(str, summary.streams))))
+    table.add_row("loss", safe_text(f"first {summary.first_loss}, last {summary.last_loss}"))
+    table.add_row("loader", safe_text(", ".join(f"{k}={v}" for k, v in summary.loader.items())))
+    environment = summary.environment
     keys = ("python", "torch", "numpy", "cuda", "cpu", "devices", "torch.get_num_threads", "torch.are_deterministic_algorithms_enabled")
     table.add_row("environment", safe_text(", ".join(f"{k}={environment.get(k)}" for k in keys)))
-    if "distributed" in summary:
-        described = summary["distributed"]
-        waiting = [f"rank {r['rank']} at step {r['last_step']}" for r in summary["ranks"] if not r["complete"]]
+    if summary.distributed is not None:
+        described = summary.distributed
+        waiting = [f"rank {r.rank} at step {r.last_step}" for r in summary.ranks if not r.complete]
         table.add_row(
             "ranks",
             safe_text(
@@ -138,20 +71,21 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                 + (f"; incomplete: {', '.join(waiting)}" if waiting else "")
             ),
         )
-        table.add_row("replicas", _replicas_line(summary["replicas"]))
+        if summary.replicas is not None:
+            table.add_row("replicas", _replicas_line(summary.replicas))
     console.print(table)
 
 
-def _replicas_line(drift: dict[str, Any], limit: int = 4) -> str:
-    if drift["replicated"] == "none":
-        return f"nothing replicated to compare (layout {safe_text(drift['layout'])})"
-    if drift["step"] is None:
-        compared = f"{safe_text(drift['compared'])} tensors compared across ranks"
-        return f"[green]equal[/] at {len(drift['snapshots'])} snapshots ({compared})"
-    parts = [f"[bold]{safe_text(t['tensor'])}[/] on rank {safe_text(', '.join(map(str, t['ranks'])))}" for t in drift["tensors"][:limit]]
-    more = f" and {len(drift['tensors']) - limit} more" if len(drift["tensors"]) > limit else ""
-    equal = f"equal up to step {safe_text(drift['last_equal'])}" if drift["last_equal"] is not None else "already at the first snapshot"
-    return f"[bold red]part at step {safe_text(drift['step'])}[/] ({equal}): {'; '.join(parts)}{more}"
+def _replicas_line(drift: ReplicaDrift, limit: int = 4) -> str:
+    if drift.replicated == "none":
+        return f"nothing replicated to compare (layout {safe_text(drift.layout)})"
+    if drift.step is None:
+        compared = f"{safe_text(drift.compared)} tensors compared across ranks"
+        return f"[green]equal[/] at {len(drift.snapshots)} snapshots ({compared})"
+    parts = [f"[bold]{safe_text(t.tensor)}[/] on rank {safe_text(', '.join(map(str, t.ranks)))}" for t in drift.tensors[:limit]]
+    more = f" and {len(drift.tensors) - limit} more" if len(drift.tensors) > limit else ""
+    equal = f"equal up to step {safe_text(drift.last_equal)}" if drift.last_equal is not None else "already at the first snapshot"
+    return f"[bold red]part at step {safe_text(drift.step)}[/] ({equal}): {'; '.join(parts)}{more}"
 
 
 def _diff_table(title: str, diff: dict[str, list[Any]]) -> Table:
@@ -164,30 +98,35 @@ def _diff_table(title: str, diff: dict[str, list[Any]]) -> Table:
     return table
 
 
-def verdict_where(verdict: Mapping[str, Any], *, ranks: Sequence[Any] | None = None) -> list[tuple[str, str]]:
+def verdict_where(verdict: Verdict, *, ranks: Sequence[RankResult] | None = None) -> list[tuple[str, str]]:
     """Where a verdict places the divergence, as ``(label, value)`` pairs: ``("step", "14")``,
     ``("", "forward pass")``, ``("layer", "body.2")``, ... (the rank only when the comparison's
     ``ranks`` lists more than one)."""
-    where = [("step", str(verdict.get("step")))]
-    if len(ranks or ()) > 1 and verdict.get("rank") is not None:
-        where.append(("rank", str(verdict["rank"])))
-    phase = verdict.get("phase")
+    where = [("step", str(verdict.step))]
+    if len(ranks or ()) > 1 and verdict.rank is not None:
+        where.append(("rank", str(verdict.rank)))
+    phase = verdict.phase
     if phase:
         where.append(("", f"{phase} pass" if phase not in ("init", "data") else str(phase)))
-    where += [(key, str(verdict[key])) for key in ("layer", "tensor", "op") if verdict.get(key)]
+    where += [(key, str(found)) for key, found in (("layer", verdict.layer), ("tensor", verdict.tensor), ("op", verdict.op)) if found]
     return where
 
 
-def render_comparison(result: dict[str, Any], console: Console) -> None:
+def named_by(verdict: Verdict) -> list[str]:
+    """What a verdict's cause names: its random streams, then its config and environment keys."""
+    return [*verdict.rng, *verdict.config_keys, *verdict.environment_keys]
+
+
+def render_comparison(result: CompareResult, console: Console) -> None:
     """The human report: the verdict first, with its evidence, then the timeline."""
     from rich.panel import Panel
 
-    verdict = result["verdict"]
-    if result["identical"]:
+    verdict = result.verdict
+    if result.identical:
         console.print(
             Panel.fit(
                 "[bold green]The runs are identical[/] at every common snapshot and step.\n"
-                f"{safe_text(result['runs'][0])}\n{safe_text(result['runs'][1])}",
+                f"{safe_text(result.runs[0])}\n{safe_text(result.runs[1])}",
                 title="verdict",
             )
         )
@@ -195,83 +134,82 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
         assert verdict is not None
         where = [
             f"{label} [bold]{safe_text(value)}[/]" if label else safe_text(value)
-            for label, value in verdict_where(verdict, ranks=result.get("ranks"))
+            for label, value in verdict_where(verdict, ranks=result.ranks)
         ]
-        named = [safe_text(name) for name in (*verdict["rng"], *verdict.get("config_keys", []), *verdict.get("environment_keys", []))]
-        confidence = verdict.get("confidence", "inferred")
+        named = [safe_text(name) for name in named_by(verdict)]
+        confidence = verdict.confidence.value
         style = {"proven": "green", "inferred": "yellow", "unexplained": "red"}.get(confidence, "yellow")
         lines = [
             f"[bold red]The runs diverge[/] at {', '.join(where)}.",
-            f"Cause: [bold]{safe_text(cause_title(verdict['cause']))}[/]"
+            f"Cause: [bold]{safe_text(cause_title(verdict.cause))}[/]"
             + (f" ({', '.join(named)})" if named else "")
             + f"  [{style}]{safe_text(confidence)}[/]",
-            f"{safe_text(verdict['explanation'])}.",
-            f"[bold green]Fix:[/] {safe_text(verdict['fix'])}",
+            f"{safe_text(verdict.explanation)}.",
+            f"[bold green]Fix:[/] {safe_text(verdict.fix)}",
         ]
         console.print(Panel("\n".join(lines), title="verdict", expand=False))
-        evidence = verdict.get("evidence") or []
-        if evidence:
+        if verdict.evidence:
             table = Table(title="evidence", title_justify="left", header_style="bold")
             table.add_column("experiment")
             table.add_column("on")
             table.add_column("result")
             table.add_column("what was seen")
             marks = {"matches": "[green]matches[/]", "differs": "[red]differs[/]"}
-            for item in evidence:
-                outcome = marks.get(item["outcome"]) or safe_text(item["outcome"])
-                table.add_row(safe_text(item["experiment"]), safe_text(item["subject"]), outcome, safe_text(item["detail"]))
+            for item in verdict.evidence:
+                outcome = marks.get(item.outcome) or safe_text(item.outcome)
+                table.add_row(safe_text(item.experiment), safe_text(item.subject), outcome, safe_text(item.detail))
             console.print(table)
-    if result["config_diff"]:
-        console.print(_diff_table("config diff", result["config_diff"]))
-    if result["environment_diff"]:
-        console.print(_diff_table("environment diff", result["environment_diff"]))
-    if verdict and verdict.get("max_abs_diff") is not None:
+    if result.config_diff:
+        console.print(_diff_table("config diff", result.config_diff))
+    if result.environment_diff:
+        console.print(_diff_table("environment diff", result.environment_diff))
+    if verdict and verdict.max_abs_diff is not None:
         console.print(
-            f"first divergent tensor [bold]{safe_text(verdict['tensor'])}[/]: max |a-b| = {verdict['max_abs_diff']:.3g}, "
-            f"max ULP distance = {verdict['max_ulp']}, {100 * (verdict['fraction_differing'] or 0):.2f}% of elements differ"
+            f"first divergent tensor [bold]{safe_text(verdict.tensor)}[/]: max |a-b| = {verdict.max_abs_diff:.3g}, "
+            f"max ULP distance = {verdict.max_ulp}, {100 * (verdict.fraction_differing or 0):.2f}% of elements differ"
         )
-    if len(result.get("ranks") or []) > 1:
-        console.print(_ranks_table(result["ranks"]))
-    console.print(_timeline_table(result["timeline"]))
-    replay = result["replay"]
-    if replay["performed"]:
+    if len(result.ranks) > 1:
+        console.print(_ranks_table(result.ranks))
+    console.print(_timeline_table(result.timeline))
+    replay = result.replay
+    if replay.performed:
         summary, exact = replay_summary(replay)
         faithful = f"[{'green' if exact else 'yellow'}]{safe_text(summary)}[/]"
-        if replay["from_step"] is None:
-            console.print(f"replay: the code built again in fresh processes, {replay['seconds']:.2f}s")
+        if replay.from_step is None:
+            console.print(f"replay: the code built again in fresh processes, {replay.seconds:.2f}s")
         else:
-            steps = f"{replay['replayed_steps']} step(s) in {replay['seconds']:.2f}s"
-            console.print(f"replay: from the checkpoint at step {replay['from_step']}, {steps}; {faithful}")
-    for note in result["notes"]:
+            steps = f"{replay.replayed_steps} step(s) in {replay.seconds:.2f}s"
+            console.print(f"replay: from the checkpoint at step {replay.from_step}, {steps}; {faithful}")
+    for note in result.notes:
         console.print(f"[yellow]note:[/] {safe_text(note)}")
 
 
-def replay_summary(replay: Mapping[str, Any]) -> tuple[str, bool]:
+def replay_summary(replay: ReplayInfo) -> tuple[str, bool]:
     """How faithful a replay was, in words that agree with where it parted from its records, and
     whether it reproduced every step before the divergent one."""
-    parted = ", ".join(f"run {p.get('run')} at step {p.get('step')}" for p in replay.get("parted") or [])
-    if not replay.get("faithful"):
+    parted = ", ".join(f"run {p.get('run')} at step {p.get('step')}" for p in replay.parted)
+    if not replay.faithful:
         return f"did not reproduce the records exactly ({parted or 'see the notes'})", False
     if parted:  # only at the divergent step, whose cause (entropy) makes a replay differ from its record
         return f"reproduced both runs' records before the divergent step (then {parted} parted from its records)", True
     return "reproduced both runs' records", True
 
 
-def _ranks_table(ranks: list[dict[str, Any]]) -> Table:
+def _ranks_table(ranks: list[RankResult]) -> Table:
     table = Table(title="ranks", title_justify="left", header_style="bold")
     table.add_column("rank", justify="right")
     table.add_column("first difference in its records")
     table.add_column("cause")
     for entry in ranks:
-        verdict = entry["verdict"]
+        verdict = entry.verdict
         if verdict is None:
-            table.add_row(safe_text(entry["rank"]), "[green]identical[/]", "-")
+            table.add_row(safe_text(entry.rank), "[green]identical[/]", "-")
         else:
-            table.add_row(safe_text(entry["rank"]), f"step {safe_text(verdict['step'])}", safe_text(cause_title(verdict["cause"])))
+            table.add_row(safe_text(entry.rank), f"step {safe_text(verdict.step)}", safe_text(cause_title(verdict.cause)))
     return table
 
 
-def _timeline_table(rows: list[dict[str, Any]]) -> Table:
+def _timeline_table(rows: list[TimelineRow]) -> Table:
     """The snapshot timeline, condensed around the first divergence; a row says how many snapshots it leaves out."""
     table = Table(title="snapshot timeline", title_justify="left", header_style="bold")
     table.add_column("step", justify="right")
@@ -283,21 +221,21 @@ def _timeline_table(rows: list[dict[str, Any]]) -> Table:
         if isinstance(row, int):
             table.add_row("…", f"[dim]… {row} snapshot{'s' if row != 1 else ''} not shown …[/]", "")
             continue
-        first = safe_text(row["first_tensor"])
-        state = "[green]equal[/]" if row["equal"] else f"[red]{safe_text(row['differing_tensors'])} differ[/] (first: {first})"
-        table.add_row(safe_text(row["step"]), state, safe_text(", ".join(map(str, row["streams"]))) or "-")
+        first = safe_text(row.first_tensor)
+        state = "[green]equal[/]" if row.equal else f"[red]{safe_text(row.differing_tensors)} differ[/] (first: {first})"
+        table.add_row(safe_text(row.step), state, safe_text(", ".join(map(str, row.streams))) or "-")
     return table
 
 
-def _condensed(rows: list[dict[str, Any]], keep: int = 4) -> list[dict[str, Any] | int]:
+def _condensed(rows: list[TimelineRow], keep: int = 4) -> list[TimelineRow | int]:
     """The timeline around the first divergence, not every snapshot of a long run: the first row,
     ``keep`` rows either side of the first that differs (else of the last) and the last; an ``int``
     in their place counts the rows left out there."""
     if not rows:
         return []
-    first = next((i for i, row in enumerate(rows) if not row["equal"]), len(rows) - 1)
+    first = next((i for i, row in enumerate(rows) if not row.equal), len(rows) - 1)
     chosen = sorted({0, *range(max(0, first - keep), min(len(rows), first + keep)), len(rows) - 1})
-    condensed: list[dict[str, Any] | int] = []
+    condensed: list[TimelineRow | int] = []
     for before, index in zip([-1, *chosen[:-1]], chosen, strict=True):
         if index - before > 1:
             condensed.append(index - before - 1)
@@ -308,26 +246,26 @@ def _condensed(rows: list[dict[str, Any]], keep: int = 4) -> list[dict[str, Any]
 _SEVERITY_STYLES = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
 
 
-def render_doctor(result: Mapping[str, Any], console: Console) -> None:
+def render_doctor(report: DoctorReport, console: Console) -> None:
     """Verdict first, then each finding with its evidence and fix."""
     from rich.panel import Panel
 
-    findings = result["findings"]
-    counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}
+    findings = report.findings
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
     tally = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n) or "no findings"
-    subject = safe_text(result["target"]) if result["target"] else "this environment"
-    if result["target"] is None:
+    subject = safe_text(report.target) if report.target else "this environment"
+    if report.target is None:
         headline = f"[bold green]Nothing in this environment alone makes runs irreproducible[/] ({tally})."
-    elif result["reproducible"]:
+    elif report.reproducible:
         headline = f"[bold green]Reproducible on this machine[/] ({tally})."
     else:
         headline = f"[bold red]Not reproducible on this machine[/] ({tally})."
-    note = f"\n{subject}" + (f", {result['steps']} step(s) checked" if result["target"] else "") + f", {result['seconds']:.1f}s"
+    note = f"\n{subject}" + (f", {report.steps} step(s) checked" if report.target else "") + f", {report.seconds:.1f}s"
     console.print(Panel(headline + note, title="doctor", expand=False))
     for finding in findings:
-        where = safe_text(", ".join(x for x in (f"layer {finding['layer']}" if finding["layer"] else "", finding["op"] or "") if x))
-        style = _SEVERITY_STYLES[finding["severity"]]
-        title = f"[{style}]{safe_text(finding['severity'].upper())}[/] [bold]{safe_text(finding['id'])}[/]"
+        where = safe_text(", ".join(x for x in (f"layer {finding.layer}" if finding.layer else "", finding.op or "") if x))
+        style = _SEVERITY_STYLES[finding.severity]
+        title = f"[{style}]{safe_text(finding.severity.upper())}[/] [bold]{safe_text(finding.id)}[/]"
         console.print("\n" + title + (f"  ({where})" if where else ""))
-        console.print(f"  {safe_text(finding['evidence'])}", highlight=False)
-        console.print(f"  [bold green]Fix:[/] {safe_text(finding['fix'])}", highlight=False)
+        console.print(f"  {safe_text(finding.evidence)}", highlight=False)
+        console.print(f"  [bold green]Fix:[/] {safe_text(finding.fix)}", highlight=False)

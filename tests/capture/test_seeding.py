@@ -10,7 +10,7 @@ import tempfile
 import numpy as np
 import torch
 
-from bisect_repro.capture.seeding import SeedingWatch
+from bisect_repro.capture.seeding import SeedingCall, SeedingWatch
 
 
 def test_each_seeding_call_is_noted_with_its_stream_and_call_site() -> None:
@@ -64,3 +64,19 @@ def test_watches_installed_and_removed_in_any_order_restore_the_functions() -> N
     assert (torch.seed, torch.manual_seed, random.seed, np.random.seed, random.Random.seed) == originals
     assert [c.call for c in first.calls] == ["torch.manual_seed(1)"]
     assert [c.call for c in second.calls] == ["torch.manual_seed(1)", "torch.manual_seed(2)"]
+
+
+def test_a_seeding_call_names_its_call_site_only_when_it_is_known() -> None:
+    known = SeedingCall("torch", "torch.seed()", True, "train.py:9")
+    unknown = SeedingCall("torch", "torch.seed()", True, None)
+    assert str(known) == "torch.seed() at train.py:9" and str(unknown) == "torch.seed()"
+    assert known.describe(lambda part: f"<{part}>") == "<torch.seed()> at <train.py:9>"
+    assert unknown.describe(lambda part: f"<{part}>") == "<torch.seed()>"
+
+
+def test_a_seeding_call_reads_back_from_its_json() -> None:
+    call = SeedingCall("numpy", "np.random.seed()", True, "x.py:1")
+    assert SeedingCall.from_json(call.to_json()) == call
+    logged = {"stream": "torch", "call": "torch.seed()", "entropy": True, "where": None}  # as a step log holds it
+    assert str(SeedingCall.from_json(logged)) == "torch.seed()"
+    assert SeedingCall.from_json({"call": "torch.seed()", "where": ""}) == SeedingCall("", "torch.seed()", False, None)

@@ -1,13 +1,20 @@
 from __future__ import annotations
 
+import io
+import json
 import math
 
 import pytest
 import torch
+from rich.console import Console
 
+from bisect_repro.diagnose.causes import Cause
 from bisect_repro.diagnose.compare import compare
 from bisect_repro.diagnose.difference import difference_stats
+from bisect_repro.diagnose.verdict import CompareResult, Confidence
 from bisect_repro.errors import RunFormatError, RunMismatchError
+from bisect_repro.report.html import comparison_html
+from bisect_repro.report.text import render_comparison
 from bisect_repro.store.writer import RunWriter
 from tests.fakes import fake_ranks
 
@@ -82,12 +89,12 @@ def test_runs_of_different_formats_are_refused(tmp_path) -> None:
 # -- distributed runs, rank by rank, from the records (their replay: tests/e2e/test_distributed.py) --
 
 
-def two_ranks(path, *, moved: bool = False, reseed: bool = False, world: int = 2, **distributed):
+def two_ranks(path, *, moved: bool = False, reseed: bool = False, world: int = 2, where: str | None = "train.py:9", **distributed):
     """Snapshots at 0, 2, 4; with ``reseed``, rank 1 reseeds at step 3 (its loss differs there) and every rank's
-    state differs from step 4 on, as a gradient all-reduce spreads it."""
+    state differs from step 4 on, as a gradient all-reduce spreads it; ``where`` is the reseed's call site."""
     hashes = {r: {0: {"w": "a"}, 2: {"w": "b"}, 4: {"w": "moved" if moved or reseed else "c"}} for r in range(world)}
     losses = {r: [1.0, 1.0, 1.0, 5.0 if reseed and r == 1 else 1.0] for r in range(world)}
-    return fake_ranks(path, hashes, losses=losses, seeded={1: {3: "train.py:9"}} if reseed else None, **distributed)
+    return fake_ranks(path, hashes, losses=losses, seeded={1: {3: where}} if reseed else None, **distributed)
 
 
 def test_distributed_runs_diverge_at_the_earliest_step_on_the_rank_where_it_starts(tmp_path) -> None:
@@ -101,6 +108,26 @@ def test_distributed_runs_diverge_at_the_earliest_step_on_the_rank_where_it_star
     replayed = compare(tmp_path / "a", tmp_path / "b").to_json()  # written without code: nothing to replay
     assert replayed["verdict"] == verdict and not replayed["replay"]["performed"] and replayed["replay"]["commands"] == []
     assert len(replayed["notes"]) == 1 and replayed["notes"][0].startswith(f"no replay: {tmp_path / 'a'}: the run names no script")
+
+
+def test_a_reseed_from_an_unknown_call_site_is_named_by_its_call_alone(tmp_path) -> None:
+    result = compare(two_ranks(tmp_path / "a"), two_ranks(tmp_path / "b", reseed=True, where=None), replay=False)
+    verdict = result.verdict
+    assert verdict is not None and verdict.reseeded[0]["where"] is None
+    assert "step 3 reseeded from entropy: torch.seed()" in [e.detail for e in verdict.evidence]
+    assert "remove the reseeding from entropy (torch.seed()), or give it a seed" in verdict.fix
+    assert "<li><code>torch.seed()</code> (torch)</li>" in comparison_html(result)
+    text = Console(file=io.StringIO(), width=300)
+    render_comparison(result, text)
+    assert "None" not in " ".join([text.file.getvalue(), verdict.explanation, verdict.fix, *(e.detail for e in verdict.evidence)])
+
+
+def test_a_comparison_reads_back_from_its_json(tmp_path) -> None:
+    result = compare(two_ranks(tmp_path / "a"), two_ranks(tmp_path / "b", reseed=True), replay=False)
+    found = json.loads(json.dumps(result.to_json()))
+    again = CompareResult.from_json(found)
+    assert again == result and again.to_json() == found
+    assert again.verdict is not None and again.verdict.cause is Cause.RNG_STATE and again.verdict.confidence is Confidence.INFERRED
 
 
 def test_identical_distributed_runs_have_a_null_verdict_on_every_rank(tmp_path) -> None:

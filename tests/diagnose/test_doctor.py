@@ -18,7 +18,7 @@ from bisect_repro.capture.scope import DeterminismAlerts, ScopedOps
 from bisect_repro.diagnose import causes
 from bisect_repro.diagnose.audit import environment_findings
 from bisect_repro.diagnose.checks import RecipeChecks
-from bisect_repro.diagnose.doctor import SCHEMA, doctor
+from bisect_repro.diagnose.doctor import SCHEMA, DoctorReport, doctor
 from bisect_repro.diagnose.findings import Finding
 from bisect_repro.diagnose.probe import differences, probe
 from bisect_repro.replay.launch import spec_for_recipe
@@ -247,11 +247,12 @@ def test_fixes_for_hidden_generators_and_alerts() -> None:
 
 @pytest.mark.parametrize("reproducible", [True, False])
 def test_the_human_report_leads_with_the_verdict(reproducible: bool) -> None:
-    finding = {"id": "unseeded-init", "severity": "error", "layer": "0", "op": None, "evidence": "0.weight differs", "fix": "seed it"}
+    finding = Finding("unseeded-init", "error", "0.weight differs", "seed it", layer="0")
     findings = [] if reproducible else [finding]
-    result = {"reproducible": reproducible, "findings": findings, "target": "r.py:build", "steps": 3, "seconds": 1.0}
+    report = DoctorReport(findings=findings, target="r.py:build", config={}, steps=3, seconds=1.0, environment={})
+    assert report.reproducible is reproducible
     out = io.StringIO()
-    render_doctor(result, Console(file=out, width=120))
+    render_doctor(report, Console(file=out, width=120))
     text = out.getvalue()
     if reproducible:
         assert "Reproducible on this machine" in text

@@ -16,10 +16,11 @@ from typer.testing import CliRunner
 
 from bisect_repro import RecordOptions, record
 from bisect_repro.cli import app
+from bisect_repro.diagnose.summary import RunSummary, run_summary
+from bisect_repro.diagnose.verdict import CompareResult
 from bisect_repro.record.recipe import build
 from bisect_repro.report.html import comparison_html, summary_html
 from bisect_repro.report.svg import downsample
-from bisect_repro.report.text import run_summary
 from bisect_repro.store.run import Run
 
 HERE = Path(__file__).resolve().parent
@@ -29,6 +30,25 @@ runner = CliRunner()
 
 def sample(name: str = "reseed") -> dict:
     return json.loads((HERE / f"{name}.json").read_text())
+
+
+def report(result: dict, losses: list) -> str:
+    """The page of a ``compare --json`` object, read back into a :class:`CompareResult`."""
+    return comparison_html(CompareResult.from_json(result), losses)
+
+
+def timeline_row(step: int, equal: bool, differing: int) -> dict:
+    """A snapshot timeline row of the ``compare --json`` object."""
+    return {"step": step, "equal": equal, "differing_tensors": differing, "first_tensor": None, "streams": [], "layers": {}}
+
+
+def summary_of(**fields: object) -> RunSummary:
+    """A run summary with nothing in it but ``fields``."""
+    empty = {"path": "runs/a", "format": 1, "target": None, "config": {}, "options": {}, "recorded_by_you": False, "complete": True,
+             "steps_logged": 0, "last_step": None, "snapshots": [], "checkpoints": [], "streams": [], "tensors_hashed": 0,
+             "verified": None, "first_loss": None, "last_loss": None, "snapshot_bytes": 0, "checkpoint_bytes": 0, "model": {},
+             "loader": {}, "environment": {}}  # fmt: skip
+    return RunSummary(**{**empty, **fields})
 
 
 def losses(steps: int = 40, part_at: int | None = 23) -> list[dict[int, float | None]]:
@@ -67,7 +87,7 @@ def heatmap_rows(svg: str) -> dict[str, list[str]]:
 
 
 def test_the_verdict_comes_first_with_cause_confidence_explanation_fix_and_evidence() -> None:
-    page = comparison_html(sample(), losses())
+    page = report(sample(), losses())
     parts = list(sections(page))
     assert parts[:3] == ["verdict", "Loss", "Snapshot timeline"]
     verdict = sections(page)["verdict"]
@@ -85,7 +105,7 @@ def test_the_verdict_comes_first_with_cause_confidence_explanation_fix_and_evide
 
 
 def test_loss_curves_of_both_runs_with_the_divergence_marked_at_its_step() -> None:
-    loss = sections(comparison_html(sample(), losses(steps=40)))["Loss"]
+    loss = sections(report(sample(), losses(steps=40)))["Loss"]
     curves = re.findall(r'<polyline class="line (\w+)" points="([^"]+)"', loss)
     assert [css for css, _ in curves] == ["a", "b", "diff"]
     xs = [float(p.split(",")[0]) for p in curves[0][1].split()]
@@ -100,7 +120,7 @@ def test_loss_curves_of_both_runs_with_the_divergence_marked_at_its_step() -> No
 
 def test_the_timeline_heatmap_has_a_row_per_layer_and_per_differing_stream() -> None:
     result = sample()
-    timeline = sections(comparison_html(result, losses()))["Snapshot timeline"]
+    timeline = sections(report(result, losses()))["Snapshot timeline"]
     found = heatmap_rows(timeline)
     layers = list(dict.fromkeys(name for row in result["timeline"] for name in row["layers"]))
     assert list(found) == ["all tensors", *layers, "stream torch"]
@@ -115,7 +135,7 @@ def test_the_timeline_heatmap_has_a_row_per_layer_and_per_differing_stream() -> 
 
 
 def test_no_stream_differing_is_one_equal_row() -> None:
-    timeline = sections(comparison_html(sample("nondeterministic_op"), losses()))["Snapshot timeline"]
+    timeline = sections(report(sample("nondeterministic_op"), losses()))["Snapshot timeline"]
     found = heatmap_rows(timeline)
     assert list(found) == ["all tensors", "embed", "head", "random streams"]
     assert found["random streams"] == ["eq"] * 5
@@ -124,7 +144,7 @@ def test_no_stream_differing_is_one_equal_row() -> None:
 def test_the_first_divergent_tensor_with_its_histogram_as_bars() -> None:
     result = sample("nondeterministic_op")
     result["verdict"]["histogram"] = dict(reversed(list(result["verdict"]["histogram"].items())))  # order must not matter
-    part = sections(comparison_html(result, losses()))["First divergent tensor"]
+    part = sections(report(result, losses()))["First divergent tensor"]
     assert "<code>embed.table.grad</code>" in part and "5.821e-11" in part and "2048" in part and "6.834%" in part
     bars = re.findall(r'<rect class="bar"[^>]*height="([\d.]+)"><title>(.*?)</title>', part)
     assert [title for _, title in bars] == ["1e-14: 25", "1e-13: 238", "1e-12: 1270", "1e-11: 654"]
@@ -134,7 +154,7 @@ def test_the_first_divergent_tensor_with_its_histogram_as_bars() -> None:
 
 def test_the_ops_around_the_divergent_op_with_the_first_highlighted() -> None:
     result = sample("nondeterministic_op")
-    part = sections(comparison_html(result, losses()))["Ops around the first divergent op"]
+    part = sections(report(result, losses()))["Ops around the first divergent op"]
     table = rows(part)
     assert len(table) == len(result["ops_context"]) == 9
     highlighted = re.findall(r'<tr class="first">(.*?)</tr>', part)
@@ -146,7 +166,7 @@ def test_config_and_environment_diffs_replay_and_notes() -> None:
     result = sample()
     result["config_diff"] = {"lr": [0.1, 0.2]}
     result["environment_diff"] = {"OMP_NUM_THREADS": ["1", "2"], "TF32": [None, True]}
-    parts = sections(comparison_html(result, losses()))
+    parts = sections(report(result, losses()))
     assert rows(parts["Config diff"]) == [["<code>lr</code>", "0.1", "0.2"]]
     assert rows(parts["Environment diff"]) == [
         ["<code>OMP_NUM_THREADS</code>", "1", "2"],
@@ -164,7 +184,7 @@ def test_an_identical_pair() -> None:
     result["timeline"] = [{**row, "equal": True, "differing_tensors": 0, "layers": {}, "streams": []} for row in result["timeline"]]
     result["first_log_difference"] = {"order": None, "batch": None, "loss": None}
     result["snapshots"] = {"last_equal": 20, "first_divergent": None}
-    page = comparison_html(result, losses(steps=20, part_at=None))
+    page = report(result, losses(steps=20, part_at=None))
     parts = sections(page)
     assert '<p class="headline good">The runs are identical' in parts["verdict"] and "diverge" not in page.replace(
         "first divergent snapshot", ""
@@ -176,7 +196,7 @@ def test_an_identical_pair() -> None:
 
 
 def test_runs_that_differ_without_a_verdict_are_not_called_identical() -> None:
-    verdict = sections(comparison_html({**sample(), "verdict": None}, losses()))["verdict"]
+    verdict = sections(report({**sample(), "verdict": None}, losses()))["verdict"]
     assert "The runs differ; the comparison gave no verdict." in verdict and "identical" not in verdict
 
 
@@ -184,16 +204,16 @@ def test_a_report_of_several_ranks() -> None:
     result = sample()
     step = result["verdict"]["step"]
     result["ranks"] = [
-        {"rank": 0, "verdict": None, "timeline": [{"step": s, "equal": True, "differing_tensors": 0} for s in (0, 10, 20, 30)]},
+        {"rank": 0, "verdict": None, "timeline": [timeline_row(s, True, 0) for s in (0, 10, 20, 30)]},
         {
             "rank": 1,
             "verdict": {**result["verdict"], "rank": 1},
-            "timeline": [{"step": s, "equal": s < 30, "differing_tensors": 3 * (s >= 30)} for s in (0, 10, 20, 30)],
+            "timeline": [timeline_row(s, s < 30, 3 * (s >= 30)) for s in (0, 10, 20, 30)],
         },
-        {"rank": 2, "verdict": None, "timeline": [{"step": s, "equal": True, "differing_tensors": 0} for s in (0, 10)]},
+        {"rank": 2, "verdict": None, "timeline": [timeline_row(s, True, 0) for s in (0, 10)]},
     ]
     result["verdict"]["rank"] = 1
-    page = comparison_html(result, losses())
+    page = report(result, losses())
     parts = sections(page)
     assert list(parts)[:2] == ["verdict", "Ranks"]
     assert f"step <b>{step}</b>, rank <b>1</b>, forward pass" in parts["verdict"]
@@ -220,11 +240,11 @@ def test_every_string_is_escaped() -> None:
     result["environment_diff"] = {"x": [evil, None]}
     result["notes"].append(evil)
     result["replay"]["commands"][0] = evil
-    result["ranks"] = [{"rank": evil, "verdict": {**verdict, "cause": evil}, "timeline": [{"step": 0, "differing_tensors": 1}]}]
-    page = comparison_html(result, losses())
+    result["ranks"] = [{"rank": 0, "verdict": verdict, "timeline": [timeline_row(0, False, 1)]}]
+    page = report(result, losses())
     assert "<script" not in page and "<img" not in page
     assert page.count("&lt;script&gt;") >= 12
-    summary = {"path": evil, "target": evil, "config": {evil: evil}, "environment": {evil: evil}, "loader": {evil: evil}, "complete": True}
+    summary = summary_of(path=evil, target=evil, config={evil: evil}, environment={evil: evil}, loader={evil: evil}, streams=[evil])
     page = summary_html(summary, {0: 1.0, 1: 0.5})
     assert "<script" not in page and page.count("&lt;script&gt;") >= 4
 
@@ -236,8 +256,8 @@ def assert_self_contained(page: str) -> None:
 
 def test_nothing_is_loaded_from_anywhere() -> None:
     for name in ("reseed", "nondeterministic_op"):
-        assert_self_contained(comparison_html(sample(name), losses()))
-    assert_self_contained(summary_html({"path": "runs/a", "complete": False, "last_step": 3}, {0: 1.0}))
+        assert_self_contained(report(sample(name), losses()))
+    assert_self_contained(summary_html(summary_of(complete=False, last_step=3), {0: 1.0}))
 
 
 def test_a_long_run_stays_small() -> None:
@@ -252,7 +272,7 @@ def test_a_long_run_stays_small() -> None:
     a = {s: 2.0 * math.exp(-s / 3_000) + 0.05 * math.sin(s) for s in range(steps)}
     b = {s: v + (1e-3 * math.cos(s) if s >= 5_000 else 0.0) for s, v in a.items()}
     a[7_777] = 40.0  # a spike survives the downsampling
-    page = comparison_html(result, [a, b])
+    page = report(result, [a, b])
     assert len(page.encode()) < 2_000_000
     curves = re.findall(r'<polyline class="line (\w+)" points="([^"]+)"', sections(page)["Loss"])
     assert [css for css, _ in curves] == ["a", "b", "diff"]
@@ -276,7 +296,7 @@ def test_downsampling_keeps_each_buckets_extremes_in_order() -> None:
 
 def test_losses_that_are_missing_or_not_finite_are_left_out_and_said() -> None:
     a = {0: 1.0, 1: float("nan"), 2: None, 3: 0.5}
-    loss = sections(comparison_html(sample(), [a, dict(a)]))["Loss"]
+    loss = sections(report(sample(), [a, dict(a)]))["Loss"]
     assert "run A: 2 step(s) without a finite loss; run B: 2 step(s) without a finite loss (not drawn)." in loss
     points = re.search(r'<polyline class="line a" points="([^"]+)"', loss).group(1).split()
     assert len(points) == 2 and "nan" not in " ".join(points).lower()
@@ -319,7 +339,7 @@ def test_show_html_of_a_run(runs, tmp_path) -> None:
     summary = run_summary(Run.open(runs["mlp_a"]))
     assert f"<h1>bisect-repro show: {runs['mlp_a']}" in page and '<span class="badge complete">complete</span>' in page
     assert re.search(r'<polyline class="line a" points="([^"]+)"', page).group(1).count(",") == 6
-    assert f"first {summary['first_loss']:.4g}, last {summary['last_loss']:.4g}" in page
+    assert f"first {summary.first_loss:.4g}, last {summary.last_loss:.4g}" in page
     assert "snapshots</th><td>3, at steps 0 to 6" in page and "hidden=8" in page
     assert_self_contained(page)
 
@@ -335,7 +355,7 @@ def test_compare_html_of_a_diverged_pair_with_the_replay(runs, tmp_path) -> None
     assert len(re.findall(r'<polyline class="line [ab]"', parts["Loss"])) == 2 and "diverges at step 0" in parts["Loss"]
     assert "100%" in parts["First divergent tensor"]  # every element of the weight differs
     page = (tmp_path / "report.html").read_text()
-    assert page == comparison_html(found, [Run.open(runs[name]).losses() for name in ("init_a", "init_b")])
+    assert page == report(found, [Run.open(runs[name]).losses() for name in ("init_a", "init_b")])
 
 
 def test_compare_html_records_only(runs, tmp_path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from bisect_repro.diagnose.verdict import CompareResult
 from bisect_repro.report.text import render_comparison
 
 RESEED = json.loads((Path(__file__).parent / "reseed.json").read_text())
@@ -18,7 +19,7 @@ def rendered(**replay: object) -> str:
     result = copy.deepcopy(RESEED)
     result["replay"].update(replay)
     console = Console(record=True, width=400, color_system=None)
-    render_comparison(result, console)
+    render_comparison(CompareResult.from_json(result), console)
     return console.export_text()
 
 

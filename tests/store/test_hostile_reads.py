@@ -301,7 +301,7 @@ def test_runs_of_different_model_structures_render(tmp_path) -> None:
     a = write_run(tmp_path / "a", {0: "x", 2: "y"})
     b = write_run(tmp_path / "b", {0: "x", 2: "y"}, model={"parameters": {"w": [[2], "float32"], "v": [[3], "float32"]}, "buffers": {}})
     console = Console(file=StringIO(), width=200)
-    render_comparison(compare(a, b, replay=False).to_json(), console)
+    render_comparison(compare(a, b, replay=False), console)
     text = console.file.getvalue()
     assert "The runs diverge" in text and "the model structure" in text and "v is absent in run A" in text
     assert "no snapshots compared" in text
