@@ -145,7 +145,7 @@ def _verdict(result: CompareResult) -> str:
         items = "".join(f"<li>{c.describe(_code)}{f' ({esc(c.stream)})' if c.stream else ''}</li>" for c in calls)
         body += f"<p>Reseeded from entropy during the step:</p><ul>{items}</ul>"
     if verdict.evidence:
-        rows = [[esc(e.experiment), esc(e.subject), badge(e.outcome), esc(e.detail)] for e in verdict.evidence]
+        rows = [[esc(e.experiment), esc(e.subject), badge(e.outcome.value), esc(e.detail)] for e in verdict.evidence]
         body += "<h2>Evidence</h2>" + table(["experiment", "on", "result", "what was seen"], rows)
     return section("", body, css="verdict bad")
 

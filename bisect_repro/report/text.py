@@ -156,7 +156,7 @@ def render_comparison(result: CompareResult, console: Console) -> None:
             table.add_column("what was seen")
             marks = {"matches": "[green]matches[/]", "differs": "[red]differs[/]"}
             for item in verdict.evidence:
-                outcome = marks.get(item.outcome) or safe_text(item.outcome)
+                outcome = marks.get(item.outcome.value) or safe_text(item.outcome.value)
                 table.add_row(safe_text(item.experiment), safe_text(item.subject), outcome, safe_text(item.detail))
             console.print(table)
     if result.config_diff:
@@ -265,7 +265,7 @@ def render_doctor(report: DoctorReport, console: Console) -> None:
     for finding in findings:
         where = safe_text(", ".join(x for x in (f"layer {finding.layer}" if finding.layer else "", finding.op or "") if x))
         style = _SEVERITY_STYLES[finding.severity]
-        title = f"[{style}]{safe_text(finding.severity.upper())}[/] [bold]{safe_text(finding.id)}[/]"
+        title = f"[{style}]{safe_text(finding.severity.value.upper())}[/] [bold]{safe_text(finding.id)}[/]"
         console.print("\n" + title + (f"  ({where})" if where else ""))
         console.print(f"  {safe_text(finding.evidence)}", highlight=False)
         console.print(f"  [bold green]Fix:[/] {safe_text(finding.fix)}", highlight=False)

@@ -24,7 +24,7 @@ KEYS = [
 
 def one_process(path, *, losses=(2.0, None, 1.5, 1.0), finish: bool = True):
     meta = {"target": "train.py:build", "config": {"lr": 0.1}, "model": {"parameters": {"w": [[2], "float32"]}}, "environment": {}}
-    writer = RunWriter(path, meta)
+    writer = RunWriter.create(path, meta)
     writer.append_steps([{"step": s, "loss": loss, "order": "o", "batch": "b"} for s, loss in enumerate(losses)])
     for step in (0, 2):
         writer.commit("snapshot", step, {"step": step, "hashes": {"w": "x"}, "streams": {"torch": {}, "python": {}}, "data": {}})
