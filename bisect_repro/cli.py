@@ -3,6 +3,11 @@
 Exit codes: 0 success (runs identical, recipe reproducible), 1 a divergence was found, 2 bad
 input or an error, reported as one line naming the file and the problem, never a traceback.
 
+``--verbose`` (``-v``) turns on the ``bisect_repro`` logger on stderr: the processes a replay
+starts and where their output goes, the course of the replay, the last output of a process that
+failed; ``-vv`` also every request sent to a replaying process. Each line is made printable
+(control characters escaped), since it may quote a run's fields or a process's output.
+
 The results stay typed up to here (``RunSummary``, ``CompareResult``, ``DoctorReport``): the text
 and HTML reports render the objects, and only ``--json`` turns them into JSON (``to_json()``).
 """
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sys
 import time
 import warnings
@@ -48,6 +54,29 @@ stdout = Console()
 stderr = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _PrintableFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
+
+@app.callback()
+def _options(
+    verbose: Annotated[
+        int,
+        typer.Option(
+            "--verbose", "-v", count=True, help="Log to stderr what runs and how a replay goes (-vv: each request to a replaying process)."
+        ),
+    ] = 0,
+) -> None:
+    """Find where, and why, two training runs that should match part ways."""
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+        logger = logging.getLogger("bisect_repro")
+        logger.handlers[:] = [handler]
+        logger.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
 
 
 def _line(label: str, style: str, message: object) -> None:
