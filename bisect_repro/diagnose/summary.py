@@ -3,7 +3,7 @@
 The summary is typed until the edge: :meth:`RunSummary.to_json` is the ``bisect-repro/show/1``
 object of ``show --json``, and the text and HTML reports read the summary itself. It is made here,
 not in the store, because a distributed run's summary says where its replicas part
-(:func:`~bisect_repro.diagnose.replicas.replica_drift`).
+(:func:`~bisect_repro.diagnose.drift.rank_drift`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from ..store import signing
 from ..store.run import Run
-from .replicas import ReplicaDrift, replica_drift
+from .drift import RankDrift, rank_drift
 
 __all__ = ["SCHEMA", "RankStatus", "RunSummary", "run_summary"]
 
@@ -71,7 +71,7 @@ class RunSummary:
     distributed: dict[str, Any] | None = None
     """``run.json``'s ``distributed`` as recorded (``world_size``, ``layout``, ``backend``, ...); ``None`` for one process."""
     ranks: list[RankStatus] = field(default_factory=list)
-    replicas: ReplicaDrift | None = None
+    replicas: RankDrift | None = None
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -109,7 +109,7 @@ def run_summary(run: Run, *, verify: bool = False) -> RunSummary:
 
     ``verify`` reads every committed snapshot and checkpoint (checksums, sizes, contents), not
     only the last snapshot, of every rank. A distributed run adds each rank's completeness and
-    where its replicas first part (:func:`replica_drift`).
+    where its replicas first part (:func:`rank_drift`).
     """
     ranks = [run.open_rank(rank) for rank in range(run.world_size)] if run.distributed else [run]
     summary = _rank_summary(run, verify=verify)
@@ -127,7 +127,7 @@ def run_summary(run: Run, *, verify: bool = False) -> RunSummary:
             )
             for r in ranks
         ]
-        summary.replicas = replica_drift(run)
+        summary.replicas = rank_drift(run)
         summary.complete = all(r.complete for r in ranks)
         summary.verified = sum(len(r.snapshots) + len(r.checkpoints) for r in ranks) if verify else None
     return summary

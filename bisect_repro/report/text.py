@@ -19,8 +19,8 @@ from rich.table import Table
 
 from ..diagnose.causes import cause_title
 from ..diagnose.doctor import DoctorReport
+from ..diagnose.drift import RankDrift
 from ..diagnose.findings import SEVERITIES
-from ..diagnose.replicas import ReplicaDrift
 from ..diagnose.summary import RunSummary
 from ..diagnose.verdict import CompareResult, RankResult, ReplayInfo, TimelineRow, Verdict
 from .safe import safe_text
@@ -76,7 +76,7 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     console.print(table)
 
 
-def _replicas_line(drift: ReplicaDrift, limit: int = 4) -> str:
+def _replicas_line(drift: RankDrift, limit: int = 4) -> str:
     if drift.replicated == "none":
         return f"nothing replicated to compare (layout {safe_text(drift.layout)})"
     if drift.step is None:

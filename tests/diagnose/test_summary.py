@@ -7,7 +7,7 @@ import json
 
 from rich.console import Console
 
-from bisect_repro.diagnose.replicas import ReplicaDrift
+from bisect_repro.diagnose.drift import RankDrift
 from bisect_repro.diagnose.summary import RankStatus, RunSummary, run_summary
 from bisect_repro.report.html import summary_html
 from bisect_repro.report.text import render_summary
@@ -69,7 +69,7 @@ def test_a_distributed_run_adds_its_ranks_and_replicas_last(tmp_path) -> None:
         RankStatus(rank=0, complete=True, last_step=2, steps_logged=2, host=None),
         RankStatus(rank=1, complete=True, last_step=2, steps_logged=2, host=None),
     ]
-    assert isinstance(summary.replicas, ReplicaDrift) and summary.replicas.step == 2 and summary.verified == 4
+    assert isinstance(summary.replicas, RankDrift) and summary.replicas.step == 2 and summary.verified == 4
     found = summary.to_json()
     assert list(found) == [*KEYS, "distributed", "ranks", "replicas"]
     assert found["ranks"][1] == {"rank": 1, "complete": True, "last_step": 2, "steps_logged": 2, "host": None}

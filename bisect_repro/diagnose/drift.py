@@ -35,7 +35,7 @@ from typing import Any
 from ..errors import RunFormatError
 from ..store.run import Run
 
-__all__ = ["DriftedTensor", "ReplicaDrift", "replica_drift"]
+__all__ = ["DriftedTensor", "RankDrift", "rank_drift"]
 
 
 @dataclass(kw_only=True)
@@ -51,7 +51,7 @@ class DriftedTensor:
 
 
 @dataclass(kw_only=True)
-class ReplicaDrift:
+class RankDrift:
     """Where the replicas of one run first part (``step`` is ``None`` when they never do)."""
 
     layout: str
@@ -131,10 +131,10 @@ def _departing(values: dict[int, str | None]) -> list[int]:
     return sorted(rank for rank, value in values.items() if value != values[lowest])
 
 
-def replica_drift(run: Run) -> ReplicaDrift:
+def rank_drift(run: Run) -> RankDrift:
     """Compare the replicas of ``run`` across its ranks, snapshot by snapshot (see the module docstring)."""
     replicated = run.distributed.replicated if run.distributed is not None else "none"
-    drift = ReplicaDrift(layout=run.layout, world_size=run.world_size, replicated=replicated)
+    drift = RankDrift(layout=run.layout, world_size=run.world_size, replicated=replicated)
     if run.world_size < 2 or drift.replicated == "none":
         return drift
     ranks = [run.open_rank(rank) for rank in range(run.world_size)]

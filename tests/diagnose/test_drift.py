@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bisect_repro.diagnose.replicas import replica_drift
+from bisect_repro.diagnose.drift import rank_drift
 from bisect_repro.store.run import Run
 from tests.fakes import fake_ranks
 
@@ -19,7 +19,7 @@ def test_ddp_replicas_part_where_one_rank_differs_from_the_others(tmp_path) -> N
         {0: same, 2: same, 4: moved},
         {0: same, 2: {**same, "bn.running_mean": "own", "state.counter": "own"}, 4: same},
     )
-    drift = replica_drift(Run.open(fake_ranks(tmp_path / "r", hashes, rank_local=["bn.running_mean"])))
+    drift = rank_drift(Run.open(fake_ranks(tmp_path / "r", hashes, rank_local=["bn.running_mean"])))
     assert (drift.step, drift.last_equal, drift.snapshots, drift.ranks) == (4, 2, [0, 2, 4], [1])
     assert [(t.tensor, t.ranks, t.group) for t in drift.tensors] == [("w", [1], [0, 1, 2])]
     assert drift.compared == 2  # w and its Adam state; not the rank-local buffer, not the trainee's own state
@@ -28,16 +28,16 @@ def test_ddp_replicas_part_where_one_rank_differs_from_the_others(tmp_path) -> N
 
 def test_two_replicas_that_part_name_the_one_that_is_not_rank_0(tmp_path) -> None:
     hashes = by_rank({0: {"w": "a"}, 2: {"w": "b"}}, {0: {"w": "a"}, 2: {"w": "c"}})
-    drift = replica_drift(Run.open(fake_ranks(tmp_path / "r", hashes)))
+    drift = rank_drift(Run.open(fake_ranks(tmp_path / "r", hashes)))
     assert drift.step == 2 and drift.ranks == [1]
 
 
 def test_each_rank_is_compared_within_its_own_data_parallel_group(tmp_path) -> None:
     groups = {0: {"replica_group": [0, 1]}, 1: {"replica_group": [0, 1]}, 2: {"replica_group": [2, 3]}, 3: {"replica_group": [2, 3]}}
     hashes = by_rank({0: {"w": "a"}}, {0: {"w": "a"}}, {0: {"w": "b"}}, {0: {"w": "b"}})
-    assert replica_drift(Run.open(fake_ranks(tmp_path / "r", hashes, rank_extra=groups))).step is None
+    assert rank_drift(Run.open(fake_ranks(tmp_path / "r", hashes, rank_extra=groups))).step is None
     hashes[3] = {0: {"w": "c"}}
-    drift = replica_drift(Run.open(fake_ranks(tmp_path / "s", hashes, rank_extra=groups)))
+    drift = rank_drift(Run.open(fake_ranks(tmp_path / "s", hashes, rank_extra=groups)))
     assert drift.step == 0 and drift.tensors[0].group == [2, 3] and drift.ranks == [3]
 
 
@@ -49,14 +49,14 @@ def test_sharded_tensors_are_compared_only_along_the_dimensions_they_are_replica
     }
     hashes = by_rank(*({0: {"w": f"shard{r % 2}", "v": f"own{r}", "step": "1"}} for r in range(4)))
     run = Run.open(fake_ranks(tmp_path / "r", hashes, layout="fsdp", replicated="dtensor", snapshot_extra=placed))
-    drift = replica_drift(run)
+    drift = rank_drift(run)
     assert drift.step is None and drift.compared == 2  # w (in pairs) and step (over the world); v is sharded everywhere
     hashes[2] = {0: {"w": "moved", "v": "own2", "step": "1"}}
-    drift = replica_drift(Run.open(fake_ranks(tmp_path / "s", hashes, layout="fsdp", replicated="dtensor", snapshot_extra=placed)))
+    drift = rank_drift(Run.open(fake_ranks(tmp_path / "s", hashes, layout="fsdp", replicated="dtensor", snapshot_extra=placed)))
     assert [(t.tensor, t.ranks, t.group) for t in drift.tensors] == [("w", [2], [0, 2])]
 
 
 def test_nothing_is_compared_without_replicas(tmp_path) -> None:
     hashes = by_rank({0: {"w": "a"}}, {0: {"w": "b"}})
-    drift = replica_drift(Run.open(fake_ranks(tmp_path / "r", hashes, layout="single", replicated="none")))
+    drift = rank_drift(Run.open(fake_ranks(tmp_path / "r", hashes, layout="single", replicated="none")))
     assert drift.step is None and drift.snapshots == [] and drift.replicated == "none"
