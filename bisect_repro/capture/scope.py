@@ -144,13 +144,16 @@ class DeterminismAlerts(TorchDispatchMode):
         kwargs = kwargs or {}
         try:
             return func(*args, **kwargs)
-        except RuntimeError as error:
-            if "deterministic" not in str(error):
+        except RuntimeError as error:  # refused by the deterministic switch, or failed for another reason
+            if not torch.are_deterministic_algorithms_enabled():
                 raise
-            phase, layer = self.scope.where()
-            self.alerts.append({"op": str(func), "layer": layer, "phase": phase, "message": str(error).split("\n")[0]})
             torch.use_deterministic_algorithms(False)
             try:
-                return func(*args, **kwargs)
+                result = func(*args, **kwargs)
+            except RuntimeError:
+                raise error from None  # fails without the switch too: not an alert
             finally:
                 torch.use_deterministic_algorithms(True)
+            phase, layer = self.scope.where()  # runs only without the switch: the switch refused it
+            self.alerts.append({"op": str(func), "layer": layer, "phase": phase, "message": str(error).split("\n")[0]})
+            return result

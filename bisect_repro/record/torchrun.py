@@ -40,7 +40,7 @@ from .directory import AnotherRankFailed
 from .recipe import build
 from .recorder import RecordingWarning, RecordOptions, record
 
-__all__ = ["init_process_group", "main", "record_ranks"]
+__all__ = ["init_process_group", "main", "record_ranks", "torchrun_command"]
 
 _REPORTS = "BISECT_REPRO_RANK_REPORTS"
 _POLL_S = 0.25
@@ -77,6 +77,12 @@ def _first_error(reports: Path, world: int) -> str | None:
     return None
 
 
+def torchrun_command(nproc: int) -> list[str]:
+    """The launcher of ``nproc`` ranks on this node: this interpreter's ``torch.distributed.run``
+    (the module ``torchrun`` runs), which picks its own free rendezvous port."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+
+
 def record_ranks(
     target: str,
     out: Path,
@@ -95,8 +101,7 @@ def record_ranks(
     reports = Path(tempfile.mkdtemp(prefix="bisect-repro-ranks-"))
     committed = _Committed(out)
     log = reports / "torchrun.log"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    command += ["-m", "bisect_repro.record.torchrun", json.dumps(spec)]
+    command = [*torchrun_command(nproc), "-m", "bisect_repro.record.torchrun", json.dumps(spec)]
     try:
         with open(log, "wb") as output:
             process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, _REPORTS: str(reports)})

@@ -32,12 +32,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..record.torchrun import torchrun_command
 from ..serve.channel import Channel, ChannelClosed, Listener
 from ..serve.protocol import Hello
 from ..store.run import Run
@@ -65,11 +65,10 @@ class RankedReplica(Replica):
         self.log = Path(self.listener.folder) / "output.log"  # the launcher's; each rank writes rank{r}.log beside it
         world = self.world_size
         self._receivers = ThreadPoolExecutor(world)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
         environment = {**self._environment(), LOGS_VARIABLE: str(self.listener.folder)}
         with open(self.log, "wb") as output:
             self.process = subprocess.Popen(
-                [*command, "-m", "bisect_repro.replay.bootstrap"],
+                [*torchrun_command(world), "-m", "bisect_repro.replay.bootstrap"],
                 cwd=self.listener.folder,  # private, as a single replica's (see Replica._start)
                 env=environment,
                 stdin=subprocess.DEVNULL,

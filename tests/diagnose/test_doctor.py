@@ -137,6 +137,20 @@ def test_ops_without_a_deterministic_kernel_are_caught_with_their_module() -> No
     assert model[0].weight.grad is not None  # the step ran to the end
 
 
+def test_an_op_that_fails_for_another_reason_is_not_an_alert_and_its_error_stands() -> None:
+    model = nn.Sequential(nn.Linear(3, 4))
+    alerts = DeterminismAlerts(model)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with alerts.catching(), pytest.raises(RuntimeError, match="cannot be multiplied"):
+            model(torch.randn(5, 7))
+        assert torch.are_deterministic_algorithms_enabled()  # the switch is back as it was
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert alerts.alerts == []
+
+
 FINGERPRINT = {
     "torch.get_num_threads": 8,
     "cpu_count": 8,
