@@ -75,7 +75,7 @@ def test_a_late_divergence_with_the_checkpoint_far_before_it_and_a_counter_the_c
     assert code == 1 and report["snapshots"] == {"last_equal": 60, "first_divergent": 80}
     assert (verdict["step"], verdict["phase"], verdict["cause"], verdict["confidence"]) == (73, "forward", "rng_state", "proven")
     assert verdict["rng"] == ["numpy"]
-    # From the checkpoint at 40 the closure's counter restarts at 0: the replay parts from the records, says so,
+    # From the checkpoint at 40 the object's counter restarts at 0: the replay parts from the records, says so,
     # and replays again in fresh processes from step 0, where the counter does start.
     assert any("parted from the records" in note and "steps 40/40" in note for note in report["notes"])
     assert report["replay"]["from_step"] == 0 and report["replay"]["faithful"]

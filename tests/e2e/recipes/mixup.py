@@ -1,5 +1,6 @@
-"""Mixup switched on after a warm-up counted in a closure, its weight drawn from NumPy's global
-stream, which the recipe never seeds."""
+"""Mixup switched on after a warm-up counted on an object (which no checkpoint holds: counters in
+module globals and closures are held, an object's attributes are not), its weight drawn from
+NumPy's global stream, which the recipe never seeds."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ from torch.utils.data import DataLoader, TensorDataset
 from bisect_repro import Trainee
 
 
+class Warmup:
+    """Counts the steps taken."""
+
+    calls = 0
+
+
 def build(seed: int = 0, mixup_from: int = 12) -> Trainee:
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
@@ -18,13 +25,12 @@ def build(seed: int = 0, mixup_from: int = 12) -> Trainee:
     loader = DataLoader(TensorDataset(inputs, targets), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(seed))
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    calls = 0
+    warmup = Warmup()
 
     def step(batch: list[torch.Tensor]) -> torch.Tensor:
-        nonlocal calls
-        calls += 1
+        warmup.calls += 1
         x, y = batch
-        if calls > mixup_from:
+        if warmup.calls > mixup_from:
             lam = float(np.random.beta(0.4, 0.4))
             x, y = lam * x + (1 - lam) * x.flip(0), lam * y + (1 - lam) * y.flip(0)
         optimizer.zero_grad()
