@@ -49,7 +49,7 @@ from . import causes
 from .audit import environment_findings
 from .checks import RecipeChecks
 from .findings import SEVERITIES, Finding, Severity
-from .probe import differences, probe
+from .probe import Probe, differences, probe
 
 __all__ = ["DEFAULT_STEPS", "SCHEMA", "DoctorReport", "doctor"]
 
@@ -107,10 +107,10 @@ def _short(indices: list[int] | None, limit: int = 6) -> str:
 class _Diagnosis:
     """Turns the probes' differences and the in-process experiments into findings."""
 
-    def __init__(self, a: dict[str, Any], b: dict[str, Any], local: RecipeChecks, steps: int) -> None:
+    def __init__(self, a: Probe, b: Probe, local: RecipeChecks, steps: int) -> None:
         self.a, self.b, self.local, self.steps = a, b, local, steps
         self.diff = differences(a, b)
-        self.loader = a.get("loader", {})
+        self.loader = a.built.loader
         self.findings: list[Finding] = []
         self.explained: set[str] = set()  # aspects and streams a finding accounts for
         self.unexplained: list[str] = []
@@ -119,33 +119,33 @@ class _Diagnosis:
         self.findings.extend(findings)
 
     def _digests(self, name: str) -> str:
-        return f"{self.a['streams'][name]} vs {self.b['streams'][name]}"
+        return f"{self.a.built.streams[name]} vs {self.b.built.streams[name]}"
 
     def run(self) -> list[Finding]:
         diff = self.diff
         self._init()
-        if diff["order"] is not None:
-            self._order(diff["order"])
-        elif diff["content"] is not None:
-            self._content(diff["content"])
+        if diff.order is not None:
+            self._order(diff.order)
+        elif diff.content is not None:
+            self._content(diff.content)
         self._hidden_streams()
         self._streams()
-        if diff["final"] and self._started_alike() and "step" not in self.explained:
-            self.unexplained.append(f"the state after {self.steps} steps ({diff['final'][0]} first)")
+        if diff.final and self._started_alike() and "step" not in self.explained:
+            self.unexplained.append(f"the state after {self.steps} steps ({diff.final[0]} first)")
         return self.findings
 
     def _started_alike(self) -> bool:
-        return not self.diff["init"] and self.diff["order"] is None and self.diff["content"] is None
+        return not self.diff.init and self.diff.order is None and self.diff.content is None
 
     def _init(self) -> None:
-        changed = self.diff["init"]
+        changed = self.diff.init
         if not changed:
             return
-        streams = [s for s in self.diff["streams"] if s not in _LOADER_STREAMS]
+        streams = [s for s in self.diff.streams if s not in _LOADER_STREAMS]
         if "torch" in streams:  # what torch.nn initialises from; other streams are judged by what draws from them
             streams = ["torch"]
         first = changed[0]
-        total = len(self.a["init"])
+        total = len(self.a.built.init)
         what = f"{first} differs between two builds in separate processes ({len(changed)} of {total} parameters and buffers differ)"
         if not streams:
             self.unexplained.append(f"the initial {first}")
@@ -157,15 +157,15 @@ class _Diagnosis:
 
     def _order(self, batch: int) -> None:
         diff, loader = self.diff, self.loader
-        indices = (self.a["batches"][batch]["indices"], self.b["batches"][batch]["indices"])
+        indices = (self.a.batches[batch].indices, self.b.batches[batch].indices)
         what = f"batch {batch} holds samples {_short(indices[0])} in one process and {_short(indices[1])} in the other"
-        streams = [s for s in diff["streams"] if s in _LOADER_STREAMS]
-        if not loader.get("generator") and "torch" in diff["streams"]:
+        streams = [s for s in diff.streams if s in _LOADER_STREAMS]
+        if not loader.get("generator") and "torch" in diff.streams:
             streams.append("torch")
-        hidden = [h for h in diff["hidden"] if not h.startswith("loader.dataset")]
+        hidden = [h for h in diff.hidden if not h.startswith("loader.dataset")]
         if hidden:
             for name in hidden:
-                kind = self.a["hidden"][name]["kind"]
+                kind = self.a.built.hidden[name].kind
                 evidence = f"{what}; the sampler draws from {name} ({kind}), which starts in a different state in each process"
                 self._add(Finding(f"unseeded-stream:{name}", "error", evidence, causes.generator_fix(name, kind)))
             self.explained |= {"order", *hidden}
@@ -184,46 +184,46 @@ class _Diagnosis:
     def _content(self, batch: int) -> None:
         diff, loader = self.diff, self.loader
         workers = int(loader.get("num_workers") or 0)
-        indices = self.a["batches"][batch]["indices"]
+        indices = self.a.batches[batch].indices
         what = f"batch {batch} holds the same samples {_short(indices)} with different contents"
-        hidden = [h for h in diff["hidden"] if h.startswith("loader.dataset")]
-        candidates = [*hidden, *(s for s in diff["streams"] if s in GLOBAL_STREAMS and not workers)]
+        hidden = [h for h in diff.hidden if h.startswith("loader.dataset")]
+        candidates = [*hidden, *(s for s in diff.streams if s in GLOBAL_STREAMS and not workers)]
         proven = {name: self.local.dataset_draws_from(name, batch) for name in candidates}
         culprits = [name for name, draws in proven.items() if draws] or [name for name in hidden if proven[name] is None]
         for name in culprits:
-            shown = f"{name} ({self.a['hidden'][name]['kind']})" if name in self.a["hidden"] else f"{name}'s global stream"
+            shown = f"{name} ({self.a.built.hidden[name].kind})" if name in self.a.built.hidden else f"{name}'s global stream"
             evidence = f"{what}; the dataset draws from {shown}, which starts in a different state in each process"
             if proven[name]:
                 evidence += "; shown here: with it one draw further, the same samples come out different"
             fix = (
-                causes.generator_fix(name, self.a["hidden"][name]["kind"], workers=workers)
-                if name in self.a["hidden"]
+                causes.generator_fix(name, self.a.built.hidden[name].kind, workers=workers)
+                if name in self.a.built.hidden
                 else causes.stream_fix([name])
             )
             self._add(Finding(f"unseeded-stream:{name}", "error", evidence, fix))
         self.explained |= {"content", *culprits} if culprits else set()
         if culprits:
             return
-        if workers and diff["base_seed"] is not None:
-            seeds = (self.a["batches"][0]["base_seed"], self.b["batches"][0]["base_seed"])
+        if workers and diff.base_seed is not None:
+            seeds = (self.a.batches[0].base_seed, self.b.batches[0].base_seed)
             source = "the loader's generator" if loader.get("generator") else "torch's global stream (the loader has no generator=)"
             evidence = (
                 f"{what}; the {workers} loader workers are seeded from a base seed drawn from {source}, which differs "
                 f"({seeds[0]} vs {seeds[1]})"
             )
             self._add(Finding("unseeded-workers", "error", evidence, causes.data_fix("data_content", loader)))
-            self.explained |= {"content", "torch", *(s for s in diff["streams"] if s in _LOADER_STREAMS)}
+            self.explained |= {"content", "torch", *(s for s in diff.streams if s in _LOADER_STREAMS)}
         else:
             self.unexplained.append(f"the contents of batch {batch}")
 
     def _hidden_streams(self) -> None:
-        for name in self.diff["hidden"]:
+        for name in self.diff.hidden:
             if name in self.explained:
                 continue
-            kind = self.a["hidden"][name]["kind"]
+            kind = self.a.built.hidden[name].kind
             seen = (
                 f"the first {self.steps} batches came out the same"
-                if self.diff["order"] is None
+                if self.diff.order is None
                 else "the batches already hold other samples, so what it changes is not known"
             )
             evidence = f"{name} ({kind}) starts in a different state in each process; {seen}"
@@ -232,8 +232,8 @@ class _Diagnosis:
 
     def _streams(self) -> None:
         """Unexplained streams: do the steps draw from them? Advance each by one draw and see."""
-        final_differs = bool(self.diff["final"]) and self._started_alike()
-        for name in self.diff["streams"]:
+        final_differs = bool(self.diff.final) and self._started_alike()
+        for name in self.diff.streams:
             if name in self.explained:
                 continue
             digests = self._digests(name)
@@ -249,7 +249,7 @@ class _Diagnosis:
             elif final_differs and self.local.unrepeatable_step is None:
                 evidence = (
                     f"{name}'s stream is in a different state in each process after the build ({digests}), and after "
-                    f"{self.steps} steps the processes differ ({self.diff['final'][0]} first) though they started alike"
+                    f"{self.steps} steps the processes differ ({self.diff.final[0]} first) though they started alike"
                 )
                 self._add(Finding(f"unseeded-stream:{name}", "error", evidence, causes.stream_fix([name])))
                 self.explained |= {"step", name}
@@ -264,12 +264,11 @@ class _Diagnosis:
             self.explained.add("step")
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    diff = differences(a, b)
-    return not diff["init"] and not diff["final"] and all(diff[k] is None for k in ("order", "content", "loss"))
+def _same(a: Probe, b: Probe) -> bool:
+    return differences(a, b).none
 
 
-def _hash_seed_findings(unexplained: list[str], pair: tuple[dict[str, Any], ...], again: tuple[dict[str, Any], ...]) -> list[Finding]:
+def _hash_seed_findings(unexplained: list[str], pair: tuple[Probe, ...], again: tuple[Probe, ...]) -> list[Finding]:
     """Two more processes, with the first two's PYTHONHASHSEED values, settle what no stream
     explained: each matches its namesake only if string hashing is the cause (a nondeterministic
     kernel or other entropy would have to repeat both outcomes by chance)."""
@@ -357,7 +356,7 @@ def _replica(target: str, config: dict[str, Any], hash_seed: str) -> Replica:
     return Replica(spec_for_recipe(target, config, {"PYTHONHASHSEED": hash_seed}), f"{target} (PYTHONHASHSEED={hash_seed})")
 
 
-def _probes(target: str, config: dict[str, Any], steps: int) -> tuple[dict[str, Any], ...]:
+def _probes(target: str, config: dict[str, Any], steps: int) -> tuple[Probe, ...]:
     """Two more processes, trained and read, then closed."""
     replicas = [_replica(target, config, seed) for seed in _HASH_SEEDS]
     try:
@@ -379,7 +378,7 @@ def _diagnose(target: str, config: dict[str, Any], steps: int, say: Progress) ->
         a, outcomes = probe(first, steps, keep=True)
         b, _ = probe(second, steps)
         second.close()
-        local = RecipeChecks(first, outcomes, a["environment"], fresh=lambda: _replica(target, config, _HASH_SEEDS[0]))
+        local = RecipeChecks(first, outcomes, a.built.environment, fresh=lambda: _replica(target, config, _HASH_SEEDS[0]))
         say(f"re-running the first {steps} step(s) from the same states")
         local.rerun_steps()  # first: nothing else may have run in between (a compiled step would recompile)
         say("running step 0 under deterministic algorithms")
@@ -390,9 +389,9 @@ def _diagnose(target: str, config: dict[str, Any], steps: int, say: Progress) ->
         if diagnosis.unexplained:
             say("two more processes, to tell string hashing from other entropy")
             findings += _hash_seed_findings(diagnosis.unexplained, (a, b), _probes(target, config, steps))
-        fingerprint = a["environment"]
-        pinned = fingerprint.get("env.OMP_NUM_THREADS") is not None or bool(a["threads_set"])
-        findings += environment_findings(fingerprint, threads_pinned=pinned, audit=False, convolutions=bool(a.get("convolutions")))
+        fingerprint = a.built.environment
+        pinned = fingerprint.get("env.OMP_NUM_THREADS") is not None or bool(a.built.threads_set)
+        findings += environment_findings(fingerprint, threads_pinned=pinned, audit=False, convolutions=a.built.convolutions)
         _threads_finding(findings, local)
         return findings, fingerprint
     finally:

@@ -16,53 +16,90 @@ those steps again in the same process (see :mod:`bisect_repro.diagnose.checks`).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from ..replay.replica import Replica
-from ..serve.protocol import StepResult
+from ..serve.protocol import Description, StepResult
 
-__all__ = ["differences", "probe"]
+__all__ = ["Probe", "ProbeDifferences", "ProbedBatch", "differences", "probe"]
 
 
-def probe(replica: Replica, steps: int, *, keep: bool = False) -> tuple[dict[str, Any], list[StepResult]]:
-    """The probe object of a freshly connected replica (see the module docstring), and each
-    step's untraced result; ``keep`` keeps every step's start in the replica, to run again."""
-    described = replica.describe().to_json()
-    kept = ("init", "streams", "hidden", "environment", "threads_set", "loader", "convolutions")
-    result: dict[str, Any] = {key: described[key] for key in kept}
-    result["batches"] = []
-    outcomes = []
+@dataclass(frozen=True, kw_only=True)
+class ProbedBatch:
+    """One step's batch and loss in a probed process."""
+
+    indices: list[int] | None
+    content: str | None
+    """The batch's digest."""
+    base_seed: int | None
+    """The loader's base seed for its workers."""
+    loss: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probe:
+    """What one process built and trained (see the module docstring)."""
+
+    built: Description
+    """The process right after the build: its state, streams, hidden streams, environment."""
+    batches: list[ProbedBatch]
+    final: dict[str, str]
+    """The hash of every tensor after the steps."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeDifferences:
+    """What two probes disagree on: names, or the first batch that differs (``None``: none)."""
+
+    init: list[str]
+    streams: list[str]
+    hidden: list[str]
+    order: int | None
+    content: int | None
+    """The first batch whose content differs while its sample indices agree."""
+    base_seed: int | None
+    loss: int | None
+    final: list[str]
+
+    @property
+    def none(self) -> bool:
+        """Nothing that matters differs: the state before and after, the data and the losses."""
+        return not self.init and not self.final and self.order is None and self.content is None and self.loss is None
+
+
+def probe(replica: Replica, steps: int, *, keep: bool = False) -> tuple[Probe, list[StepResult]]:
+    """The probe of a freshly connected replica (see the module docstring), and each step's
+    untraced result; ``keep`` keeps every step's start in the replica, to run again."""
+    built = replica.describe()
+    batches, outcomes = [], []
     for step in range(steps):
         fetched = replica.fetch(keep=list(range(step)) if keep else [])
         outcome = replica.run(step, trace="none", commit=True)
         outcomes.append(outcome)
-        result["batches"].append(
-            {"indices": fetched.indices, "content": fetched.batch, "base_seed": fetched.base_seed, "loss": outcome.loss}
-        )
-    result["final"] = replica.hashes()
-    return result, outcomes
+        batches.append(ProbedBatch(indices=fetched.indices, content=fetched.batch, base_seed=fetched.base_seed, loss=outcome.loss))
+    return Probe(built=built, batches=batches, final=replica.hashes()), outcomes
 
 
-def _first_batch(a: dict[str, Any], b: dict[str, Any], key: str, *, same_indices: bool = False) -> int | None:
-    for index, (x, y) in enumerate(zip(a["batches"], b["batches"], strict=False)):
-        if (not same_indices or x["indices"] == y["indices"]) and x[key] != y[key]:
+def _first_batch(a: Probe, b: Probe, key: str, *, same_indices: bool = False) -> int | None:
+    for index, (x, y) in enumerate(zip(a.batches, b.batches, strict=False)):
+        if (not same_indices or x.indices == y.indices) and getattr(x, key) != getattr(y, key):
             return index
     return None
 
 
-def differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """What differs between two probes' results."""
+def _names(a: dict[str, object], b: dict[str, object]) -> list[str]:
+    return [n for n in a if n in b and a[n] != b[n]]
 
-    def names(key: str) -> list[str]:
-        return [n for n in a[key] if n in b[key] and a[key][n] != b[key][n]]
 
-    return {
-        "init": names("init"),
-        "streams": names("streams"),
-        "hidden": names("hidden"),
-        "order": _first_batch(a, b, "indices"),
-        "content": _first_batch(a, b, "content", same_indices=True),
-        "base_seed": _first_batch(a, b, "base_seed"),
-        "loss": _first_batch(a, b, "loss"),
-        "final": names("final"),
-    }
+def differences(a: Probe, b: Probe) -> ProbeDifferences:
+    """What differs between two probes."""
+    return ProbeDifferences(
+        init=_names(dict(a.built.init), dict(b.built.init)),
+        streams=_names(dict(a.built.streams), dict(b.built.streams)),
+        hidden=_names(dict(a.built.hidden), dict(b.built.hidden)),
+        order=_first_batch(a, b, "indices"),
+        content=_first_batch(a, b, "content", same_indices=True),
+        base_seed=_first_batch(a, b, "base_seed"),
+        loss=_first_batch(a, b, "loss"),
+        final=_names(dict(a.final), dict(b.final)),
+    )

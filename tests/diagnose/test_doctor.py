@@ -20,10 +20,11 @@ from bisect_repro.diagnose.audit import environment_findings
 from bisect_repro.diagnose.checks import RecipeChecks
 from bisect_repro.diagnose.doctor import SCHEMA, DoctorReport, doctor
 from bisect_repro.diagnose.findings import Finding
-from bisect_repro.diagnose.probe import differences, probe
+from bisect_repro.diagnose.probe import Probe, ProbedBatch, ProbeDifferences, differences, probe
 from bisect_repro.replay.launch import spec_for_recipe
 from bisect_repro.replay.replica import Replica
 from bisect_repro.report.text import render_doctor
+from bisect_repro.serve.protocol import Description, HiddenStream
 
 
 class Flip:
@@ -203,38 +204,34 @@ def test_doctor_without_a_target_audits_this_process() -> None:
     assert result["environment"]["torch"] == torch.__version__
 
 
-def probe_result(**changes: object) -> dict:
-    base = {
-        "init": {"0.weight": "a", "0.bias": "b"},
-        "streams": {"torch": "t", "loader.generator": "g"},
-        "hidden": {"loader.dataset.rng": {"kind": "numpy.random.Generator", "digest": "r"}},
-        "batches": [
-            {"indices": [1, 2], "content": "c1", "base_seed": 5, "loss": "l1"},
-            {"indices": [3, 4], "content": "c2", "base_seed": 5, "loss": "l2"},
-        ],
-        "final": {"0.weight": "x", "0.bias": "y"},
-    }
-    return {**base, **changes}
+def probe_result(*, init=None, hidden=None, batches=None) -> Probe:
+    built = Description(
+        init=init or {"0.weight": "a", "0.bias": "b"},
+        streams={"torch": "t", "loader.generator": "g"},
+        hidden={"loader.dataset.rng": HiddenStream(kind="numpy.random.Generator", digest=hidden or "r")},
+        environment={},
+        threads_set=[],
+        loader={},
+        convolutions=False,
+        build_seeding=[],
+    )
+    rows = batches or [([1, 2], "c1", "l1"), ([3, 4], "c2", "l2")]
+    probed = [ProbedBatch(indices=indices, content=content, base_seed=5, loss=loss) for indices, content, loss in rows]
+    return Probe(built=built, batches=probed, final={"0.weight": "x", "0.bias": "y"})
 
 
 def test_probes_differences() -> None:
     a = probe_result()
-    assert differences(a, probe_result()) == {
-        "init": [], "streams": [], "hidden": [], "order": None, "content": None, "base_seed": None, "loss": None, "final": [],
-    }  # fmt: skip
-    b = probe_result(
-        init={"0.weight": "a", "0.bias": "B"},
-        hidden={"loader.dataset.rng": {"kind": "numpy.random.Generator", "digest": "R"}},
-        batches=[
-            {"indices": [1, 2], "content": "c1", "base_seed": 5, "loss": "l1"},
-            {"indices": [3, 4], "content": "C2", "base_seed": 5, "loss": "L2"},
-        ],
+    same = differences(a, probe_result())
+    assert same.none and same == ProbeDifferences(
+        init=[], streams=[], hidden=[], order=None, content=None, base_seed=None, loss=None, final=[]
     )
+    b = probe_result(init={"0.weight": "a", "0.bias": "B"}, hidden="R", batches=[([1, 2], "c1", "l1"), ([3, 4], "C2", "L2")])
     diff = differences(a, b)
-    assert diff["init"] == ["0.bias"] and diff["hidden"] == ["loader.dataset.rng"]
-    assert diff["order"] is None and diff["content"] == 1 and diff["loss"] == 1
-    shuffled = probe_result(batches=[{"indices": [2, 1], "content": "c9", "base_seed": 5, "loss": "l1"}])
-    assert differences(a, shuffled)["order"] == 0 and differences(a, shuffled)["content"] is None
+    assert diff.init == ["0.bias"] and diff.hidden == ["loader.dataset.rng"] and not diff.none
+    assert diff.order is None and diff.content == 1 and diff.loss == 1
+    shuffled = probe_result(batches=[([2, 1], "c9", "l1")])
+    assert differences(a, shuffled).order == 0 and differences(a, shuffled).content is None
 
 
 def test_a_recipe_replica_runs_with_the_recipe_settings_in_its_own_process() -> None:
