@@ -87,6 +87,7 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
         result.verdict = structure_verdict(records)
         return result
     result.timeline, result.first_log_difference = records.timeline, records.logs
+    result.unused_streams = records.unused_streams()
     result.snapshots = {"last_equal": records.last_equal, "first_divergent": records.first_divergent}
     if records.identical:
         _identical(records, result)
@@ -165,6 +166,7 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
     result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
     _run_names(records, result)
     result.verdict, result.timeline, result.first_log_difference = verdict, records.timeline, records.logs
+    result.unused_streams = records.unused_streams()
     result.snapshots = {"last_equal": records.last_equal, "first_divergent": records.first_divergent}
     result.ranks = [RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline) for r, v in ranks]
     if first is None:

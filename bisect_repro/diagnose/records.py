@@ -96,6 +96,15 @@ class Records:
                         found[(step, call["call"], call.get("where"))] = (step, call)
         return list(found.values())
 
+    def unused_streams(self) -> list[str]:
+        """Streams that differ at some snapshot but whose state never moved, in either run, from
+        the first snapshot compared to the last: nothing drew from them, so they cannot be a cause."""
+        if not self.timeline:
+            return []
+        differing = dict.fromkeys(s for row in self.timeline for s in row.streams)
+        moved = self.drawn_between(self.timeline[0].step, self.timeline[-1].step)
+        return [s for s in differing if s not in moved]
+
     def drawn_between(self, start: int | None, end: int | None) -> set[str]:
         """Streams whose state changed between two snapshots of either run."""
         if start is None or end is None:

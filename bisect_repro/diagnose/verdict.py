@@ -9,7 +9,8 @@ The JSON form is the ``bisect-repro/compare/2`` object documented in the README;
 ``confidence``, ``evidence``, ``reseeded``, ``config_keys``, ``environment_keys``, ``rank`` and
 ``histogram`` to the verdict, ``parted`` to the replay, ``layers`` to the timeline and
 ``ops_context`` to the result, and the cause ``hidden_state``; ``ranks`` (one
-:class:`RankResult` per rank compared, one for a single process) came later, within version 2.
+:class:`RankResult` per rank compared, one for a single process) and ``unused_streams`` came
+later, within version 2.
 Each ``to_json`` names its keys one by one, with every enumeration
 (:class:`~bisect_repro.diagnose.causes.Cause`, :class:`Confidence`, :class:`Outcome`) written as
 its value: a field added to a class reaches the JSON only when it is added there.
@@ -242,6 +243,9 @@ class CompareResult:
     notes: list[str] = field(default_factory=list)
     ranks: list[RankResult] = field(default_factory=list)
     """Each rank compared (rank 0 alone for single-process runs); the verdict is the earliest of theirs."""
+    unused_streams: list[str] = field(default_factory=list)
+    """Random streams that differ between the runs but that nothing drew from (their state never
+    moved in either run): shown as such, never a cause."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -258,6 +262,7 @@ class CompareResult:
             "ops_context": self.ops_context,
             "notes": self.notes,
             "ranks": [rank.to_json() for rank in self.ranks],
+            "unused_streams": self.unused_streams,
         }
 
     @classmethod

@@ -169,7 +169,7 @@ def _column(steps: Sequence[int], group: Sequence[int]) -> str:
 
 
 def _row(
-    label: str, values: Sequence[int | None], steps: Sequence[int], groups: Sequence[Sequence[int]], unit: str
+    label: str, values: Sequence[int | None], steps: Sequence[int], groups: Sequence[Sequence[int]], unit: str, *, muted: bool = False
 ) -> tuple[str, list[Cell]]:
     """One heatmap row: per group of snapshots the largest value (``None``: no snapshot), with a tooltip.
 
@@ -179,8 +179,8 @@ def _row(
     for group in groups:
         seen = [value for value in (values[i] for i in group) if value is not None]
         n = max(seen) if seen else None
-        what = "no snapshot" if n is None else f"{n} {unit}" if unit else "differs" if n else "equal"
-        cells.append(Cell(n, f"{'step' if len(group) == 1 else 'steps'} {_column(steps, group)}, {label}: {what}"))
+        what = "no snapshot" if n is None else f"{n} {unit}" if unit else ("differs, unused" if muted else "differs") if n else "equal"
+        cells.append(Cell(n, f"{'step' if len(group) == 1 else 'steps'} {_column(steps, group)}, {label}: {what}", muted=muted))
     return label, cells
 
 
@@ -188,7 +188,7 @@ def _count(item: Any) -> int:
     return int(item) if isinstance(item, (int, float)) else 0
 
 
-def _timeline(timeline: Sequence[TimelineRow]) -> str:
+def _timeline(timeline: Sequence[TimelineRow], unused: Sequence[str] = ()) -> str:
     title = "Snapshot timeline"
     if not timeline:
         return section(title, '<p class="muted">No common snapshots.</p>')
@@ -206,13 +206,18 @@ def _timeline(timeline: Sequence[TimelineRow]) -> str:
         rows.append(_row(f"{len(rest)} more layers", [sum(_count(found.get(n)) for n in rest) for found in layers], steps, groups, unit))
     differ = [{str(s) for s in row.streams} for row in timeline]
     streams = sorted(set().union(*differ))
-    rows += [_row(f"stream {name}", [int(name in found) for found in differ], steps, groups, "") for name in streams]
+    for name in streams:
+        label = f"stream {name} (differs, unused)" if name in unused else f"stream {name}"
+        rows.append(_row(label, [int(name in found) for found in differ], steps, groups, "", muted=name in unused))
     if not streams:
         rows.append(_row("random streams", [0] * len(timeline), steps, groups, ""))
     first = next((j for j, group in enumerate(groups) if any(not timeline[i].equal for i in group)), None)
     grouped = f" Each column groups {len(groups[0])} snapshots and shows the largest count." if len(groups[0]) > 1 else ""
     outlined = " The outlined column is the first divergent snapshot." if first is not None else ""
-    legend = '<span class="legend"><span><i class="eq"></i>equal</span><span><i class="ne"></i>differ (darker: more tensors)</span></span>'
+    legend = (
+        '<span class="legend"><span><i class="eq"></i>equal</span><span><i class="ne"></i>differ (darker: more tensors)</span>'
+        '<span><i class="muted"></i>differs, but nothing drew from it</span></span>'
+    )
     note = f'<p class="small muted">{legend}Rows: differing tensors in all, by layer, then the random streams; columns: snapshots by step.'
     note += esc(grouped + outlined) + "</p>"
     columns = [_column(steps, group) for group in groups]
@@ -334,7 +339,7 @@ def comparison_html(result: CompareResult, losses: Sequence[Losses] = ()) -> str
     runs = result.runs
     title = "bisect-repro compare: " + " vs ".join(str(r) for r in runs)
     heading = "<h1>bisect-repro compare</h1>" + _run_names(runs)
-    body = heading + _verdict(result) + _ranks(result.ranks) + curves + _timeline(result.timeline)
+    body = heading + _verdict(result) + _ranks(result.ranks) + curves + _timeline(result.timeline, result.unused_streams)
     body += _difference(verdict) + _ops(result.ops_context) + _diffs(result) + _replay(result)
     return document(title, body, footer=f"bisect-repro {__version__}, {COMPARE_SCHEMA}")
 

@@ -58,6 +58,7 @@ details summary { cursor: pointer; color: var(--muted); margin-top: 8px; }
 .legend i.a { background: var(--a); } .legend i.b { background: var(--b); } .legend i.diff { background: var(--diff); }
 .legend i.ne { background: var(--bad); height: 10px; }
 .legend i.eq { background: var(--ok-soft); height: 10px; border: 1px solid var(--ok); }
+.legend i.muted { background: var(--muted); opacity: 0.45; height: 10px; }
 svg { max-width: 100%; height: auto; display: block; margin: 6px 0; }
 svg text { fill: var(--muted); font-size: 11px; font-family: inherit; }
 svg .frame { fill: none; stroke: var(--line); } svg .grid { stroke: var(--grid); }
@@ -67,6 +68,7 @@ svg .dot.a { fill: var(--a); } svg .dot.b { fill: var(--b); } svg .dot.diff { fi
 svg .marker { stroke: var(--bad); stroke-width: 1.5; stroke-dasharray: 4 3; } svg .marker.m1 { stroke: var(--warn); }
 svg .marker-label { fill: var(--bad); font-weight: 600; } svg .marker-label.m1 { fill: var(--warn); }
 svg .cell.eq { fill: var(--ok-soft); } svg .cell.ne { fill: var(--bad); } svg .cell.none { fill: var(--none); }
+svg .cell.muted { fill: var(--muted); fill-opacity: 0.45; }
 svg .outline { fill: none; stroke: var(--fg); stroke-width: 1.5; }
 svg .row-label { fill: var(--fg); font-size: 12.5px; } svg .bar { fill: var(--bad); }
 footer { color: var(--muted); font-size: .8rem; text-align: center; }

@@ -168,6 +168,8 @@ class Cell:
 
     value: int | None
     tip: str
+    muted: bool = False
+    """A difference that cannot matter (a stream nothing drew from): drawn grey, not red."""
 
 
 def heatmap(rows: Sequence[tuple[str, Sequence[Cell]]], columns: Sequence[str], *, title: str, highlight: int | None = None) -> str:
@@ -194,6 +196,8 @@ def heatmap(rows: Sequence[tuple[str, Sequence[Cell]]], columns: Sequence[str], 
                 kind = "none"
             elif cell.value == 0:
                 kind = "eq"
+            elif cell.muted:
+                kind = "muted"
             else:
                 kind = f'ne" fill-opacity="{0.35 + 0.65 * min(cell.value, largest) / largest:.2f}'
             box = f'x="{label_w + j * cell_w}" y="{y}" width="{cell_w - 1}" height="{cell_h - 2}"'

@@ -170,7 +170,7 @@ def render_comparison(result: CompareResult, console: Console) -> None:
         )
     if len(result.ranks) > 1:
         console.print(_ranks_table(result.ranks))
-    console.print(_timeline_table(result.timeline))
+    console.print(_timeline_table(result.timeline, result.unused_streams))
     replay = result.replay
     if replay.performed:
         summary, exact = replay_summary(replay)
@@ -209,8 +209,9 @@ def _ranks_table(ranks: list[RankResult]) -> Table:
     return table
 
 
-def _timeline_table(rows: list[TimelineRow]) -> Table:
-    """The snapshot timeline, condensed around the first divergence; a row says how many snapshots it leaves out."""
+def _timeline_table(rows: list[TimelineRow], unused: Sequence[str] = ()) -> Table:
+    """The snapshot timeline, condensed around the first divergence; a row says how many snapshots
+    it leaves out. A stream nothing drew from is shown dim, as ``(unused)``: it differs, but cannot matter."""
     table = Table(title="snapshot timeline", title_justify="left", header_style="bold")
     table.add_column("step", justify="right")
     table.add_column("tensors")
@@ -223,7 +224,8 @@ def _timeline_table(rows: list[TimelineRow]) -> Table:
             continue
         first = safe_text(row.first_tensor)
         state = "[green]equal[/]" if row.equal else f"[red]{safe_text(row.differing_tensors)} differ[/] (first: {first})"
-        table.add_row(safe_text(row.step), state, safe_text(", ".join(map(str, row.streams))) or "-")
+        streams = [f"[dim]{safe_text(s)} (unused)[/]" if s in unused else safe_text(s) for s in map(str, row.streams)]
+        table.add_row(safe_text(row.step), state, ", ".join(streams) or "-")
     return table
 
 

@@ -123,3 +123,15 @@ def test_a_stream_that_differed_from_the_start_but_never_moved_is_not_the_cause(
         detail="numpy differed from the start but did not move between steps 2 and 4: nothing drew from them, so they are not the cause",
     )
     assert verdict.fix == "pin the thread count in both runs: torch.set_num_threads(N) and OMP_NUM_THREADS=N"
+
+
+def test_a_stream_that_differs_but_never_moves_is_unused_and_one_that_moves_is_not(tmp_path: Path) -> None:
+    def state(value: int) -> dict[str, Any]:
+        return {"kind": "python", "state": [value]}
+
+    still_a, still_b = state(1), state(2)  # differ from the start, never drawn from
+    a = run(tmp_path / "a", streams={s: {"python": still_a, "torch": state(10 + s)} for s in (0, 2, 4, 6)})
+    b = run(tmp_path / "b", streams={s: {"python": still_b, "torch": state(10 + s if s < 4 else 99 + s)} for s in (0, 2, 4, 6)})
+    records = read_records(a, b)
+    assert [row.streams for row in records.timeline] == [["python"], ["python"], ["python", "torch"], ["python", "torch"]]
+    assert records.unused_streams() == ["python"]

@@ -383,3 +383,12 @@ def test_a_report_path_in_a_missing_folder_is_one_line_and_exit_2(runs, tmp_path
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == f"error: {out}: the folder {out.parent} does not exist; create it or give another path for the report"
     assert result.stdout == "" and not out.parent.exists()
+
+
+def test_a_stream_nothing_drew_from_is_drawn_grey_and_named_unused() -> None:
+    result = sample()
+    result["timeline"][0]["streams"] = ["python", "torch"]
+    result["unused_streams"] = ["python"]
+    page = report(result, losses())
+    assert "stream python (differs, unused)" in page and 'class="cell muted"' in page
+    assert "stream torch (differs, unused)" not in page and "stream torch" in page

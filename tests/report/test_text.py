@@ -40,3 +40,14 @@ def test_the_replay_summary_says_where_the_replay_parted(faithful: bool, parted:
     assert says in text
     if parted:
         assert "reproduced both runs' records\n" not in text and "reproduced both runs' records;" not in text
+
+
+def test_a_stream_nothing_drew_from_is_marked_unused_and_one_drawn_from_is_not() -> None:
+    result = copy.deepcopy(RESEED)
+    result["timeline"][0]["streams"] = ["python", "torch"]
+    result["unused_streams"] = ["python"]
+    console = Console(record=True, width=400, color_system=None)
+    render_comparison(CompareResult.from_json(result), console)
+    text = console.export_text()
+    assert "python (unused), torch" in text
+    assert "torch (unused)" not in text
