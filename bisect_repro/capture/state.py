@@ -57,6 +57,22 @@ def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     return found
 
 
+_SKIP = object()
+
+
+def _plain(value: Any, depth: int = 2) -> Any:
+    """``value`` as plain JSON (a dict's keys as text), or ``_SKIP`` when it is not plain data."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if depth and isinstance(value, (list, tuple)) and len(value) <= 64:
+        items = [_plain(v, depth - 1) for v in value]
+        return _SKIP if any(v is _SKIP for v in items) else items
+    if depth and isinstance(value, dict) and len(value) <= 64:
+        mapped = {str(k): _plain(v, depth - 1) for k, v in value.items()}
+        return _SKIP if any(v is _SKIP for v in mapped.values()) else mapped
+    return _SKIP
+
+
 class TrainingState:
     """The stateful whole of a :class:`Trainee`; ``scope``: where the code that drives it keeps its
     counters (the step function's own module and closure, when it has a step function)."""
@@ -110,6 +126,22 @@ class TrainingState:
             "extra": {name: value.state_dict() for name, value in self.extra.items()},
             "python": self.python.state_dict(),
         }
+
+    def settings(self) -> dict[str, Any]:
+        """The trainee's non-tensor state, flat and JSON-safe, for snapshots: each optimizer group's
+        hyperparameters (``optimizer.group0.lr``, ``...betas``, ``...weight_decay``) and the
+        scheduler's state (``scheduler.milestones``, ``scheduler.last_epoch``); values JSON cannot
+        hold plainly (objects, tensors) are left out."""
+        found: dict[str, Any] = {}
+        for index, group in enumerate(self.trainee.optim.param_groups):
+            for key, value in group.items():
+                if key != "params" and (plain := _plain(value)) is not _SKIP:
+                    found[f"optimizer.group{index}.{key}"] = plain
+        scheduler = self.trainee.scheduler
+        for key, value in (scheduler.state_dict() if scheduler is not None else {}).items():
+            if not key.startswith("_") and (plain := _plain(value)) is not _SKIP:
+                found[f"scheduler.{key}"] = plain
+        return found
 
     def extra_digests(self) -> dict[str, str]:
         """A digest of each ``Trainee.state`` object's state, by ``state.<name>``."""

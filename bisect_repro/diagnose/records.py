@@ -30,6 +30,7 @@ from ..capture.seeding import SeedingCall
 from ..errors import BisectReproError
 from ..store.run import Run
 from .causes import Cause, fix_for
+from .settings import SettingsDifference, settings_difference
 from .verdict import Confidence, Evidence, Outcome, TimelineRow, Verdict
 
 __all__ = ["Records", "first_divergence", "layer_of", "rank_verdict", "read_records", "records_verdict", "structure_verdict"]
@@ -61,6 +62,8 @@ class Records:
     logs: dict[str, int | None] = field(default_factory=dict)
     last_equal: int | None = None
     first_divergent: int | None = None
+    settings: SettingsDifference | None = None
+    """The first snapshot where the optimizer's or the scheduler's non-tensor state differs."""
 
     @property
     def identical(self) -> bool:
@@ -126,10 +129,12 @@ def _structure_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     return None
 
 
-def _timeline(a: Run, b: Run) -> list[TimelineRow]:
-    rows = []
+def _timeline(a: Run, b: Run) -> tuple[list[TimelineRow], list[tuple[int, Any, Any]]]:
+    """The timeline of the snapshots both runs hold, and each one's settings in both (read once)."""
+    rows, settings = [], []
     for step in sorted(set(a.snapshots) & set(b.snapshots)):
         sa, sb = a.snapshot(step), b.snapshot(step)
+        settings.append((step, sa.get("settings"), sb.get("settings")))
         differing = [n for n in dict.fromkeys([*sa["hashes"], *sb["hashes"]]) if sa["hashes"].get(n) != sb["hashes"].get(n)]
         streams = sorted(
             n for n in set(sa["streams"]) & set(sb["streams"]) if tree_digest(sa["streams"][n]) != tree_digest(sb["streams"][n])
@@ -148,7 +153,7 @@ def _timeline(a: Run, b: Run) -> list[TimelineRow]:
                 layers=layers,
             )
         )
-    return rows
+    return rows, settings
 
 
 def _first_log_differences(a: Run, b: Run) -> dict[str, int | None]:
@@ -182,7 +187,8 @@ def read_records(a: Run, b: Run) -> Records:
     )
     if records.structure is not None:
         return records
-    records.timeline = _timeline(a, b)
+    records.timeline, settings = _timeline(a, b)
+    records.settings = settings_difference(settings, records.config_diff)
     if not records.timeline:
         raise BisectReproError(f"{b.path}: has no snapshot at a step that {a.path} has; the runs cannot be compared")
     records.logs = _first_log_differences(a, b)
@@ -231,6 +237,8 @@ def records_verdict(records: Records) -> Verdict:
         evidence.append(
             _from_records(Outcome.DIFFERS, f"step {step} reseeded from entropy: {SeedingCall.from_json(call)}", subject="the step logs")
         )
+    if records.settings is not None:
+        evidence.append(_from_records(Outcome.DIFFERS, records.settings.describe(), subject="the snapshots' settings"))
     verdict = Verdict(step=max(end, 0), confidence=Confidence.INFERRED, evidence=evidence)
     if end < 0:  # the first snapshots (before step 0) already differ: the runs part at initialisation
         verdict.phase = "init"
@@ -250,7 +258,8 @@ def records_verdict(records: Records) -> Verdict:
     elif changed:
         verdict.cause, verdict.rng = Cause.RNG_STATE, changed
     elif records.config_diff:
-        verdict.cause, verdict.config_keys = Cause.CONFIG, list(records.config_diff)
+        named = records.settings.config_keys if records.settings is not None else []
+        verdict.cause, verdict.config_keys = Cause.CONFIG, named or list(records.config_diff)
     elif records.environment_diff:
         verdict.cause, verdict.environment_keys = Cause.ENVIRONMENT, list(records.environment_diff)
     elif all_along:

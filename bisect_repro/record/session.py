@@ -349,6 +349,7 @@ class RecordingSession:
         # streams' and data position's states are copies taken now. So it is taken apart on the
         # writer's thread; only a checkpoint, which holds the training's own tensors, is copied here.
         tree = {"step": step, "hashes": hashes, "streams": state.streams.state_dict(), "data": state.data.state_dict(), **placed}
+        tree["settings"] = state.settings()  # non-tensor state (hyperparameters), compared by compare
         checkpoint_every = self.options.checkpoint_every
         due = step == self.start_step or (checkpoint_every is not None and step % checkpoint_every == 0)
         checkpoint = codec.prepare(state.state_dict()) if due else None

@@ -71,6 +71,11 @@ def test_a_scheduler_milestone_in_the_config_is_proven_and_the_output_folder_is_
     assert (verdict["step"], verdict["phase"], verdict["layer"], verdict["op"]) == (30, "optimizer", "0", "aten.add_.Tensor"), verdict
     assert (verdict["cause"], verdict["confidence"], verdict["config_keys"]) == ("config", "proven", ["milestone"]), verdict
     assert "out_dir" not in verdict["fix"]
+    records_only = json.loads(runner.invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json", "--no-replay"]).stdout)
+    settings = [e["detail"] for e in records_only["verdict"]["evidence"] if e["subject"] == "the snapshots' settings"]
+    assert settings == [
+        "the non-tensor state differs at step 0: scheduler.milestones ({'40': 1} vs {'30': 1}), set by the config key milestone"
+    ]
 
 
 def test_doctor_names_the_reseed_behind_a_closure_counter_not_streams_nothing_draws_from() -> None:
