@@ -208,16 +208,31 @@ class RecordingSession:
 
     # -- the loop ------------------------------------------------------------------------
     def batches(self, steps: int | None = None) -> Iterator[Any]:
-        """Yield one batch per step up to ``steps`` (total, counted from 0), snapshotting as due;
-        then close."""
+        """Yield one batch per step up to ``steps`` (total, counted from 0; with no step count
+        anywhere, one pass over a data source that has a length), snapshotting as due; then close."""
         total = steps if steps is not None else self.options.steps
-        while total is None or self.step < total:
+        if total is None:
+            total = self._one_pass()
+        while self.step < total:
             self.begin_step()
             batch, indices = self.state.data.next_batch()
             self.note_batch(batch, indices)
             yield batch
             self.end_step()
         self.close()
+
+    def _one_pass(self) -> int:
+        """The steps of one pass over the data: a run given no step count stops at the end of a
+        finite source, and is refused on a source with no length, which may never end."""
+        loader = self.trainee.loader
+        try:
+            return len(loader)  # type: ignore[arg-type]
+        except TypeError:
+            self.abandon()
+            raise BisectReproError(
+                f"{self.writer.path}: no step count, and the data ({type(loader).__name__}) has no length, so the run "
+                "may never end; give RecordOptions(steps=N) or recorder.batches(steps=N)"
+            ) from None
 
     # -- the step, for loops the recorder does not drive (a framework's) ------------------------
     def begin_step(self) -> None:

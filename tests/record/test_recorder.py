@@ -148,3 +148,24 @@ def test_steps_without_a_snapshot_never_synchronise_with_the_device(tmp_path, mo
         torch.cuda.set_sync_debug_mode(0)
     run = Run.open(tmp_path / "r")
     assert run.complete and len(run.steps) == 40 and all(isinstance(r["loss"], float) for r in run.steps.values())
+
+
+def test_without_a_step_count_a_finite_source_is_one_pass_and_an_endless_one_is_refused(tmp_path) -> None:
+    from torch import nn
+
+    from bisect_repro.errors import BisectReproError
+
+    model = nn.Linear(2, 1)
+    batches = [torch.randn(4, 2) for _ in range(5)]
+    with Recorder(tmp_path / "a", Trainee(model, None, batches), RecordOptions(every=2)) as recorder:
+        seen = sum(1 for _ in recorder.batches())
+    assert seen == 5 and Run.open(tmp_path / "a").complete and sorted(Run.open(tmp_path / "a").snapshots) == [0, 2, 4, 5]
+
+    def endless():
+        while True:
+            yield torch.randn(4, 2)
+
+    with pytest.raises(BisectReproError, match=r"has no length, so the run may never end; give RecordOptions\(steps=N\)"):
+        with Recorder(tmp_path / "b", Trainee(model, None, endless()), RecordOptions(every=2)) as recorder:
+            for _ in recorder.batches():
+                pass
