@@ -165,7 +165,7 @@ def test_without_a_step_count_a_finite_source_is_one_pass_and_an_endless_one_is_
         while True:
             yield torch.randn(4, 2)
 
-    with pytest.raises(BisectReproError, match=r"has no length, so the run may never end; give RecordOptions\(steps=N\)"):
-        with Recorder(tmp_path / "b", Trainee(model, None, endless()), RecordOptions(every=2)) as recorder:
-            for _ in recorder.batches():
-                pass
+    refused = pytest.raises(BisectReproError, match=r"has no length, so the run may never end; give RecordOptions\(steps=N\)")
+    with refused, Recorder(tmp_path / "b", Trainee(model, None, endless()), RecordOptions(every=2)) as recorder:
+        for _ in recorder.batches():
+            pass
