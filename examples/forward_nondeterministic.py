@@ -46,12 +46,12 @@ class PointsInCells(nn.Module):
 
 
 def build(seed: int = 0, width: int = 32, batch_size: int = 4096, threads: int = 2, deterministic: bool = False) -> Trainee:
+    data = torch.Generator().manual_seed(3)  # the dataset's own stream, apart from the global ones
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    data = torch.Generator().manual_seed(3)
     points = torch.randn(16 * batch_size, 3, generator=data)
     cells = torch.randint(0, CELLS, (16 * batch_size,), generator=data)
     targets = points.sum(dim=1) + 0.1 * torch.randn(16 * batch_size, generator=data)

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..errors import RunFormatError
 from ..store.run import Run
+from .verdict import plain_fields
 
 __all__ = ["DriftedTensor", "RankDrift", "rank_drift"]
 
@@ -69,14 +70,7 @@ class RankDrift:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "layout": self.layout,
-            "world_size": self.world_size,
-            "replicated": self.replicated,
-            "compared": self.compared,
-            "snapshots": self.snapshots,
-            "last_equal": self.last_equal,
-            "step": self.step,
-            "ranks": self.ranks,
+            **plain_fields(self, "layout", "world_size", "replicated", "compared", "snapshots", "last_equal", "step", "ranks"),
             "tensors": [t.to_json() for t in self.tensors],
         }
 

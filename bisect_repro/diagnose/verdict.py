@@ -32,6 +32,11 @@ __all__ = ["SCHEMA", "CompareResult", "Confidence", "Evidence", "Outcome", "Rank
 SCHEMA = "bisect-repro/compare/2"
 
 
+def plain_fields(obj: object, *names: str) -> dict[str, Any]:
+    """The named attributes of ``obj``, in that order: a JSON form's fields that need no conversion."""
+    return {name: getattr(obj, name) for name in names}
+
+
 def _known(cls: type, found: Mapping[str, Any], *, but: tuple[str, ...] = ()) -> dict[str, Any]:
     """The items of ``found`` that are fields of the dataclass ``cls`` (less ``but``)."""
     names = {f.name for f in fields(cls)} - set(but)
@@ -123,24 +128,22 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "step": self.step,
-            "phase": self.phase,
-            "layer": self.layer,
-            "tensor": self.tensor,
-            "op": self.op,
-            "rank": self.rank,
+            **plain_fields(self, "step", "phase", "layer", "tensor", "op", "rank"),
             "cause": self.cause.value,
             "confidence": self.confidence.value,
-            "rng": self.rng,
-            "reseeded": self.reseeded,
-            "config_keys": self.config_keys,
-            "environment_keys": self.environment_keys,
-            "max_abs_diff": self.max_abs_diff,
-            "max_ulp": self.max_ulp,
-            "fraction_differing": self.fraction_differing,
-            "histogram": self.histogram,
-            "explanation": self.explanation,
-            "fix": self.fix,
+            **plain_fields(
+                self,
+                "rng",
+                "reseeded",
+                "config_keys",
+                "environment_keys",
+                "max_abs_diff",
+                "max_ulp",
+                "fraction_differing",
+                "histogram",
+                "explanation",
+                "fix",
+            ),
             "evidence": [e.to_json() for e in self.evidence],
         }
 
@@ -169,15 +172,7 @@ class ReplayInfo(_ReadBack):
     """What was run to replay each run."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "performed": self.performed,
-            "from_step": self.from_step,
-            "replayed_steps": self.replayed_steps,
-            "faithful": self.faithful,
-            "parted": self.parted,
-            "seconds": self.seconds,
-            "commands": self.commands,
-        }
+        return plain_fields(self, "performed", "from_step", "replayed_steps", "faithful", "parted", "seconds", "commands")
 
 
 @dataclass(kw_only=True)
@@ -192,14 +187,7 @@ class TimelineRow(_ReadBack):
     """Differing tensors per layer (the module that owns them; ``optimizer`` state counts with its parameter's layer)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "equal": self.equal,
-            "differing_tensors": self.differing_tensors,
-            "first_tensor": self.first_tensor,
-            "streams": self.streams,
-            "layers": self.layers,
-        }
+        return plain_fields(self, "step", "equal", "differing_tensors", "first_tensor", "streams", "layers")
 
 
 @dataclass(kw_only=True)
@@ -250,17 +238,12 @@ class CompareResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
-            "runs": self.runs,
-            "identical": self.identical,
+            **plain_fields(self, "runs", "identical"),
             "verdict": self.verdict.to_json() if self.verdict else None,
-            "config_diff": self.config_diff,
-            "environment_diff": self.environment_diff,
-            "snapshots": self.snapshots,
+            **plain_fields(self, "config_diff", "environment_diff", "snapshots"),
             "replay": self.replay.to_json(),
             "timeline": [row.to_json() for row in self.timeline],
-            "first_log_difference": self.first_log_difference,
-            "ops_context": self.ops_context,
-            "notes": self.notes,
+            **plain_fields(self, "first_log_difference", "ops_context", "notes"),
             "ranks": [rank.to_json() for rank in self.ranks],
             "unused_streams": self.unused_streams,
         }
