@@ -134,7 +134,7 @@ def _timeline(a: Run, b: Run) -> tuple[list[TimelineRow], list[tuple[int, Any, A
     rows, settings = [], []
     for step in sorted(set(a.snapshots) & set(b.snapshots)):
         sa, sb = a.snapshot(step), b.snapshot(step)
-        settings.append((step, sa.get("settings"), sb.get("settings")))
+        settings.append((step, _with_loader(sa.get("settings"), a), _with_loader(sb.get("settings"), b)))
         differing = [n for n in dict.fromkeys([*sa["hashes"], *sb["hashes"]]) if sa["hashes"].get(n) != sb["hashes"].get(n)]
         streams = sorted(
             n for n in set(sa["streams"]) & set(sb["streams"]) if tree_digest(sa["streams"][n]) != tree_digest(sb["streams"][n])
@@ -154,6 +154,14 @@ def _timeline(a: Run, b: Run) -> tuple[list[TimelineRow], list[tuple[int, Any, A
             )
         )
     return rows, settings
+
+
+def _with_loader(settings: Any, run: Run) -> Any:
+    """A snapshot's settings with the run's loader settings (batch size, workers, ...), which do not change."""
+    if not isinstance(settings, dict):
+        return settings
+    loader = {f"loader.{k}": v for k, v in run.meta.loader.items() if v is None or type(v) in (bool, int, float, str)}
+    return {**loader, **settings}
 
 
 def _first_log_differences(a: Run, b: Run) -> dict[str, int | None]:

@@ -173,7 +173,9 @@ class Lockstep:
             where = ", ".join(f"run {p.run} at step {p.step} ({p.what})" for p in self.parted)
             self.notes.append(
                 f"the replay from the checkpoints at steps {checkpoints[0]}/{checkpoints[1]} parted from the records ({where}): "
-                "the steps read state that the checkpoints do not hold; replaying from the first checkpoints instead"
+                "the loop reads state the checkpoints do not hold (a local counter of the running loop, such as enumerate's, "
+                "or an object's attribute; read recorder.step or bisect_repro.current_step() instead); "
+                "replaying from the first checkpoints instead"
             )
             self.parted.clear()
             self.close()  # fresh processes: the state the first replay left in them is what misled it

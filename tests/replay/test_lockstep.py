@@ -94,7 +94,9 @@ def test_a_replay_that_parts_from_the_records_before_the_divergence_is_tried_aga
     lockstep, found = replayed(runs, launcher)
     assert lockstep.notes == [
         "the replay from the checkpoints at steps 4/4 parted from the records (run A at step 4 (loss), run B at step 4 (loss)): "
-        "the steps read state that the checkpoints do not hold; replaying from the first checkpoints instead"
+        "the loop reads state the checkpoints do not hold (a local counter of the running loop, such as enumerate's, "
+        "or an object's attribute; read recorder.step or bisect_repro.current_step() instead); "
+        "replaying from the first checkpoints instead"
     ]
     assert len(launcher.started) == 4 and launcher.started[0].closed and launcher.started[1].closed
     assert lockstep.replicas == (launcher.started[2], launcher.started[3])
