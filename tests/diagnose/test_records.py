@@ -135,3 +135,19 @@ def test_a_stream_that_differs_but_never_moves_is_unused_and_one_that_moves_is_n
     records = read_records(a, b)
     assert [row.streams for row in records.timeline] == [["python"], ["python"], ["python", "torch"], ["python", "torch"]]
     assert records.unused_streams() == ["python"]
+
+
+def test_a_loader_setting_that_differs_is_named_with_the_config_key_that_set_it(tmp_path: Path) -> None:
+    def recorded(name: str, batch_size: int, lr: float) -> Run:
+        lines = [{"step": s, "loss": 1.0, "order": f"o{s}", "batch": f"{name}{s}"} for s in range(4)]
+        snapshots = {
+            s: {"hashes": {"fc.weight": f"w{s}" if s == 0 else f"{name}{s}"}, "settings": {"optimizer.group0.lr": lr}} for s in (0, 2, 4)
+        }
+        loader = {"kind": "DataLoader", "batch_size": batch_size, "num_workers": 0}
+        return write_run(tmp_path / name, lines, snapshots, config={"batch_size": batch_size, "seed": 0}, loader=loader)
+
+    records = read_records(recorded("a", 16, 0.1), recorded("b", 32, 0.1))
+    assert records.settings is not None and records.settings.step == 0
+    assert records.settings.differing == {"loader.batch_size": [16, 32]} and records.settings.config_keys == ["batch_size"]
+    verdict = records_verdict(records)
+    assert any(e.subject == "the snapshots' settings" and "loader.batch_size (16 vs 32)" in e.detail for e in verdict.evidence)
