@@ -81,33 +81,50 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
             "re-record both runs with one bisect-repro version",
         )
     records = read_records(a, b)
-    result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
-    _run_names(records, result)
     if records.structure is not None:
+        result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
+        _run_names(records, result)
         result.verdict = structure_verdict(records)
         return result
-    result.timeline, result.first_log_difference = records.timeline, records.logs
-    result.unused_streams = records.unused_streams()
-    result.snapshots = {"last_equal": records.last_equal, "first_divergent": records.first_divergent}
+    result = _result_of(records, a, b)
     if records.identical:
         _identical(records, result)
         return result
     specs = _specs(records, result, allow) if replay else None
-    if specs is not None:
-        result.replay.commands = [spec.describe() for spec in specs]
-        if announce is not None:
-            announce(list(specs))
-        try:
-            result.verdict = _replayed(records, specs, result, progress)
-        except (ReplicaFailed, ReplayUnavailable) as error:
-            result.notes.append(f"the replay failed, so the verdict is from the records alone: {error}")
-    if result.verdict is None:
-        result.verdict = records_verdict(records)
+    replayed = _replay(records, specs, result, progress, announce) if specs is not None else None
+    result.verdict = replayed or records_verdict(records)
+    return result
+
+
+def _result_of(records: Records, a: Run, b: Run) -> CompareResult:
+    """What the records of two runs (or of one rank of each) say, before any replay."""
+    result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
+    _run_names(records, result)
+    result.timeline, result.first_log_difference = records.timeline, records.logs
+    result.unused_streams = records.unused_streams()
+    result.snapshots = {"last_equal": records.last_equal, "first_divergent": records.first_divergent}
+    return result
+
+
+def _replay(
+    records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: CompareResult, progress: Progress | None, announce: Announce | None
+) -> Verdict | None:
+    """Both runs replayed under ``specs`` (announced first): the verdict of the experiments, the
+    records' where they could not prove a cause; ``None``, with a note, when the replay failed or
+    did not reproduce the divergence."""
+    result.replay.commands = [spec.describe() for spec in specs]
+    if announce is not None:
+        announce(list(specs))
+    try:
+        replayed = _replayed(records, specs, result, progress)
+    except (ReplicaFailed, ReplayUnavailable) as error:
+        result.notes.append(f"the replay failed, so the verdict is from the records alone: {error}")
+        return None
+    if replayed is None:
         if result.replay.performed:
             result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")
-    else:
-        result.verdict = _named_by_the_records(result.verdict, records)
-    return result
+        return None
+    return _named_by_the_records(replayed, records)
 
 
 def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
@@ -163,11 +180,8 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
         ranks.append((records, rank_verdict(records)))
     first = first_divergence(ranks)
     records, verdict = first if first is not None else (ranks[0][0], None)
-    result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
-    _run_names(records, result)
-    result.verdict, result.timeline, result.first_log_difference = verdict, records.timeline, records.logs
-    result.unused_streams = records.unused_streams()
-    result.snapshots = {"last_equal": records.last_equal, "first_divergent": records.first_divergent}
+    result = _result_of(records, a, b)
+    result.verdict = verdict
     result.ranks = [RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline) for r, v in ranks]
     if first is None:
         _identical(records, result)
@@ -189,21 +203,10 @@ def _replay_ranks(
     if specs is None:
         return
     world = records.a.world_size
-    specs = specs[0].on_ranks(world, focus), specs[1].on_ranks(world, focus)
-    result.replay.commands = [spec.describe() for spec in specs]
-    if announce is not None:
-        announce(list(specs))
-    try:
-        replayed = _replayed(records, specs, result, progress)
-    except (ReplicaFailed, ReplayUnavailable) as error:
-        result.notes.append(f"the replay failed, so the verdict is from the records alone: {error}")
-        return
-    if replayed is None:
-        if result.replay.performed:
-            result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")
-        return
-    replayed.rank = focus
-    result.verdict = _named_by_the_records(replayed, records)
+    replayed = _replay(records, (specs[0].on_ranks(world, focus), specs[1].on_ranks(world, focus)), result, progress, announce)
+    if replayed is not None:
+        replayed.rank = focus
+        result.verdict = replayed
 
 
 @dataclass(frozen=True)
