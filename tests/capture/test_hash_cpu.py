@@ -8,6 +8,7 @@ these checks can fail. ``conftest.py`` builds the kernel from source where it is
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -202,7 +203,8 @@ def test_the_kernel_and_the_fallback_give_the_same_digests(c_kernel: _hash_cpu.K
 def test_a_library_that_does_not_load_warns_and_falls_back(tmp_path: Path) -> None:
     broken = tmp_path / "_hash_c.so"
     broken.write_bytes(b"not a shared library")
-    with mock.patch.object(_hash_cpu, "load", _hash_cpu.load.__wrapped__), mock.patch.object(_hash_cpu, "library_path", lambda: broken):
+    fresh = functools.cache(_hash_cpu.load.__wrapped__)  # loaded once per process, as the real one
+    with mock.patch.object(_hash_cpu, "load", fresh), mock.patch.object(_hash_cpu, "library_path", lambda: broken):
         with pytest.warns(UserWarning, match="does not load"):
             assert _hash_cpu.load() is None
         assert _hash_cpu.load() is None  # tried once
