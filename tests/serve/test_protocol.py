@@ -1,0 +1,81 @@
+"""The replay protocol's messages survive the channel's JSON, and a reply read back is typed."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from bisect_repro.capture.trace import OpRecord, TraceEntry
+from bisect_repro.serve.protocol import (
+    Description,
+    Fetch,
+    Fetched,
+    Hello,
+    HiddenStream,
+    Restore,
+    Run,
+    Skip,
+    SkipResult,
+    StepRecord,
+    StepResult,
+    StepStart,
+)
+
+
+def through_json(message: dict) -> dict:
+    return json.loads(json.dumps(message))
+
+
+def test_requests_round_trip_and_take_their_defaults() -> None:
+    run = Run(step=3, trace="full", keep=(1, 4), ops="backward", environment={"torch.get_num_threads": 1}, fixed_entropy=7, commit=True)
+    message = through_json(run.to_json())
+    assert message["op"] == "run" and Run.from_json(message) == run
+    assert Run.from_json({"step": 2}) == Run(step=2)  # light trace, nothing kept, nothing fixed
+    assert Skip.from_json({"until": 9, "hashes_at": [5, 10]}) == Skip(until=9, hashes_at=(5, 10))
+    assert Fetch.from_json({}) == Fetch() and Fetch.from_json({"keep": [2]}).keep == (2,)
+    assert Restore.from_json({"run": "/r", "step": 4}) == Restore(run="/r", step=4, environment={}, rebuilt=False)
+
+
+def test_replies_round_trip() -> None:
+    fetched = Fetched(step=2, indices=[3, 1], order="o", batch="b", base_seed=11)
+    assert Fetched.from_json(through_json(fetched.to_json())) == fetched and fetched.digest("order") == "o"
+    skipped = SkipResult(step=6, records=[StepRecord(step=5, order=None, batch="b5", loss=0.5)], hashes={6: {"w": "h"}})
+    assert SkipResult.from_json(through_json(skipped.to_json())) == skipped
+    described = Description(
+        init={"w": "h"}, streams={"torch": "t"}, hidden={"loader.dataset.rng": HiddenStream(kind="numpy.random.Generator", digest="r")},
+        environment={"torch.get_num_threads": 2}, threads_set=[2], loader={"kind": "DataLoader"}, convolutions=True, build_seeding=[],
+    )  # fmt: skip
+    assert Description.from_json(through_json(described.to_json())) == described
+    start = StepStart(streams={"torch": {"kind": "torch"}}, pre_streams={}, data=None)
+    assert StepStart.from_tree(start.to_tree()) == start
+
+
+def test_a_step_result_crosses_as_json_and_a_tree_of_its_kept_tensors() -> None:
+    kept = torch.arange(4.0)
+    result = StepResult(
+        step=3,
+        entries=[TraceEntry("forward", "0", "0.output", "d1"), TraceEntry("optimizer", "0", "0.weight", "d2")],
+        kept={1: kept},
+        ops=[OpRecord("aten.mm.default", "0", ("a", "b"), ("c",), "[]", "forward")],
+        alerts=[{"op": "aten.put_.default", "layer": "1", "phase": "forward", "message": "m"}],
+        loss=0.25,
+        outcome="o",
+        streams_after={"torch": "t"},
+        seeding=[{"stream": "torch", "call": "torch.seed()", "entropy": True, "where": "train.py:9"}],
+        batch="b",
+    )
+    reply, tree = result.to_reply()
+    back = StepResult.from_reply(through_json(reply), tree)
+    assert back.entries == result.entries and back.ops == result.ops and torch.equal(back.kept[1], kept)
+    assert (back.loss, back.outcome, back.streams_after, back.seeding, back.alerts, back.batch) == (
+        0.25, "o", {"torch": "t"}, result.seeding, result.alerts, "b",
+    )  # fmt: skip
+    untraced = StepResult.from_reply(through_json(StepResult(step=1).to_reply()[0]), None)
+    assert untraced.entries == [] and untraced.ops is None and untraced.kept == {}
+
+
+def test_a_hello_keeps_what_the_ranked_replica_checks_and_never_trusts_a_pid_that_is_not_an_int() -> None:
+    assert Hello.from_json({"pid": 12, "rank": 1, "world_size": 2, "reruns": False}) == Hello(pid=12, rank=1, world_size=2, reruns=False)
+    odd = Hello.from_json({"pid": "1; rm -rf", "rank": "0"})
+    assert odd.pid == 0 and odd.rank == "0"  # kept as sent: the ranked replica refuses a rank that is not an int
