@@ -13,6 +13,7 @@ __all__ = [
     "BisectReproError",
     "RecipeError",
     "RecordingError",
+    "RecordingWarning",
     "RunExistsError",
     "RunFormatError",
     "RunLockedError",
@@ -65,3 +66,7 @@ class RunLockedError(RecordingError):
 
 class UnstorableError(RecordingError, TypeError):
     """A state tree holds an object that only pickle could store."""
+
+
+class RecordingWarning(UserWarning):
+    """Recording stopped after a failed write (``on_error="warn"``); training went on."""

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 from ..errors import RecipeError
 from .rng import RandomSource, RandomStreams
 
-__all__ = ["DataStream", "describe_loader", "loader_generators", "sampler_state"]
+__all__ = ["DataStream", "describe_loader", "loader_generators", "next_micro_batches", "sampler_state"]
 
 
 class _IndexTap:
@@ -193,3 +193,13 @@ def describe_loader(loader: Any) -> dict[str, Any]:
         "persistent_workers": loader.persistent_workers,
         "drop_last": loader.drop_last,
     }
+
+
+def next_micro_batches(data: DataStream, accumulate: int) -> tuple[Any, list[int] | None]:
+    """A step's batch: the next one, or with ``accumulate`` above 1 a list of that many micro-batches;
+    and the step's sample indices, all its micro-batches' in order (``None`` when any is unknown)."""
+    if accumulate == 1:
+        return data.next_batch()
+    parts = [data.next_batch() for _ in range(accumulate)]
+    known = [indices for _, indices in parts if indices is not None]
+    return [batch for batch, _ in parts], [i for indices in known for i in indices] if len(known) == len(parts) else None

@@ -29,6 +29,9 @@ class RecordOptions:
     """Overwrite an existing run directory."""
     on_error: Literal["raise", "warn"] = "raise"
     """On a write failure, stop training (``raise``) or warn once and stop recording (``warn``)."""
+    accumulate: int = 1
+    """Micro-batches per step (gradient accumulation): with more than one, ``batches()`` yields a
+    list of that many for each step, and the step's batch hash covers them all in order."""
 
     def __post_init__(self) -> None:
         if self.steps is not None and self.steps < 0:
@@ -37,6 +40,8 @@ class RecordOptions:
             raise BisectReproError(f"--every {self.every}: must be at least 1")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise BisectReproError(f"--checkpoint-every {self.checkpoint_every}: must be at least 1")
+        if self.accumulate < 1:
+            raise BisectReproError(f"accumulate {self.accumulate}: must be at least 1")
         if self.on_error not in ("raise", "warn"):
             raise BisectReproError(f"--on-error {self.on_error}: must be 'raise' or 'warn'")
 

@@ -30,13 +30,13 @@ from typing import Any, Protocol
 import torch
 
 from ..capture.pystate import caller_scope
-from ..errors import BisectReproError
+from ..errors import BisectReproError, RecordingWarning
 from ..serve.channel import replay_address
 from ..serve.hooks import HookServer
 from ..serve.server import StepServer
 from ..trainee import Trainee
 from .options import RecordOptions, SessionPlan
-from .session import RecordingSession, RecordingWarning
+from .session import RecordingSession
 
 __all__ = ["FrameworkRecorder", "RecordOptions", "Recorder", "RecordingWarning", "Role", "current_step", "record"]
 
@@ -77,7 +77,8 @@ def _open_role(plan: SessionPlan) -> Role:
     address = replay_address()
     if address is not None and _server is None:
         kind = HookServer if plan.framework else StepServer
-        _server = kind.connect(plan.trainee, *address, start_step=plan.start_step, scope=plan.scope)
+        accumulate = plan.options.accumulate if plan.options is not None else 1
+        _server = kind.connect(plan.trainee, *address, start_step=plan.start_step, scope=plan.scope, accumulate=accumulate)
         return _server
     return RecordingSession(plan)
 

@@ -62,12 +62,12 @@ import torch
 
 from ..capture import env
 from ..capture.batch import batch_tensors, combine_digests
-from ..capture.data import describe_loader
+from ..capture.data import describe_loader, next_micro_batches
 from ..capture.hashing import PendingHashes
 from ..capture.parallel import RankInfo, rank_info
 from ..capture.seeding import SeedingCall, SeedingWatch
 from ..capture.state import TrainingState, model_structure
-from ..errors import BisectReproError, RecordingError
+from ..errors import BisectReproError, RecordingError, RecordingWarning
 from ..store import codec
 from ..store.run import Run
 from .background import BackgroundWriter
@@ -75,7 +75,7 @@ from .directory import distributed_meta, open_writer, resume_writer
 from .options import RecordOptions, SessionPlan
 from .provenance import launch_info
 
-__all__ = ["RecordingSession", "RecordingWarning"]
+__all__ = ["RecordingSession"]
 
 
 @dataclass
@@ -89,10 +89,6 @@ class _PendingStep:
 
 _SCHEDULE = ("steps", "every", "checkpoint_every")
 _DEFERRED_BATCH_BYTES = 64 << 20  # batch bytes held for hashing at the next snapshot, at most
-
-
-class RecordingWarning(UserWarning):
-    """Recording stopped after a failed write (``on_error="warn"``); training went on."""
 
 
 def _now() -> str:
@@ -215,18 +211,23 @@ class RecordingSession:
             total = self._one_pass()
         while self.step < total:
             self.begin_step()
-            batch, indices = self.state.data.next_batch()
-            self.note_batch(batch, indices)
+            batch, indices = next_micro_batches(self.state.data, self.options.accumulate)
+            if self.options.accumulate == 1:
+                self.note_batch(batch, indices)
+            else:
+                for micro, part in enumerate(batch):
+                    self.note_batch(part, indices if micro == 0 else None)  # the step's order: all its samples
             yield batch
             self.end_step()
         self.close()
 
     def _one_pass(self) -> int:
-        """The steps of one pass over the data: a run given no step count stops at the end of a
-        finite source, and is refused on a source with no length, which may never end."""
+        """The steps of one pass over the data (its batches, over the micro-batches per step): a run
+        given no step count stops at the end of a finite source, and is refused on a source with no
+        length, which may never end."""
         loader = self.trainee.loader
         try:
-            return len(loader)  # type: ignore[arg-type]
+            return len(loader) // self.options.accumulate  # type: ignore[arg-type]
         except TypeError:
             self.abandon()
             raise BisectReproError(

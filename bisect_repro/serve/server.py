@@ -49,7 +49,7 @@ import torch
 
 from ..capture import env
 from ..capture.batch import batch_tensors, combine_digests
-from ..capture.data import describe_loader
+from ..capture.data import describe_loader, next_micro_batches
 from ..capture.hashing import hash_tensor, hash_tensors
 from ..capture.hidden import hidden_streams, recipe_streams, stream_kind
 from ..capture.parallel import local
@@ -93,9 +93,11 @@ class StepServer:
     """A kept step can run again in this process (a framework's hooks cannot; see ``hooks.py``)."""
     replaying = True
 
-    def __init__(self, trainee: Trainee, channel: Channel, start_step: int = 0, scope: Scope | None = None) -> None:
+    def __init__(self, trainee: Trainee, channel: Channel, start_step: int = 0, scope: Scope | None = None, accumulate: int = 1) -> None:
         self.trainee = trainee
         self.channel = channel
+        self.accumulate = accumulate
+        """Micro-batches per step (a list of them is each step's batch when more than one)."""
         self.state = TrainingState(trainee, scope)
         self.position = start_step
         """The step the next fetch takes the batch of."""
@@ -118,7 +120,9 @@ class StepServer:
         }
 
     @classmethod
-    def connect(cls, trainee: Trainee, address: str, token: str, start_step: int = 0, scope: Scope | None = None) -> StepServer:
+    def connect(
+        cls, trainee: Trainee, address: str, token: str, start_step: int = 0, scope: Scope | None = None, accumulate: int = 1
+    ) -> StepServer:
         hello = Hello(
             pid=os.getpid(),
             rank=int(os.environ.get("RANK", 0)),
@@ -126,7 +130,7 @@ class StepServer:
             structure=model_structure(trainee.model),
             reruns=cls.reruns,
         )
-        return cls(trainee, Channel.connect(address, token, hello.to_json()), start_step, scope)
+        return cls(trainee, Channel.connect(address, token, hello.to_json()), start_step, scope, accumulate)
 
     # -- the recorder's calls --------------------------------------------------------------------
     @property
@@ -198,7 +202,7 @@ class StepServer:
     def _fetch(self, message: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
         request = Fetch.from_json(message)
         pre_streams, data = self.state.streams.state_dict(), self.state.data.state_dict()
-        batch, indices = self.state.data.next_batch()
+        batch, indices = next_micro_batches(self.state.data, self.accumulate)
         self.starts = {s: start for s, start in self.starts.items() if s in request.keep}
         self.starts[self.position] = keep_start(self.state, self.position, batch, indices, pre_streams, data)
         fetched = Fetched(
@@ -224,7 +228,7 @@ class StepServer:
             position["epoch_streams"] = tree["epoch_streams"]
         self.state.data.load_state_dict(position)
         self.state.streams.load_state_dict(tree.get("pre_streams") or start.pre_streams)
-        batch, indices = self.state.data.next_batch()
+        batch, indices = next_micro_batches(self.state.data, self.accumulate)
         fetched = Fetched(step=start.step, indices=indices, order=order_digest(indices), batch=batch_digest(batch))
         self.state.data.load_state_dict(now[0])
         self.state.streams.load_state_dict(now[1])
@@ -278,7 +282,7 @@ class StepServer:
         while self.position < request.until:
             if self.position in request.hashes_at:
                 result.hashes[self.position] = self._state_hashes()
-            batch, indices = self.state.data.next_batch()
+            batch, indices = next_micro_batches(self.state.data, self.accumulate)
             order, digest = order_digest(indices), batch_digest(batch)
             self.loss, self.current = None, self.position
             yield batch

@@ -179,6 +179,8 @@ class RunOptions:
     """The run and step this one was started from (``Recorder(resume_from=...)``)."""
     replay: str = "from_checkpoint"
     """``from_checkpoint`` (a loop of batches) or ``from_start`` (a framework's hooks)."""
+    accumulate: int = 1
+    """Micro-batches per step (gradient accumulation)."""
 
     @classmethod
     def parse(cls, fields: _Fields) -> RunOptions:
@@ -195,6 +197,7 @@ class RunOptions:
             force=fields.get("force", bool, False),
             on_error=fields.text("on_error", "raise"),
             start_step=fields.count("start_step", 0),
+            accumulate=fields.count("accumulate", 1, least=1),
             resumed_from=(resumed[0], resumed[1]) if resumed is not None else None,
             replay=replay,
         )

@@ -30,3 +30,26 @@ def test_a_hand_written_sgd_loop_diverging_by_thread_count(tmp_path: Path) -> No
     assert verdict["cause"] == "environment" and "torch.set_num_threads" in verdict["fix"], verdict
     assert "out" not in (verdict.get("config_keys") or []) and "'out'" not in verdict["fix"]
     assert report["replay"]["faithful"] is True
+
+
+def test_gradient_accumulation_over_sampled_batches_with_a_global_counter(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text((LOOPS / "accumulate.py").read_text())
+    for name, extra in (("a", ()), ("b", ()), ("c", ("--reseed-at", "6"))):
+        done = _run(str(script), "--out", name, *extra, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+    same = _run("-m", "bisect_repro.cli", "compare", "a", "b", "--json", cwd=tmp_path)
+    assert same.returncode == 0 and json.loads(same.stdout)["identical"], same.stderr[-2000:]
+    done = _run("-m", "bisect_repro.cli", "compare", "a", "c", "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    verdict = report["verdict"]
+    assert (verdict["step"], verdict["phase"], verdict["layer"], verdict["cause"], verdict["rng"]) == (
+        6,
+        "forward",
+        "1",
+        "rng_state",
+        ["torch"],
+    )
+    assert verdict["confidence"] == "proven" and verdict["reseeded"][0]["call"] == "torch.seed()", verdict
+    assert report["replay"]["from_step"] == 4 and report["replay"]["faithful"], report["replay"]

@@ -169,3 +169,21 @@ def test_without_a_step_count_a_finite_source_is_one_pass_and_an_endless_one_is_
     with refused, Recorder(tmp_path / "b", Trainee(model, None, endless()), RecordOptions(every=2)) as recorder:
         for _ in recorder.batches():
             pass
+
+
+def test_accumulation_yields_the_micro_batches_of_a_step_and_hashes_them_all(tmp_path) -> None:
+    from torch import nn
+
+    from bisect_repro.capture.batch import combine_digests
+    from bisect_repro.capture.hashing import hash_tensor
+    from bisect_repro.errors import BisectReproError
+
+    parts = [torch.full((2, 2), float(i)) for i in range(6)]
+    with Recorder(tmp_path / "r", Trainee(nn.Linear(2, 1), None, parts), RecordOptions(every=1, accumulate=3)) as recorder:
+        steps = [batch for batch in recorder.batches()]
+    assert [len(batch) for batch in steps] == [3, 3] and torch.equal(steps[1][0], parts[3])
+    run = Run.open(tmp_path / "r")
+    assert run.meta.options.accumulate == 3 and sorted(run.steps) == [0, 1]
+    assert run.steps[1]["batch"] == combine_digests([hash_tensor(p) for p in parts[3:]])
+    with pytest.raises(BisectReproError, match="accumulate 0: must be at least 1"):
+        RecordOptions(accumulate=0)
