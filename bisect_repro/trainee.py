@@ -8,7 +8,7 @@ one, ``replay`` rebuilds one. A recipe is a function that builds everything and 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -18,10 +18,21 @@ import torch
 from .errors import RecipeError
 from .stateful import Stateful
 
-__all__ = ["NoOptimizer", "RandomSource", "Trainee"]
+__all__ = ["Calls", "NoOptimizer", "RandomSource", "Trainee"]
 
 RandomSource = Union[torch.Generator, np.random.Generator, np.random.RandomState, random.Random]  # noqa: UP007 (a runtime alias on 3.10)
 """A random stream a recipe may own: a torch, NumPy or Python generator."""
+
+
+class Calls:
+    """Batches from a function called once per batch (``get_batch()``): an endless source."""
+
+    def __init__(self, fetch: Callable[[], Any]) -> None:
+        self.fetch = fetch
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            yield self.fetch()
 
 
 class NoOptimizer(torch.optim.Optimizer):
@@ -46,8 +57,9 @@ class Trainee:
     ``None`` for a loop that updates the weights itself (``p.data.add_(p.grad, alpha=-lr)``): the
     step is then whatever the loop does between two batches, and the model's parameters, buffers
     and gradients are the whole state (an :class:`NoOptimizer` holds the parameters)."""
-    loader: Iterable[Any]
-    """Any iterable of batches, usually a ``torch.utils.data.DataLoader``; iterated for as many epochs as needed."""
+    loader: Iterable[Any] | Callable[[], Any]
+    """Any iterable of batches, usually a ``torch.utils.data.DataLoader``, iterated for as many
+    epochs as needed; or a function called for each batch (``get_batch``), an endless source."""
     step: Callable[[Any], torch.Tensor] | None = None
     """``step(batch)`` runs one optimisation step and returns the loss. ``None`` for loops you drive yourself."""
     scheduler: Stateful | None = None
@@ -89,6 +101,12 @@ class Trainee:
         return cls(model, optimizer, loader, step, scheduler=scheduler, generators=generators, state=state)
 
     @property
+    def source(self) -> Iterable[Any]:
+        """The loader; a function of batches, wrapped as :class:`Calls` (never a bare callable)."""
+        assert isinstance(self.loader, Iterable), "wrapped in __post_init__"
+        return self.loader
+
+    @property
     def optim(self) -> torch.optim.Optimizer:
         """The optimizer; for a loop without one, the :class:`NoOptimizer` holding the model's parameters."""
         assert self.optimizer is not None, "set in __post_init__"
@@ -104,6 +122,8 @@ class Trainee:
                 f"Trainee: optimizer is a {type(self.optimizer).__name__}, expected a torch.optim.Optimizer; "
                 "give optimizer=None for a loop that updates the weights itself"
             )
+        if callable(self.loader) and not isinstance(self.loader, Iterable):
+            self.loader = Calls(self.loader)
         if not isinstance(self.loader, Iterable):
             raise RecipeError(f"Trainee: loader is a {type(self.loader).__name__}, which cannot be iterated")
         if self.scheduler is not None and not isinstance(self.scheduler, Stateful):

@@ -76,10 +76,10 @@ def find_streams(loader: Any, *, depth: int = 3, known: Iterable[RandomSource] =
 
 def hidden_streams(trainee: Trainee) -> dict[str, RandomSource]:
     """The streams inside a trainee's dataset and samplers that its ``TrainingState`` does not know."""
-    known = [*loader_generators(trainee.loader).values(), *(trainee.generators or {}).values()]
+    known = [*loader_generators(trainee.source).values(), *(trainee.generators or {}).values()]
     return find_streams(trainee.loader, known=known)
 
 
 def recipe_streams(trainee: Trainee) -> dict[str, RandomSource]:
     """Every stream a trainee owns by name: the loader's, its ``generators``, those hidden in the dataset."""
-    return {**loader_generators(trainee.loader), **dict(trainee.generators or {}), **hidden_streams(trainee)}
+    return {**loader_generators(trainee.source), **dict(trainee.generators or {}), **hidden_streams(trainee)}

@@ -84,7 +84,7 @@ class TrainingState:
         if isinstance(step, types.FunctionType) and not str(step.__module__).startswith(__name__.split(".")[0] + "."):
             scope = Scope(step.__globals__, (step,))  # a recipe's own step function: its module and closure
         self.python = PythonState(scope or Scope())
-        self.data = DataStream(trainee.loader, self.streams)
+        self.data = DataStream(trainee.source, self.streams)
         self._names = parameter_names(trainee.model, trainee.optim)
         self.extra: dict[str, Any] = dict(trainee.state or {})
 

@@ -1,5 +1,5 @@
 """A loop in the style of small GPT training scripts: batches sampled by ``get_batch()`` from
-torch's global stream (no DataLoader), gradient accumulation over micro-batches, a module global
+torch's global stream (no DataLoader: the function itself is the data source), gradient accumulation over micro-batches, a module global
 ``iter_num``, and a reseed from entropy when ``iter_num`` reaches ``--reseed-at`` (the planted bug)."""
 
 from __future__ import annotations
@@ -22,11 +22,6 @@ def get_batch(block: int = 16, batch_size: int = 8) -> tuple[torch.Tensor, torch
     return x, y
 
 
-def sampled():
-    while True:
-        yield get_batch()
-
-
 def main() -> None:
     global iter_num
     parser = argparse.ArgumentParser()
@@ -37,7 +32,7 @@ def main() -> None:
     model = nn.Sequential(nn.Embedding(64, 32), nn.Dropout(0.1), nn.Linear(32, 64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     options = RecordOptions(steps=10, every=2, checkpoint_every=4, accumulate=2, force=True)
-    recorder = Recorder(args.out, Trainee(model, optimizer, sampled()), options, config=vars(args))
+    recorder = Recorder(args.out, Trainee(model, optimizer, get_batch), options, config=vars(args))
     for micro_batches in recorder.batches():
         if iter_num == args.reseed_at:
             torch.seed()
