@@ -32,12 +32,17 @@ class SettingsDifference:
     """The config keys whose values are those settings' (the keys that set them)."""
 
     def describe(self) -> str:
-        shown = ", ".join(f"{key} ({a!r} vs {b!r})" for key, (a, b) in list(self.differing.items())[:4])
+        shown = ", ".join(f"{_short(key)} ({_short(repr(a))} vs {_short(repr(b))})" for key, (a, b) in list(self.differing.items())[:4])
         more = f" and {len(self.differing) - 4} more" if len(self.differing) > 4 else ""
         keys = (
             f", set by the config key{'s' if len(self.config_keys) > 1 else ''} {', '.join(self.config_keys)}" if self.config_keys else ""
         )
         return f"the non-tensor state differs at step {self.step}: {shown}{more}{keys}"
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """At most ``limit`` characters of a name or value from a run (which may be anything)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _holds(setting: Any, value: Any) -> bool:

@@ -21,3 +21,8 @@ def test_the_first_snapshot_whose_settings_differ_is_found_with_the_config_key_t
 
 def test_runs_without_settings_or_with_equal_ones_have_no_difference() -> None:
     assert settings_difference([(0, None, None), (5, {"a": 1}, "damaged"), (10, {"a": 1}, {"a": 1, "b": 2})], {}) is None
+
+
+def test_a_huge_setting_from_a_hostile_run_is_shown_cut_short() -> None:
+    found = settings_difference([(0, {"k" * 500: "x" * 10**6}, {"k" * 500: "y"})], {})
+    assert found is not None and len(found.describe()) < 400
