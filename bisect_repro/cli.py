@@ -37,6 +37,7 @@ from .diagnose.verdict import CompareResult
 from .errors import BisectReproError
 from .record.recipe import build, parse_settings
 from .record.recorder import RecordingWarning, RecordOptions, record
+from .record.script import parse_command, record_script
 from .record.torchrun import record_ranks
 from .replay.launch import Consent, LaunchSpec
 from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
@@ -126,12 +127,18 @@ def _progress(console: Console, *, transient: bool = False) -> Progress:
     )
 
 
-@app.command("record")
+@app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 @_exits_cleanly
 def record_command(
-    target: Annotated[str, typer.Argument(help="The recipe: path/to/file.py:function or package.module:function.")],
-    out: Annotated[Path, typer.Option("--out", help="The run directory to write.")],
-    steps: Annotated[int, typer.Option(help="Number of training steps.")] = 100,
+    context: typer.Context,
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="The recipe (path/to/file.py:function or package.module:function), or after -- a command: python train.py ARGS."
+        ),
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="The run directory to write.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Number of training steps (a recipe: 100 by default; a script: all it takes).")] = None,
     every: Annotated[int, typer.Option(help="Snapshot every K steps (and at the first and last).")] = 10,
     checkpoint_every: Annotated[int, typer.Option(help="Full checkpoint every C steps (and at step 0).")] = 100,
     settings: Settings = [],  # noqa: B006 - typer reads the default
@@ -146,9 +153,19 @@ def record_command(
         typer.Option("--nproc-per-node", help="Record on N ranks, launched by torch.distributed.run (gloo on CPU, NCCL on CUDA)."),
     ] = None,
 ) -> None:
-    """Run a recipe under the recorder and write a run directory (one folder per rank with --nproc-per-node)."""
+    """Run a recipe under the recorder and write a run directory (one folder per rank with --nproc-per-node);
+    or record a script unchanged: bisect-repro record --out DIR -- python train.py ARGS."""
+    if out is None:
+        raise BisectReproError("record: give the run directory to write with --out DIR")
     if resume and force:
         raise BisectReproError(f"{out}: give --resume (continue the run) or --force (record it again), not both")
+    if target is None or ":" not in target or context.args:  # a command, not a recipe
+        command = parse_command([target or "", *context.args] if target is not None else [])
+        if resume or nproc_per_node is not None or settings:
+            raise BisectReproError("record: --resume, --nproc-per-node and --set are for recipes; a script takes its own arguments")
+        options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force, on_error=on_error)  # type: ignore[arg-type]
+        raise typer.Exit(record_script(command, out, options))
+    steps = 100 if steps is None else steps
     options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force, on_error=on_error)  # type: ignore[arg-type]
     config = parse_settings(settings)
     trainee = build(target, config) if nproc_per_node is None else None  # the ranks build their own

@@ -74,6 +74,9 @@ class SessionPlan:
     """The step the loop starts at (a framework resuming from its own checkpoint)."""
     environment: Mapping[str, Any] = field(default_factory=dict)
     """Settings recorded beside the process's fingerprint (a framework's precision, ...)."""
+    auto: bool = False
+    """Driven by :class:`~bisect_repro.record.autohooks.AutoHooks` (``record -- python train.py``):
+    the run's launch says so, and its replay installs them too."""
     scope: Scope | None = None
     """Where the code that drives the loop keeps its counters, state too
     (:mod:`~bisect_repro.capture.pystate`); ``None``: only a recipe's step function's."""

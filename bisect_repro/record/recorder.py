@@ -185,7 +185,8 @@ class FrameworkRecorder(Recorder):
     each micro-batch, :meth:`log` and :meth:`end_step` for each optimizer step, and :meth:`close`
     at the end. Its steps run while it lives, so it is the running recorder from the start
     (:func:`current_step`). ``start_step``: the step the framework resumes from;
-    ``environment``: settings recorded beside the process's fingerprint."""
+    ``environment``: settings recorded beside the process's fingerprint; ``auto``: driven by the
+    hooks of ``record -- python train.py`` (:mod:`bisect_repro.record.autohooks`)."""
 
     def __init__(
         self,
@@ -196,9 +197,17 @@ class FrameworkRecorder(Recorder):
         config: Mapping[str, Any],
         environment: Mapping[str, Any],
         start_step: int,
+        auto: bool = False,
     ) -> None:
         plan = SessionPlan(
-            out=out, trainee=trainee, options=options, config=config, framework=True, start_step=start_step, environment=environment
+            out=out,
+            trainee=trainee,
+            options=options,
+            config=config,
+            framework=True,
+            start_step=start_step,
+            environment=environment,
+            auto=auto,
         )
         self.trainee = trainee
         self._role = _open_role(plan)

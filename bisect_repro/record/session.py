@@ -146,7 +146,7 @@ class RecordingSession:
                     "model": model_structure(trainee.model),
                     "loader": describe_loader(trainee.loader),
                     "streams": self.state.streams.names(),
-                    "launch": launch_info(target),
+                    "launch": {**launch_info(target), **({"hooks": "auto"} if plan.auto else {})},
                 }
                 rank_meta = None
                 if info is not None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import runpy
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,10 +44,14 @@ import numpy as np
 import torch
 
 from ..errors import BisectReproError
+from ..record.autohooks import AutoHooks
+from ..record.options import RecordOptions
 from ..record.recipe import build, module_file
 from ..record.recorder import Recorder
+from ..record.script import ScriptCommand, run_as_main
 from ..record.torchrun import init_process_group
 from ..serve.process import watch_process
+from ..store.meta import CodeKind
 
 SPEC_VARIABLE = "BISECT_REPRO_SPEC"
 LOGS_VARIABLE = "BISECT_REPRO_RANK_LOGS"
@@ -118,14 +121,14 @@ def main() -> None:
     try:
         if spec["kind"] == "recipe":
             _run_recipe(spec, ranks=spec.get("world_size") is not None)
-        elif spec["kind"] == "script":
-            sys.argv = list(spec["argv"])
-            sys.path.insert(0, str(Path(spec["path"]).parent))
-            runpy.run_path(spec["path"], run_name="__main__")
         else:
-            sys.argv = list(spec["argv"])
-            _check_module(spec["module"], spec.get("path"))
-            runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+            if spec["kind"] == "module":
+                _check_module(spec["module"], spec.get("path"))
+            command = ScriptCommand(kind=CodeKind(spec["kind"]), path=spec.get("path"), module=spec.get("module"), argv=tuple(spec["argv"]))
+            hooks = AutoHooks("<replay>", RecordOptions()).install() if spec.get("auto") else None  # recorded unchanged
+            run_as_main(command)
+            if hooks is not None:
+                hooks.close()  # ends the process: the replay is over
     except BisectReproError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

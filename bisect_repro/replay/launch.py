@@ -35,7 +35,7 @@ import os
 import re
 import shlex
 import sysconfig
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from ..capture.env import NUMERIC_ENV_VARS
 from ..errors import BisectReproError
 from ..record.provenance import file_digest
 from ..record.recipe import recipe_file
-from ..store.meta import CodeKind, CodeRecord, recorded_variables
+from ..store.meta import CodeKind, CodeRecord
 from ..store.printable import printable
 from ..store.run import Run
 from ..store.signing import verify
@@ -100,6 +100,9 @@ class LaunchSpec:
     signed: bool = True
     """Whether this user recorded the run here (its launch claim carries this user's signature).
     A spec that is not signed runs only with the user's consent."""
+    auto: bool = False
+    """The script was recorded unchanged (``record -- python train.py``): the bootstrap installs
+    the same hooks (:mod:`bisect_repro.record.autohooks`) before running it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", CodeKind(self.kind))
@@ -117,6 +120,7 @@ class LaunchSpec:
             "cwd": self.cwd,
             "seeds": self.seeds,
             "world_size": self.world_size,
+            "auto": self.auto,
         }
 
     def describe(self) -> str:
@@ -131,7 +135,8 @@ class LaunchSpec:
         main = ["-m", self.module or ""] if self.kind is CodeKind.MODULE else [self.path or ""]
         command = [*python, *main, *self.argv[1:]]
         where = f" (in {self.cwd})" if self.cwd else ""
-        return printable(" ".join(shlex.quote(part) for part in command) + where + focus)
+        hooks = " (under bisect-repro's hooks)" if self.auto else ""
+        return printable(" ".join(shlex.quote(part) for part in command) + where + hooks + focus)
 
     def announcement(self) -> list[str]:
         """What runs, in full, for the user to read before it does: the command, the file and its
@@ -263,6 +268,11 @@ def _checked_code(run: Run, code: CodeRecord | None, kind: CodeKind, accept_chan
     return path, digest or ""
 
 
+def recorded_variables(environment: Mapping[str, Any]) -> dict[str, str | None]:
+    """The environment variables of a fingerprint (``env.NAME`` keys), as a process needs them."""
+    return {key.removeprefix("env."): value for key, value in environment.items() if key.startswith("env.")}
+
+
 def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     """How to replay ``run`` here; :class:`ReplayUnavailable` (one line) when it cannot be.
 
@@ -273,7 +283,7 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     variables = _replayed(recorded_variables(meta.environment), run)
     cwd = launch.cwd if launch is not None and launch.cwd and Path(launch.cwd).is_absolute() and _quietly(Path(launch.cwd).is_dir) else None
     _bounded_world(run)  # refused before anything starts; the ranks are set by on_ranks
-    common: dict[str, Any] = {"cwd": cwd, "variables": variables, "signed": verify(meta.raw)}
+    common: dict[str, Any] = {"cwd": cwd, "variables": variables, "signed": verify(meta.raw), "auto": launch is not None and launch.auto}
     if meta.target:
         if code is None or code.kind is not CodeKind.RECIPE:
             code = None

@@ -18,13 +18,16 @@ step's first micro-batch, so they reach the model's randomness (dropout) but not
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..capture import env
 from ..capture.batch import batch_tensors, combine_digests
 from ..capture.hashing import hash_tensors
+from ..store.run import Run as RunDirectory
 from .instrument import InstrumentedStep, loss_value
-from .protocol import Fetched, Run, Skip, SkipResult, StepRecord, StepStart
+from .protocol import Fetched, Restore, Run, Skip, SkipResult, StepRecord, StepStart
 from .server import StepServer
 
 __all__ = ["HookServer"]
@@ -120,6 +123,7 @@ class HookServer(StepServer):
         if op == "restore":
             if int(request["step"]) != self.first:
                 return {"error": f"a framework's run replays from its own start (step {self.first}), not from step {request['step']}"}, None
+            self._restore_streams(Restore.from_json(request))
             return {"step": step}, None
         if op == "fetch":
             return Fetched(step=step).to_json(), None
@@ -134,6 +138,17 @@ class HookServer(StepServer):
         if op == "describe":
             return self._describe(request, tree)
         return {"error": f"unknown request {op!r}"}, None
+
+    def _restore_streams(self, request: Restore) -> None:
+        """At the run's own start: the recorded settings and random streams, as its checkpoint there
+        holds them, so that streams no seed reaches (an unseeded one) start as they did."""
+        env.apply(request.environment)
+        run = RunDirectory.open(request.run)
+        if run.distributed:
+            run = run.open_rank(int(os.environ.get("RANK", 0)))
+        if request.step in run.checkpoints:
+            self.state.streams.load_state_dict(run.checkpoint(request.step)["streams"])
+            self._start_streams = self.state.streams.state_dict()
 
     def _start_run(self, request: Run, tree: Any) -> None:
         streams = (tree or {}).get("streams")

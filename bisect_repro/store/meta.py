@@ -23,7 +23,6 @@ environment keys) are checked to be JSON objects, not interpreted; their values 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -152,15 +151,21 @@ class LaunchRecord:
     argv: tuple[str, ...]
     cwd: str | None
     code: CodeRecord | None
+    auto: bool = False
+    """Recorded unchanged under bisect-repro's hooks (``hooks: "auto"``), and replayed so."""
 
     @classmethod
     def parse(cls, fields: _Fields) -> LaunchRecord:
         code = fields.sub("code")
+        hooks = fields.text("hooks")
+        if hooks not in (None, "auto"):
+            raise fields.bad("hooks", f"is {hooks!r}, not auto")
         return cls(
             executable=fields.text("executable"),
             argv=fields.strings("argv"),
             cwd=fields.text("cwd"),
             code=CodeRecord.parse(code) if code is not None else None,
+            auto=hooks == "auto",
         )
 
 
@@ -391,8 +396,3 @@ class RankMeta:
             environment=_environment(fields, "environment"),
             raw=value,
         )
-
-
-def recorded_variables(environment: Mapping[str, Any]) -> dict[str, str | None]:
-    """The environment variables of a fingerprint (``env.NAME`` keys), as a process needs them."""
-    return {key.removeprefix("env."): value for key, value in environment.items() if key.startswith("env.")}

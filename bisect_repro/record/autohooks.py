@@ -1,0 +1,101 @@
+"""Recording a script that knows nothing of bisect-repro: the steps, the model and the data, from torch's own hooks.
+
+``bisect-repro record --out DIR -- python train.py ...`` runs the script unchanged under
+:class:`AutoHooks` (see :mod:`bisect_repro.record.script`), and ``compare`` replays it the same
+way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's run:
+
+- **the optimizer** is the first ``torch.optim.Optimizer`` the script makes (its constructor is
+  wrapped while the hooks are installed); **a step** is one call of its ``step()`` (torch's global
+  optimizer step hooks);
+- **the model** is the outermost module whose parameters the optimizer holds, found at its first
+  forward call with gradients enabled; its layers are named as usual;
+- **the data**: the positional inputs of each of the model's forward calls with gradients enabled,
+  so a loop with no ``DataLoader`` (``get_batch()``) is covered; several calls before one
+  optimizer step (gradient accumulation) are that step's micro-batches, all hashed in order;
+  forward calls under ``torch.no_grad()`` (evaluation) are not batches;
+- **the random streams**: the global ones (Python, NumPy, torch, each CUDA device), which is where
+  a loader without a generator of its own draws.
+
+The state at step 0 is taken at the model's first forward call, after the first batch was
+drawn; the state at step s > 0 right after the optimizer step of step s - 1.
+
+Where the guarantees stop: one optimizer (a second one, a GAN's, is not followed) and one model;
+inputs passed only as keyword arguments are not hashed; a loader's own generator, a dataset's
+generators and the script's counters are not captured (the replay runs the script from its start,
+so they are reproduced anyway); the loss is not logged (the script computes it where no hook
+sees it). A script that never steps an optimizer records nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ..trainee import NoOptimizer, Trainee
+from .options import RecordOptions
+from .recorder import FrameworkRecorder
+
+__all__ = ["AutoHooks"]
+
+
+class AutoHooks:
+    """The hooks of a recording (or a replay) of an unchanged script; :meth:`install`, then :meth:`close`."""
+
+    def __init__(self, out: Path | str, options: RecordOptions) -> None:
+        self.out, self.options = out, options
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.model: torch.nn.Module | None = None
+        self.recorder: FrameworkRecorder | None = None
+        self._undo: list[Callable[[], None]] = []
+
+    def install(self) -> AutoHooks:
+        original = torch.optim.Optimizer.__init__
+        hooks = self
+
+        def init(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+            original(optimizer, *args, **kwargs)
+            if hooks.optimizer is None and not isinstance(optimizer, NoOptimizer):
+                hooks.optimizer = optimizer
+
+        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign,assignment]
+        self._undo.append(lambda: setattr(torch.optim.Optimizer, "__init__", original))
+        forward = torch.nn.modules.module.register_module_forward_pre_hook(self._forward)
+        stepped = register_optimizer_step_post_hook(self._stepped)
+        self._undo += [forward.remove, stepped.remove]
+        return self
+
+    def _forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if self.optimizer is None or not torch.is_grad_enabled():
+            return
+        if self.model is None:
+            held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+            if not any(id(p) in held for p in module.parameters()):
+                return
+            self.model = module
+            trainee = Trainee(module, self.optimizer, ())
+            self.recorder = FrameworkRecorder(self.out, trainee, self.options, config={}, environment={}, start_step=0, auto=True)
+            self.recorder.begin_step()
+        if module is self.model and self.recorder is not None:
+            self.recorder.note_batch(list(args))
+
+    def _stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if optimizer is self.optimizer and self.recorder is not None:
+            self.recorder.end_step()
+            self.recorder.begin_step()
+
+    def close(self, *, failed: bool = False) -> None:
+        """Remove the hooks and close the recorder: its final snapshot (a replay ends its process
+        here); ``failed``: the script failed, so the run stays incomplete with what it committed."""
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        if self.recorder is None:
+            return
+        if failed:
+            self.recorder.__exit__(RuntimeError, None, None)
+        else:
+            self.recorder.close()

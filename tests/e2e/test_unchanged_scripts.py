@@ -1,0 +1,75 @@
+"""``bisect-repro record --out DIR -- python train.py``: scripts that know nothing of bisect-repro,
+recorded unchanged and replayed by running them again under the same hooks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from bisect_repro.cli import app
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+runner = CliRunner()
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bisect_repro.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def _recorded(folder: Path, out: str, *command: str) -> None:
+    done = _cli("record", "--out", out, "--every", "2", "--checkpoint-every", "4", "--", *command, cwd=folder)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _line_of(script: Path, text: str) -> int:
+    return next(number for number, line in enumerate(script.read_text().splitlines(), 1) if text in line)
+
+
+def test_a_gpt_style_script_with_prefetch_accumulation_and_a_global_counter(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text((SCRIPTS / "gpt_style.py").read_text())
+    for out, extra in (("a", ()), ("again", ()), ("b", ("--reseed-at", "6"))):
+        _recorded(tmp_path, out, "python", "train.py", *extra)
+    shown = json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)
+    assert shown["complete"] and shown["steps_logged"] == 10 and shown["snapshots"] == [0, 2, 4, 6, 8, 10]
+    same = _cli("compare", "a", "again", "--json", cwd=tmp_path)
+    assert same.returncode == 0 and json.loads(same.stdout)["identical"], same.stderr[-2000:]
+    done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "replaying run B by running: python" in " ".join(done.stderr.split()) and "(under bisect-repro's hooks)" in done.stderr
+    verdict = json.loads(done.stdout)["verdict"]
+    where = (verdict["step"], verdict["phase"], verdict["layer"], verdict["op"], verdict["cause"], verdict["rng"])
+    assert where == (6, "forward", "drop", "aten.bernoulli_.float", "rng_state", ["torch"]), verdict
+    assert verdict["confidence"] == "proven" and verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
+
+
+def test_a_dataloader_loop_reseeded_at_an_epoch_is_found_at_that_epochs_first_step(tmp_path: Path) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text((SCRIPTS / "loader_loop.py").read_text())
+    _recorded(tmp_path, "a", "python", "loop.py")
+    _recorded(tmp_path, "b", "python", "loop.py", "--reseed-at-epoch", "1")
+    done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    verdict = json.loads(done.stdout)["verdict"]
+    where = (verdict["step"], verdict["phase"], verdict["cause"], verdict["rng"], verdict["confidence"])
+    assert where == (8, "data", "rng_state", ["torch"], "proven"), verdict  # 128 samples in batches of 16: epoch 1 starts at 8
+    assert verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (["notpython", "train.py"], "not a Python interpreter; give the command as: -- python train.py ARGS"),
+        (["python", "missing.py"], "missing.py: no such script; check the path"),
+        (["python", "-O", "train.py"], "names no script (interpreter options are not supported)"),
+    ],
+)
+def test_a_command_that_is_not_python_running_a_script_is_refused_in_one_line(tmp_path: Path, command: list[str], says: str) -> None:
+    result = runner.invoke(app, ["record", "--out", str(tmp_path / "r"), "--", *command])
+    assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "r").exists()
