@@ -8,7 +8,9 @@ the environment. It runs what the run recorded, the way it was run:
   controller;
 - a script (``{"kind": "script", "path", "argv"}``) or module (``{"kind": "module", "module",
   "argv"}``): run as ``__main__`` with the recorded ``sys.argv``, as ``python train.py ...`` or
-  ``python -m pkg.train ...`` would; its own Recorder serves the controller.
+  ``python -m pkg.train ...`` would; its own Recorder serves the controller, or, for a script
+  recorded unchanged (``"auto"``), the hooks of :mod:`bisect_repro.record.autohooks`, installed
+  first, make one that does.
 
 Under ``torchrun`` (the replay of a distributed run, see :mod:`bisect_repro.replay.ranked`; the
 spec's ``world_size`` says so) each rank runs this module: a recipe's process group is
