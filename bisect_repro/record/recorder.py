@@ -23,6 +23,7 @@ one in the same process records as usual.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -199,16 +200,8 @@ class FrameworkRecorder(Recorder):
         start_step: int,
         auto: bool = False,
     ) -> None:
-        plan = SessionPlan(
-            out=out,
-            trainee=trainee,
-            options=options,
-            config=config,
-            framework=True,
-            start_step=start_step,
-            environment=environment,
-            auto=auto,
-        )
+        plan = replace(SessionPlan(out=out, trainee=trainee, options=options, config=config), framework=True, auto=auto)
+        plan = replace(plan, start_step=start_step, environment=environment)
         self.trainee = trainee
         self._role = _open_role(plan)
         _current.append(self)
