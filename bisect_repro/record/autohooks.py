@@ -6,9 +6,11 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
 
 - **the optimizer** is the first ``torch.optim.Optimizer`` the script makes (its constructor is
   wrapped while the hooks are installed); **a step** is one call of its ``step()`` (torch's global
-  optimizer step hooks);
-- **the model** is the outermost module whose parameters the optimizer holds, found at its first
-  forward call with gradients enabled; its layers are named as usual;
+  optimizer step hooks). A script that makes none (it updates the weights itself) is stepped by
+  its ``backward()`` calls: the model's first forward after one starts the next step;
+- **the model** is the outermost module whose parameters the optimizer holds (with no optimizer:
+  whose parameters require gradients), found at its first forward call with gradients enabled;
+  its layers are named as usual;
 - **the data**: the positional inputs of each of the model's forward calls with gradients enabled,
   so a loop with no ``DataLoader`` (``get_batch()``) is covered; several calls before one
   optimizer step (gradient accumulation) are that step's micro-batches, all hashed in order;
@@ -19,7 +21,8 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
 The state at step 0 is taken at the model's first forward call, after the first batch was
 drawn; the state at step s > 0 right after the optimizer step of step s - 1.
 
-Where the guarantees stop: one optimizer (a second one, a GAN's, is not followed) and one model;
+Where the guarantees stop: one optimizer (a second one, a GAN's, is not followed) and one model,
+and an optimizer made after the model's first forward is not followed;
 inputs passed only as keyword arguments are not hashed; a loader's own generator, a dataset's
 generators and the script's counters are not captured (the replay runs the script from its start,
 so they are reproduced anyway); the loss is not logged (the script computes it where no hook
@@ -51,10 +54,19 @@ class AutoHooks:
         self.model: torch.nn.Module | None = None
         self.recorder: FrameworkRecorder | None = None
         self._undo: list[Callable[[], None]] = []
+        self._backwards = 0  # backward() calls since the step began (a loop with no optimizer)
 
     def install(self) -> AutoHooks:
         original = torch.optim.Optimizer.__init__
+        backward = torch.autograd.backward
         hooks = self
+
+        def counted(*args: Any, **kwargs: Any) -> Any:  # Tensor.backward calls torch.autograd.backward
+            hooks._backwards += 1
+            return backward(*args, **kwargs)
+
+        torch.autograd.backward = counted
+        self._undo.append(lambda: setattr(torch.autograd, "backward", backward))
 
         def init(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
             original(optimizer, *args, **kwargs)
@@ -69,23 +81,34 @@ class AutoHooks:
         return self
 
     def _forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if self.optimizer is None or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
             return
         if self.model is None:
-            held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-            if not any(id(p) in held for p in module.parameters()):
+            if self.optimizer is not None:
+                held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+                if not any(id(p) in held for p in module.parameters()):
+                    return
+            elif not any(p.requires_grad for p in module.parameters()):
                 return
-            self.model = module
+            self.model = module  # with no optimizer: the first module with trainable parameters a forward reaches
             trainee = Trainee(module, self.optimizer, ())
             self.recorder = FrameworkRecorder(self.out, trainee, self.options, config={}, environment={}, start_step=0, auto=True)
+            self._backwards = 0
             self.recorder.begin_step()
+        elif module is self.model and self.optimizer is None and self._backwards and self.recorder is not None:
+            self._next_step()  # no optimizer: a forward after a backward starts the next step
         if module is self.model and self.recorder is not None:
             self.recorder.note_batch(list(args))
 
+    def _next_step(self) -> None:
+        assert self.recorder is not None
+        self._backwards = 0
+        self.recorder.end_step()
+        self.recorder.begin_step()
+
     def _stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if optimizer is self.optimizer and self.recorder is not None:
-            self.recorder.end_step()
-            self.recorder.begin_step()
+        if optimizer is self.optimizer and self.recorder is not None and self.model is not None:
+            self._next_step()
 
     def close(self, *, failed: bool = False) -> None:
         """Remove the hooks and close the recorder: its final snapshot (a replay ends its process

@@ -73,3 +73,28 @@ def test_a_command_that_is_not_python_running_a_script_is_refused_in_one_line(tm
     result = runner.invoke(app, ["record", "--out", str(tmp_path / "r"), "--", *command])
     assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output
     assert not (tmp_path / "r").exists()
+
+
+def test_a_hand_written_sgd_script_with_no_optimizer_diverging_by_thread_count(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text((SCRIPTS / "word_lm.py").read_text())
+    _recorded(tmp_path, "a", "python", "train.py", "--threads", "1")
+    _recorded(tmp_path, "b", "python", "train.py", "--threads", "2")
+    assert json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)["steps_logged"] == 6  # one step per backward()
+    done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    verdict = json.loads(done.stdout)["verdict"]
+    assert (verdict["step"], verdict["cause"], verdict["confidence"]) == (0, "environment", "proven"), verdict
+    assert verdict["environment_keys"] == ["torch.get_num_threads"] and "torch.set_num_threads" in verdict["fix"]
+
+
+def test_a_loop_that_lives_in_a_library_is_recorded_through_its_optimizer_and_model(tmp_path: Path) -> None:
+    for name in ("train.py", "trainer.py"):
+        (tmp_path / name).write_text((SCRIPTS / "library" / name).read_text())
+    _recorded(tmp_path, "a", "python", "train.py")
+    _recorded(tmp_path, "b", "python", "train.py", "--reseed-at", "5")
+    done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    verdict = json.loads(done.stdout)["verdict"]
+    where = (verdict["step"], verdict["phase"], verdict["layer"], verdict["cause"], verdict["rng"], verdict["confidence"])
+    assert where == (6, "forward", "2", "rng_state", ["torch"], "proven"), verdict  # reseeded after step 5's optimizer step
+    assert verdict["reseeded"][0]["where"] == f"{tmp_path / 'train.py'}:{_line_of(tmp_path / 'train.py', 'torch.seed()')}"
