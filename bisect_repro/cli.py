@@ -37,7 +37,7 @@ from .diagnose.verdict import CompareResult
 from .errors import BisectReproError
 from .record.recipe import build, parse_settings
 from .record.recorder import RecordingWarning, RecordOptions, record
-from .record.script import parse_command, record_script
+from .record.script import is_interpreter, parse_command, record_script
 from .record.torchrun import record_ranks
 from .replay.launch import Consent, LaunchSpec
 from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
@@ -159,8 +159,10 @@ def record_command(
         raise BisectReproError("record: give the run directory to write with --out DIR")
     if resume and force:
         raise BisectReproError(f"{out}: give --resume (continue the run) or --force (record it again), not both")
-    if target is None or ":" not in target or context.args:  # a command, not a recipe
-        command = parse_command([target or "", *context.args] if target is not None else [])
+    if target is None:
+        raise BisectReproError("record: give a recipe (path/to/file.py:function), or after -- the command to record: python train.py ARGS")
+    if context.args or is_interpreter(target):  # a command, not a recipe
+        command = parse_command([target, *context.args])
         if resume or nproc_per_node is not None or settings:
             raise BisectReproError("record: --resume, --nproc-per-node and --set are for recipes; a script takes its own arguments")
         options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force, on_error=on_error)  # type: ignore[arg-type]

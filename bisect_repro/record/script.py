@@ -31,7 +31,7 @@ from ..store.meta import CodeKind
 from .autohooks import AutoHooks
 from .options import RecordOptions
 
-__all__ = ["ScriptCommand", "parse_command", "record_script", "run_as_main"]
+__all__ = ["ScriptCommand", "is_interpreter", "parse_command", "record_script", "run_as_main"]
 
 _INTERPRETER = re.compile(r"python[0-9.]*(\.exe)?")
 
@@ -46,10 +46,15 @@ class ScriptCommand:
     argv: tuple[str, ...]
 
 
+def is_interpreter(word: str) -> bool:
+    """Whether a command's first word names a Python interpreter (``python``, ``python3.11``, a path to one)."""
+    return _INTERPRETER.fullmatch(Path(word).name) is not None
+
+
 def parse_command(words: list[str]) -> ScriptCommand:
     """``python train.py ARGS`` or ``python -m pkg.train ARGS``; a one-line error with the fix otherwise."""
     usage = "give the command as: -- python train.py ARGS, or -- python -m package.module ARGS"
-    if not words or not _INTERPRETER.fullmatch(Path(words[0]).name):
+    if not words or not is_interpreter(words[0]):
         shown = words[0] if words else "nothing"
         raise BisectReproError(f"record: the command starts with {shown!r}, not a Python interpreter; {usage}")
     rest = words[1:]
