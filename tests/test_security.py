@@ -22,7 +22,7 @@ from bisect_repro.cli import app
 PACKAGE = Path(__file__).resolve().parent.parent / "bisect_repro"
 FORBIDDEN_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "marshal", "shelve", "copyreg"}
 RECIPE_LOADER = "recipe.py"  # imports the user's recipe for `record`, by design; never on a read path
-SCRIPT_RUNNER = "bootstrap.py"  # runs the user's own script in a replaying process, by design; never on a read path
+SCRIPT_RUNNER = "script.py"  # runs the user's own script (recorded unchanged, and in a replaying process), by design; never on a read path
 
 
 def calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
