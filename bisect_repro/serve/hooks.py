@@ -146,8 +146,9 @@ class HookServer(StepServer):
         run = RunDirectory.open(request.run)
         if run.distributed:
             run = run.open_rank(int(os.environ.get("RANK", 0)))
-        if request.step in run.checkpoints:
-            self.state.streams.load_state_dict(run.checkpoint(request.step)["streams"])
+        streams = run.checkpoint(request.step).get("streams") if request.step in run.checkpoints else None
+        if isinstance(streams, dict):  # a checkpoint without them (damaged, edited) leaves the process's own
+            self.state.streams.load_state_dict(streams)
             self._start_streams = self.state.streams.state_dict()
 
     def _start_run(self, request: Run, tree: Any) -> None:
