@@ -37,7 +37,7 @@ from .diagnose.verdict import CompareResult
 from .errors import BisectReproError
 from .record.recipe import build, parse_settings
 from .record.recorder import RecordingWarning, RecordOptions, record
-from .record.script import is_interpreter, parse_command, record_script
+from .record.script import is_interpreter, is_launcher, parse_command, record_script
 from .record.torchrun import record_ranks
 from .replay.launch import Consent, LaunchSpec
 from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
@@ -134,7 +134,8 @@ def record_command(
     target: Annotated[
         str | None,
         typer.Argument(
-            help="The recipe (path/to/file.py:function or package.module:function), or after -- a command: python train.py ARGS."
+            help="The recipe (path/to/file.py:function or package.module:function), "
+            "or after -- a command: python train.py ARGS, torchrun ... train.py ARGS."
         ),
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="The run directory to write.")] = None,
@@ -161,10 +162,13 @@ def record_command(
         raise BisectReproError(f"{out}: give --resume (continue the run) or --force (record it again), not both")
     if target is None:
         raise BisectReproError("record: give a recipe (path/to/file.py:function), or after -- the command to record: python train.py ARGS")
-    if context.args or is_interpreter(target):  # a command, not a recipe
+    if context.args or is_interpreter(target) or is_launcher([target]):  # a command, not a recipe
         command = parse_command([target, *context.args])
         if resume or nproc_per_node is not None or settings:
-            raise BisectReproError("record: --resume, --nproc-per-node and --set are for recipes; a script takes its own arguments")
+            raise BisectReproError(
+                "record: --resume, --nproc-per-node and --set are for recipes; a script takes its own arguments "
+                "(ranks: -- torchrun --nproc-per-node N train.py)"
+            )
         options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force, on_error=on_error)  # type: ignore[arg-type]
         raise typer.Exit(record_script(command, out, options))
     steps = 100 if steps is None else steps

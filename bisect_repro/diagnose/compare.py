@@ -44,7 +44,16 @@ from .causes import Cause, fix_for
 from .difference import difference_stats
 from .experiments import StepAnalysis
 from .rebuild import streams_deciding_init
-from .records import Records, first_divergence, layer_of, rank_verdict, read_records, records_verdict, structure_verdict
+from .records import (
+    Records,
+    first_divergence,
+    layer_of,
+    rank_verdict,
+    read_records,
+    records_verdict,
+    structure_verdict,
+    through_collectives,
+)
 from .verdict import CompareResult, Confidence, Evidence, RankResult, Verdict
 
 __all__ = ["compare"]
@@ -182,7 +191,8 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
     records, verdict = first if first is not None else (ranks[0][0], None)
     result = _result_of(records, a, b)
     result.verdict = verdict
-    result.ranks = [RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline) for r, v in ranks]
+    followed = [(r, through_collectives(v, verdict) if verdict is not None else v) for r, v in ranks]
+    result.ranks = [RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline) for r, v in followed]
     if first is None:
         _identical(records, result)
     if layouts[0] != layouts[1]:

@@ -21,7 +21,7 @@ the others through the next gradient all-reduce, and their snapshots); the lowes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..capture import env
@@ -29,7 +29,7 @@ from ..capture.rng import loader_draws_from, tree_digest
 from ..capture.seeding import SeedingCall
 from ..errors import BisectReproError
 from ..store.run import Run
-from .causes import Cause, fix_for
+from .causes import Cause, cause_title, fix_for
 from .settings import SettingsDifference, settings_difference
 from .verdict import Confidence, Evidence, Outcome, TimelineRow, Verdict
 
@@ -345,3 +345,25 @@ def first_divergence(ranks: list[tuple[Records, Verdict | None]]) -> tuple[Recor
     if not parted:
         return None
     return min(parted, key=lambda item: (item[1].step, not _shows_itself_at(item[0], item[1].step), item[0].a.rank))
+
+
+def through_collectives(verdict: Verdict | None, first: Verdict) -> Verdict | None:
+    """A rank's verdict when its own records explain nothing but the ``first`` rank's name a cause at
+    or before its step: that cause, inferred to have reached this rank through the collectives
+    (DDP's all-reduce carries one rank's difference to every rank in the same step)."""
+    if verdict is None or verdict.cause is not Cause.UNKNOWN or first.cause is Cause.UNKNOWN or verdict.rank == first.rank:
+        return verdict
+    if first.step > verdict.step:
+        return verdict
+    return replace(
+        verdict,
+        cause=first.cause,
+        rng=list(first.rng),
+        config_keys=list(first.config_keys),
+        environment_keys=list(first.environment_keys),
+        explanation=(
+            f"{verdict.explanation}; rank {first.rank} parted first, at step {first.step} ({cause_title(first.cause)}), "
+            f"and the collectives carry a rank's difference to the others, so this rank is inferred to follow it"
+        ),
+        fix=first.fix,
+    )

@@ -151,3 +151,18 @@ def test_a_loader_setting_that_differs_is_named_with_the_config_key_that_set_it(
     assert records.settings.differing == {"loader.batch_size": [16, 32]} and records.settings.config_keys == ["batch_size"]
     verdict = records_verdict(records)
     assert any(e.subject == "the snapshots' settings" and "loader.batch_size (16 vs 32)" in e.detail for e in verdict.evidence)
+
+
+def test_a_rank_whose_own_records_explain_nothing_follows_the_rank_that_parted_first_through_the_collectives() -> None:
+    from bisect_repro.diagnose.records import through_collectives
+
+    first = Verdict(step=5, rank=1, cause=Cause.RNG_STATE, rng=["torch"], fix="remove the reseeding", explanation="rank 1's own")
+    silent = Verdict(step=5, rank=0, explanation="nothing in the records explains it")
+    followed = through_collectives(silent, first)
+    assert followed is not None and (followed.cause, followed.rng, followed.confidence) == (Cause.RNG_STATE, ["torch"], Confidence.INFERRED)
+    assert "rank 1 parted first, at step 5" in followed.explanation and followed.fix == "remove the reseeding"
+    assert silent.cause is Cause.UNKNOWN  # the rank's own verdict is not changed in place
+    earlier = Verdict(step=3, rank=0)  # parted before the first rank's cause: not explained by it
+    own = Verdict(step=5, rank=0, cause=Cause.ENVIRONMENT)  # a cause of its own stays
+    assert through_collectives(earlier, first) is earlier and through_collectives(own, first) is own
+    assert through_collectives(None, first) is None and through_collectives(silent, Verdict(step=5, rank=1)) is silent

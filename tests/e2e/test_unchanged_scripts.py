@@ -64,7 +64,7 @@ def test_a_dataloader_loop_reseeded_at_an_epoch_is_found_at_that_epochs_first_st
 @pytest.mark.parametrize(
     ("command", "says"),
     [
-        (["notpython", "train.py"], "not a Python interpreter; give the command as: -- python train.py ARGS"),
+        (["notpython", "train.py"], "not a Python interpreter or torchrun; give the command as: -- python train.py ARGS"),
         (["python", "missing.py"], "missing.py: no such script; check the path"),
         (["python", "-O", "train.py"], "names no script (interpreter options are not supported)"),
     ],
@@ -98,3 +98,27 @@ def test_a_loop_that_lives_in_a_library_is_recorded_through_its_optimizer_and_mo
     where = (verdict["step"], verdict["phase"], verdict["layer"], verdict["cause"], verdict["rng"], verdict["confidence"])
     assert where == (6, "forward", "2", "rng_state", ["torch"], "proven"), verdict  # reseeded after step 5's optimizer step
     assert verdict["reseeded"][0]["where"] == f"{tmp_path / 'train.py'}:{_line_of(tmp_path / 'train.py', 'torch.seed()')}"
+
+
+@pytest.mark.slow
+def test_the_users_own_torchrun_is_recorded_on_each_rank_and_replayed_under_torchrun(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text((SCRIPTS / "ddp_torchrun.py").read_text())
+    _recorded(tmp_path, "a", "torchrun", "--nproc-per-node", "2", "train.py")
+    _recorded(tmp_path, "again", "torchrun", "--nproc_per_node=2", "--standalone", "train.py")
+    _recorded(tmp_path, "b", "torchrun", "--nproc-per-node", "2", "train.py", "--reseed-at", "5")
+    shown = json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)
+    assert shown["complete"] and shown["steps_logged"] == 12 and (tmp_path / "a" / "rank1" / "steps.jsonl").is_file()
+    same = _cli("compare", "a", "again", "--json", cwd=tmp_path)
+    assert same.returncode == 0 and json.loads(same.stdout)["identical"], same.stderr[-2000:]
+    done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "replaying run B by running: torchrun --standalone --nproc-per-node 2" in " ".join(done.stderr.split())
+    result = json.loads(done.stdout)
+    verdict = result["verdict"]
+    where = (verdict["step"], verdict["rank"], verdict["phase"], verdict["layer"], verdict["cause"], verdict["rng"], verdict["confidence"])
+    assert where == (5, 1, "forward", "module.2", "rng_state", ["torch"], "proven"), verdict
+    assert verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
+    followed = result["ranks"][0]["verdict"]  # rank 0 reseeded nothing: it parts through DDP's all-reduce
+    assert (followed["step"], followed["cause"], followed["confidence"]) == (5, "rng_state", "inferred")
+    assert "rank 1 parted first" in followed["explanation"]
