@@ -15,15 +15,21 @@ Interactive sessions, ``python -c`` and test runners record no replayable main.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..capture import env
+from ..capture.data import describe_loader
+from ..capture.state import model_structure
+from .options import RecordOptions, SessionPlan
 from .recipe import module_file, recipe_file
 
-__all__ = ["NOT_REPLAYABLE", "file_digest", "launch_info"]
+__all__ = ["NOT_REPLAYABLE", "file_digest", "launch_info", "now", "run_meta"]
 
 NOT_REPLAYABLE = ("pytest", "_pytest", "ipykernel_launcher", "IPython", "unittest", "pdb", "bisect_repro")
 
@@ -67,3 +73,30 @@ def launch_info(target: str | None) -> dict[str, Any]:
     else:
         info["code"] = _main()
     return info
+
+
+def now() -> str:
+    """The time, as ``run.json`` records it (UTC, to the second)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_meta(plan: SessionPlan, options: RecordOptions, start_step: int, streams: list[str]) -> dict[str, Any]:
+    """``run.json`` of a new run: what ran (target, config, launch), how it was recorded, and where
+    (the environment's fingerprint), the model's structure, the loader's settings and the streams."""
+    resumed_from = plan.resume_from
+    return {
+        "target": plan.target,
+        "config": dict(plan.config or {}),
+        "options": {
+            **asdict(options),
+            "start_step": start_step,
+            "resumed_from": [str(resumed_from[0]), resumed_from[1]] if resumed_from else None,
+            "replay": "from_start" if plan.framework else "from_checkpoint",
+        },
+        "created": now(),
+        "environment": {**env.fingerprint(), **dict(plan.environment)},
+        "model": model_structure(plan.trainee.model),
+        "loader": describe_loader(plan.trainee.loader),
+        "streams": streams,
+        "launch": {**launch_info(plan.target), **({"hooks": "auto"} if plan.auto else {})},
+    }

@@ -17,11 +17,11 @@ Design decisions:
   together at the next snapshot, and every hash of a snapshot is fetched in one transfer per
   device. A step that changes its batch in place before the snapshot changes its recorded hash,
   the same way in every run.
-- Writing is done by one background thread (:class:`~bisect_repro.record.background.BackgroundWriter`). At a snapshot the
-  training thread fetches the hashes, captures the random streams and the data position (copies),
-  takes host copies of a checkpoint's tensors (:func:`codec.prepare`) and hands them over; taking
-  the snapshot's tree apart, encoding, compression, the writes and the fsyncs happen while
-  training goes on. The queue is bounded (``max_pending_writes`` snapshots, 2 by
+- Writing is done by one background thread (:class:`~bisect_repro.record.background.BackgroundWriter`).
+  At a snapshot the training thread fetches the hashes, captures the random streams and the data
+  position (copies), takes host copies of a checkpoint's tensors (:func:`codec.prepare`) and hands
+  them over; taking the snapshot's tree apart, encoding, compression, the writes and the fsyncs
+  happen while training goes on. The queue is bounded (``max_pending_writes`` snapshots, 2 by
   default), so a disk slower than the training makes the training wait rather than memory grow:
   at most ``max_pending_writes + 1`` snapshots with their checkpoints are held in host memory.
   One thread, first in first out, keeps the on-disk order of the synchronous writer: per
@@ -36,7 +36,6 @@ Design decisions:
 - ``resume=True`` continues an interrupted run in its own directory from its last readable
   checkpoint (:meth:`RunWriter.resume`), with the schedule of the original run (its start step,
   ``every`` and ``checkpoint_every``), so that the resumed run equals an uninterrupted one.
-
 - In a distributed run (``torch.distributed`` initialised, under ``torchrun`` or ``record
   --nproc-per-node``) each rank records what it holds into its own ``rank{r}/``: its streams
   (its own CUDA device's), its sampler's state, its losses and batches, and the hashes of its
@@ -51,10 +50,9 @@ they are never torn, only absent, and ``close()`` (or leaving the ``with`` block
 
 from __future__ import annotations
 
-import datetime
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +60,18 @@ import torch
 
 from ..capture import env
 from ..capture.batch import batch_tensors, combine_digests
-from ..capture.data import describe_loader, next_micro_batches
+from ..capture.data import next_micro_batches
 from ..capture.hashing import PendingHashes
 from ..capture.parallel import RankInfo, rank_info
 from ..capture.seeding import SeedingCall, SeedingWatch
-from ..capture.state import TrainingState, model_structure
+from ..capture.state import TrainingState
 from ..errors import BisectReproError, RecordingError, RecordingWarning
 from ..store import codec
 from ..store.run import Run
 from .background import BackgroundWriter
 from .directory import distributed_meta, open_writer, resume_writer
 from .options import RecordOptions, SessionPlan
-from .provenance import launch_info
+from .provenance import now, run_meta
 
 __all__ = ["RecordingSession"]
 
@@ -89,10 +87,6 @@ class _PendingStep:
 
 _SCHEDULE = ("steps", "every", "checkpoint_every")
 _DEFERRED_BATCH_BYTES = 64 << 20  # batch bytes held for hashing at the next snapshot, at most
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 class RecordingSession:
@@ -119,7 +113,7 @@ class RecordingSession:
         self._last_snapshot: int | None = None
         self._committed: int | None = None
         self._stopped = False
-        self._closed = False
+        self._closed = self._handed_out = False
         self._reported = False
         try:
             if resume:
@@ -132,22 +126,7 @@ class RecordingSession:
                     self.state.load_state_dict(Run.open(source, info.rank if info else 0).checkpoint(step), streams=plan.restore_streams)
                     self.step = step
                 self.start_step = self.step
-                meta: dict[str, Any] = {
-                    "target": target,
-                    "config": dict(config or {}),
-                    "options": {
-                        **asdict(self.options),
-                        "start_step": self.start_step,
-                        "resumed_from": [str(resume_from[0]), resume_from[1]] if resume_from else None,
-                        "replay": "from_start" if plan.framework else "from_checkpoint",
-                    },
-                    "created": _now(),
-                    "environment": {**env.fingerprint(), **dict(plan.environment)},
-                    "model": model_structure(trainee.model),
-                    "loader": describe_loader(trainee.loader),
-                    "streams": self.state.streams.names(),
-                    "launch": {**launch_info(target), **({"hooks": "auto"} if plan.auto else {})},
-                }
+                meta = run_meta(plan, self.options, self.start_step, self.state.streams.names())
                 rank_meta = None
                 if info is not None:
                     meta["distributed"], rank_meta = distributed_meta(trainee, info, meta["environment"])
@@ -188,7 +167,7 @@ class RecordingSession:
             self.step = resumed.step
             self.start_step = meta.options.start_step
             self._last_snapshot = self._committed = resumed.step  # committed already: not written again
-            resumes = [*(meta.raw.get("resumes") or []), {"step": resumed.step, "created": _now()}]
+            resumes = [*(meta.raw.get("resumes") or []), {"step": resumed.step, "created": now()}]
             changed = env.diff(meta.environment, env.fingerprint())
             if changed:
                 resumes[-1]["environment"] = changed
@@ -204,12 +183,13 @@ class RecordingSession:
 
     # -- the loop ------------------------------------------------------------------------
     def batches(self, steps: int | None = None) -> Iterator[Any]:
-        """Yield one batch per step up to ``steps`` (total, counted from 0; with no step count
-        anywhere, one pass over a data source that has a length), snapshotting as due; then close."""
-        total = steps if steps is not None else self.options.steps
-        if total is None:
-            total = self._one_pass()
-        while self.step < total:
+        """Yield one batch per step up to ``steps`` (total, from 0), else the planned steps, else one pass
+        over a source with a length, snapshotting as due; close the run once the planned steps are done
+        (with none planned: this call's), so that a loop may call this once per epoch."""
+        planned = self.options.steps if self.options.steps is not None else (None if steps is not None else self._one_pass())
+        bound = steps if steps is not None else planned
+        assert bound is not None
+        while self.step < bound:
             self.begin_step()
             batch, indices = next_micro_batches(self.state.data, self.options.accumulate)
             if self.options.accumulate == 1:
@@ -217,9 +197,11 @@ class RecordingSession:
             else:
                 for micro, part in enumerate(batch):
                     self.note_batch(part, indices if micro == 0 else None)  # the step's order: all its samples
+            self._handed_out = True
             yield batch
             self.end_step()
-        self.close()
+        if planned is None or self.step >= planned:
+            self.close()
 
     def _one_pass(self) -> int:
         """The steps of one pass over the data (its batches, over the micro-batches per step): a run
@@ -247,6 +229,7 @@ class RecordingSession:
 
     def end_step(self) -> None:
         """The current step is done (its optimizer step taken)."""
+        self._handed_out = False
         self.step += 1
 
     def log(self, loss: torch.Tensor | float | None) -> None:
@@ -268,6 +251,8 @@ class RecordingSession:
             return
         self._closed = True
         try:
+            if self._handed_out:  # the loop stopped after the body of the step it was handed: that step is done
+                self.end_step()
             if self._last_snapshot != self.step:
                 self._snapshot(self.step)
             total = self.options.steps

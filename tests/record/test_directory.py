@@ -36,8 +36,8 @@ def test_a_rank_resumes_from_the_checkpoint_the_ranks_agree_on(group, examples, 
     with Recorder(tmp_path / "r", build(target), options) as recorder:
         for batch in recorder.batches():
             recorder.log(recorder.trainee.step(batch))  # type: ignore[misc]
-            if recorder.step == 5:
-                break  # stopped before its end: incomplete
+            if recorder.step == 4:
+                break  # stopped after 5 of its 6 steps: incomplete
     assert not Run.open(tmp_path / "r").complete
     record(build(target), tmp_path / "r", options, resume=True)
     resumed, whole = Run.open(tmp_path / "r"), Run.open(tmp_path / "whole")

@@ -187,3 +187,32 @@ def test_accumulation_yields_the_micro_batches_of_a_step_and_hashes_them_all(tmp
     assert run.steps[1]["batch"] == combine_digests([hash_tensor(p) for p in parts[3:]])
     with pytest.raises(BisectReproError, match="accumulate 0: must be at least 1"):
         RecordOptions(accumulate=0)
+
+
+def test_a_loop_calling_batches_once_per_epoch_records_on_until_the_planned_steps(tmp_path) -> None:
+    from torch import nn
+
+    batches = [torch.randn(4, 2) for _ in range(3)]
+    recorder = Recorder(tmp_path / "r", Trainee(nn.Linear(2, 1), None, batches), RecordOptions(steps=6, every=2))
+    epochs = [sum(1 for _ in recorder.batches(steps=(epoch + 1) * len(batches))) for epoch in range(2)]
+    run = Run.open(tmp_path / "r")  # closed by the second call, at the planned steps, with no close()
+    assert epochs == [3, 3] and run.complete and sorted(run.steps) == list(range(6)) and sorted(run.snapshots) == [0, 2, 4, 6]
+    recorder.close()  # a second close changes nothing
+
+
+def test_a_loop_that_stops_pulling_batches_ends_the_step_it_ran_when_it_closes(tmp_path) -> None:
+    from torch import nn
+
+    batches = [torch.randn(4, 2) for _ in range(8)]
+    recorder = Recorder(tmp_path / "r", Trainee(nn.Linear(2, 1), None, batches), RecordOptions(steps=4, every=2))
+    pulled = recorder.batches()
+    for _ in range(4):  # a loop bounded by its own counter: after the 4th batch it never asks for a 5th
+        next(pulled)
+    recorder.close()
+    run = Run.open(tmp_path / "r")
+    assert run.complete and sorted(run.steps) == [0, 1, 2, 3] and sorted(run.snapshots) == [0, 2, 4]
+    with pytest.raises(ValueError), Recorder(tmp_path / "s", Trainee(nn.Linear(2, 1), None, batches), RecordOptions(steps=4)) as failing:
+        for _ in failing.batches():
+            raise ValueError("the step failed")  # the step it was handed is not done
+    failed = Run.open(tmp_path / "s")
+    assert not failed.complete and sorted(failed.steps) == []
