@@ -36,10 +36,19 @@ from torch.utils.data import DataLoader
 from ..errors import RecipeError
 from .rng import RandomSource, RandomStreams
 
-__all__ = ["DataStream", "describe_loader", "loader_generators", "next_micro_batches", "sampler_state"]
+__all__ = [
+    "DataStream",
+    "IndexTap",
+    "describe_loader",
+    "loader_generators",
+    "next_micro_batches",
+    "sampler_state",
+    "tap_indices",
+    "untap_indices",
+]
 
 
-class _IndexTap:
+class IndexTap:
     """Stands in for a loader's index sampler and remembers what it yielded, in order."""
 
     def __init__(self, inner: Any) -> None:
@@ -57,6 +66,30 @@ class _IndexTap:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
+    def pop_indices(self) -> list[int] | None:
+        """The sample indices of the oldest batch not yet asked for (``None`` when none is waiting)."""
+        if not self.pending:
+            return None
+        item = self.pending.popleft()
+        return [int(i) for i in item] if isinstance(item, (list, tuple)) else [int(item)]
+
+
+def tap_indices(loader: Any) -> IndexTap | None:
+    """Put an :class:`IndexTap` in the place of a map-style ``DataLoader``'s (batch) sampler, before
+    it is iterated; ``None`` for any other source (an iterable dataset's indices are its own)."""
+    if not isinstance(loader, DataLoader) or loader._dataset_kind:
+        return None
+    attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    tap = IndexTap(getattr(loader, attribute))
+    object.__setattr__(loader, attribute, tap)  # DataLoader forbids plain assignment
+    return tap
+
+
+def untap_indices(loader: DataLoader[Any], tap: IndexTap) -> None:
+    """Give the loader its own sampler back."""
+    attribute = "batch_sampler" if loader.batch_sampler is tap else "sampler"
+    object.__setattr__(loader, attribute, tap.inner)
+
 
 def loader_generators(loader: Iterable[Any]) -> dict[str, RandomSource]:
     """The random streams a DataLoader owns: its generator and its sampler's."""
@@ -72,10 +105,6 @@ def loader_generators(loader: Iterable[Any]) -> dict[str, RandomSource]:
     return found
 
 
-def _sampler_of(loader: DataLoader[Any]) -> Any:
-    return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
-
-
 class DataStream:
     """Batches from a loader across epochs, with their sample indices and a resumable state."""
 
@@ -87,17 +116,12 @@ class DataStream:
         self.base_seed: int | None = None
         self._epoch_streams: dict[str, Any] | None = None
         self._iterator: Iterator[Any] | None = None
-        self._tap: _IndexTap | None = None
-        if isinstance(loader, DataLoader) and not loader._dataset_kind:  # map-style
-            self._tap = _IndexTap(_sampler_of(loader))
-            attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
-            object.__setattr__(loader, attribute, self._tap)  # DataLoader forbids plain assignment
+        self._tap = tap_indices(loader)
 
     def close(self) -> None:
         """Give the loader its own sampler back."""
         if self._tap is not None and isinstance(self.loader, DataLoader):
-            attribute = "batch_sampler" if self.loader.batch_sampler is self._tap else "sampler"
-            object.__setattr__(self.loader, attribute, self._tap.inner)
+            untap_indices(self.loader, self._tap)
             self._tap = None
         self._iterator = None
 
@@ -130,11 +154,7 @@ class DataStream:
                 self.batch_in_epoch = 0
                 continue
             self.batch_in_epoch += 1
-            indices = None
-            if self._tap is not None and self._tap.pending:
-                item = self._tap.pending.popleft()
-                indices = [int(i) for i in item] if isinstance(item, (list, tuple)) else [int(item)]
-            return batch, indices
+            return batch, self._tap.pop_indices() if self._tap is not None else None
 
     def state_dict(self) -> dict[str, Any]:
         state = {

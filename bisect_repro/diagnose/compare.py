@@ -267,19 +267,20 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
         if lockstep.from_step is not None and lockstep.from_step < min(checkpoints):
             checkpoints = first
         info.from_step, info.replayed_steps = lockstep.from_step, lockstep.replayed
-        verdict = None
+        verdict, entropy = None, False
         if divergence is not None:
             if progress is not None:
                 progress("experimenting", 0, 1)
             analysis = StepAnalysis(records, lockstep, divergence, specs, checkpoints)
             verdict = analysis.explain()
+            entropy = analysis.unrecorded_data  # a run that draws its data from entropy parts from its records there
             result.ops_context = analysis.ops_context
             result.notes += analysis.notes
         info.parted = [p.to_json() for p in lockstep.parted]
         result.notes += lockstep.notes
         if divergence is None and lockstep.parted:
             verdict = _parted_verdict(records, lockstep.parted)
-        expected = verdict is not None and (bool(verdict.reseeded) or verdict.cause is Cause.NONDETERMINISTIC_OP)  # entropy
+        expected = verdict is not None and (bool(verdict.reseeded) or verdict.cause is Cause.NONDETERMINISTIC_OP or entropy)
         unfaithful = [
             p for p in lockstep.parted if divergence is None or p.step < divergence.step or (p.step == divergence.step and not expected)
         ]

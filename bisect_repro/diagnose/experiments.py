@@ -78,6 +78,8 @@ class StepAnalysis:
         self.ops_context: list[dict[str, Any]] = []
         self.reseeded = False
         """A stream ended the step in another state each time it ran from the same state."""
+        self.unrecorded_data = False
+        """A run's batch differed between re-runs from one state: it draws from no recorded stream."""
         self.swaps = Swaps(records, lockstep.replicas, specs, checkpoints[1], self.step, self.evidence, start=start)
 
     def _add(self, experiment: str, subject: str, outcome: str, detail: str) -> None:
@@ -253,6 +255,17 @@ class StepAnalysis:
             confidence = Confidence.INFERRED if check.first_run_only else Confidence.PROVEN
             verdict.cause, verdict.confidence = Cause.HIDDEN_STATE, confidence
             self._add("self_rerun", subject, "differs", check.hidden)
+            return
+        if check.trace is not None and check.first is not None and check.trace.entries[check.first].phase == "data":
+            # The step's own batch differs between runs from one state: it is drawn from no recorded stream.
+            verdict.cause, verdict.confidence, self.unrecorded_data = Cause.DATA_CONTENT, Confidence.PROVEN, True
+            self._add(
+                "self_rerun",
+                subject,
+                "differs",
+                f"step {self.step} run again from the same state (every recorded stream restored) draws another "
+                f"{check.trace.entries[check.first].tensor}: the data is drawn from a generator no recorded stream holds",
+            )
             return
         if check.op is None:
             verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED

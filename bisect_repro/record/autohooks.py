@@ -11,10 +11,14 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
 - **the model** is the outermost module whose parameters the optimizer holds (with no optimizer:
   whose parameters require gradients), found at its first forward call with gradients enabled;
   its layers are named as usual;
-- **the data**: the positional inputs of each of the model's forward calls with gradients enabled,
-  so a loop with no ``DataLoader`` (``get_batch()``) is covered; several calls before one
+- **the data**: each batch a ``DataLoader`` yields with gradients enabled, with its sample indices
+  (its sampler is tapped while it is iterated, as the Recorder does), so that a different order is
+  told from different content; and the positional inputs of each of the model's forward calls
+  with gradients enabled, so that a loop with no ``DataLoader`` (``get_batch()``), and what the
+  loop does to a batch before the model sees it, are covered too. Several forward calls before one
   optimizer step (gradient accumulation) are that step's micro-batches, all hashed in order;
-  forward calls under ``torch.no_grad()`` (evaluation) are not batches;
+  batches drawn before the model's first forward belong to step 0; forward calls and loader
+  batches under ``torch.no_grad()`` (evaluation) are not batches;
 - **the random streams**: the global ones (Python, NumPy, torch, each CUDA device), which is where
   a loader without a generator of its own draws.
 
@@ -37,7 +41,9 @@ from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader
 
+from ..capture.data import IndexTap, tap_indices, untap_indices
 from ..trainee import NoOptimizer, Trainee
 from .options import RecordOptions
 from .recorder import FrameworkRecorder
@@ -55,6 +61,8 @@ class AutoHooks:
         self.recorder: FrameworkRecorder | None = None
         self._undo: list[Callable[[], None]] = []
         self._backwards = 0  # backward() calls since the step began (a loop with no optimizer)
+        self._taps: dict[int, tuple[DataLoader[Any], IndexTap | None]] = {}  # each loader iterated, by id
+        self._early: list[tuple[Any, list[int] | None]] = []  # loader batches drawn before the recorder exists
 
     def install(self) -> AutoHooks:
         original = torch.optim.Optimizer.__init__
@@ -75,10 +83,39 @@ class AutoHooks:
 
         torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign,assignment]
         self._undo.append(lambda: setattr(torch.optim.Optimizer, "__init__", original))
+        iterate = DataLoader.__iter__
+
+        def tapped(loader: DataLoader[Any]) -> Any:
+            if id(loader) not in hooks._taps:
+                hooks._taps[id(loader)] = (loader, tap_indices(loader))
+            tap = hooks._taps[id(loader)][1]
+            if tap is not None:
+                tap.pending.clear()  # a new pass: what an abandoned one prefetched is not its
+            return hooks._drawn(iterate(loader), tap)
+
+        DataLoader.__iter__ = tapped  # type: ignore[method-assign]
+        self._undo += [lambda: setattr(DataLoader, "__iter__", iterate), self._untap]
         forward = torch.nn.modules.module.register_module_forward_pre_hook(self._forward)
         stepped = register_optimizer_step_post_hook(self._stepped)
         self._undo += [forward.remove, stepped.remove]
         return self
+
+    def _drawn(self, batches: Any, tap: IndexTap | None) -> Any:
+        """The loader's batches, each noted with its sample indices as it is drawn."""
+        for batch in batches:
+            if torch.is_grad_enabled():
+                indices = tap.pop_indices() if tap is not None else None
+                if self.recorder is None:
+                    self._early.append((batch, indices))
+                else:
+                    self.recorder.note_batch(batch, indices)
+            yield batch
+
+    def _untap(self) -> None:
+        for loader, tap in self._taps.values():
+            if tap is not None:
+                untap_indices(loader, tap)
+        self._taps.clear()
 
     def _forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if not torch.is_grad_enabled():
@@ -95,6 +132,9 @@ class AutoHooks:
             self.recorder = FrameworkRecorder(self.out, trainee, self.options, config={}, environment={}, start_step=0, auto=True)
             self._backwards = 0
             self.recorder.begin_step()
+            for batch, indices in self._early:
+                self.recorder.note_batch(batch, indices)
+            self._early.clear()
         elif module is self.model and self.optimizer is None and self._backwards and self.recorder is not None:
             self._next_step()  # no optimizer: a forward after a backward starts the next step
         if module is self.model and self.recorder is not None:

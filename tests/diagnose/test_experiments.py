@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from bisect_repro.capture.seeding import SeedingCall
 from bisect_repro.diagnose.causes import Cause
@@ -126,3 +128,35 @@ def test_a_replay_that_agrees_where_the_records_do_not_on_another_machine_blames
     )
     assert verdict.fix == "compare the runs where they were recorded, or record them again here"
     assert len(launcher.started) == 2  # no fresh process: a replay here cannot tell
+
+
+def test_a_batch_that_differs_each_time_a_run_draws_it_from_the_same_state_is_proven_to_come_from_an_unrecorded_generator(
+    tmp_path: Path,
+) -> None:
+    import itertools
+
+    from tests.fake_replica import Batch, digest, sequential
+
+    draws = itertools.count(1)
+
+    def unseeded(position: int, streams: Mapping[str, Any]) -> Batch:  # an augmentation drawing from a generator no stream holds
+        return Batch([position], digest("noisy", position, next(draws)), streams) if position == 5 else sequential(position, streams)
+
+    a, b = Program(step=one_layer, reruns=False), Program(step=one_layer, loader=unseeded, reruns=False)  # scripts run unchanged
+    runs = tuple(record(p, tmp_path / n, steps=8, every=2, checkpoints=(0,)) for p, n in ((a, "a"), (b, "b")))
+    records = read_records(*runs)
+    launcher = Launcher(dict(zip(("/code/a.py", "/code/b.py"), (a, b), strict=True)))
+    lockstep = Lockstep(runs, SPECS, start=launcher)
+    divergence = lockstep.find((0, 0), 4, records.end, (0, 0))  # a framework's run replays from its start
+    assert divergence is not None and divergence.step == 5
+    analysis = StepAnalysis(records, lockstep, divergence, SPECS, (0, 0), start=launcher)
+    verdict = analysis.explain()
+    assert (verdict.step, verdict.phase, verdict.cause, verdict.confidence) == (5, "data", Cause.DATA_CONTENT, Confidence.PROVEN)
+    assert analysis.unrecorded_data and verdict.evidence[-1] == Evidence(
+        experiment="self_rerun",
+        subject="run B",
+        outcome="differs",
+        detail="step 5 run again from the same state (every recorded stream restored) draws another batch.0: "
+        "the data is drawn from a generator no recorded stream holds",
+    )
+    assert [e.outcome for e in verdict.evidence if e.subject == "run A"] == ["matches"]  # run A's loader repeats itself

@@ -48,7 +48,7 @@ def test_a_gpt_style_script_with_prefetch_accumulation_and_a_global_counter(tmp_
     assert verdict["confidence"] == "proven" and verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
 
 
-def test_a_dataloader_loop_reseeded_at_an_epoch_is_found_at_that_epochs_first_step(tmp_path: Path) -> None:
+def test_a_dataloader_loop_reseeded_at_an_epoch_or_with_unseeded_noise_is_found_at_the_step_it_parts(tmp_path: Path) -> None:
     script = tmp_path / "loop.py"
     script.write_text((SCRIPTS / "loader_loop.py").read_text())
     _recorded(tmp_path, "a", "python", "loop.py")
@@ -59,6 +59,12 @@ def test_a_dataloader_loop_reseeded_at_an_epoch_is_found_at_that_epochs_first_st
     where = (verdict["step"], verdict["phase"], verdict["cause"], verdict["rng"], verdict["confidence"])
     assert where == (8, "data", "rng_state", ["torch"], "proven"), verdict  # 128 samples in batches of 16: epoch 1 starts at 8
     assert verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
+    _recorded(tmp_path, "noisy", "python", "loop.py", "--unseeded-noise")  # the same samples, other noise added to them
+    done = _cli("compare", "a", "noisy", "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    verdict = json.loads(done.stdout)["verdict"]
+    assert (verdict["step"], verdict["phase"], verdict["cause"], verdict["confidence"]) == (0, "data", "data_content", "proven"), verdict
+    assert "draws another batch" in " ".join(e["detail"] for e in verdict["evidence"])
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 examples: a model, an optimizer, epochs over a loader that shuffles from torch's global stream, and
 a little noise from a seeded NumPy generator. ``--reseed-at-epoch E`` plants a bug: torch is
 reseeded from entropy when epoch E starts (as a helper that reseeds per epoch would), so that
-epoch's shuffle differs."""
+epoch's shuffle differs; ``--unseeded-noise`` plants another: the noise generator is made without
+a seed, so every run draws other noise."""
 
 import argparse
 
@@ -16,9 +17,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--reseed-at-epoch", type=int, default=None)
+    parser.add_argument("--unseeded-noise", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(None if args.unseeded_noise else 7)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(128, 8, generator=data), torch.randn(128, 1, generator=data)
     loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True)
