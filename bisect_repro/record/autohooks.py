@@ -26,11 +26,12 @@ The state at step 0 is taken at the model's first forward call, after the first 
 drawn; the state at step s > 0 right after the optimizer step of step s - 1.
 
 Where the guarantees stop: one optimizer (a second one, a GAN's, is not followed) and one model,
-and an optimizer made after the model's first forward is not followed;
-inputs passed only as keyword arguments are not hashed; a loader's own generator, a dataset's
-generators and the script's counters are not captured (the replay runs the script from its start,
-so they are reproduced anyway); the loss is not logged (the script computes it where no hook
-sees it). A script that never steps an optimizer records nothing.
+and an optimizer made after the model's first forward is not followed; inputs passed only as
+keyword arguments are hashed only when a ``DataLoader`` yields them; a loader's own generator, a
+dataset's generators and the script's counters are not captured (the replay runs the script from
+its start, so they are reproduced anyway); a batch a loop prefetches from a ``DataLoader`` before
+the optimizer step belongs to the step that drew it; the loss is not logged (the script computes
+it where no hook sees it). A script that never steps an optimizer records nothing.
 """
 
 from __future__ import annotations
