@@ -9,7 +9,9 @@
   (``python -m benchmarks.overhead``), plain and recorded in turn. The loop's time runs from the
   built trainee to the end of the last write (``close()`` waits for the writer): the recorder's
   start, every snapshot and checkpoint and the final drain are inside it; the process's time adds
-  the interpreter's start, the imports and building the trainee, which both sides pay alike.
+  the interpreter's start, the imports and building the trainee, which both sides pay alike. The
+  loop's CPU time (the process's threads, not the loader's workers) is less disturbed by other
+  work on a shared machine than its wall time.
 """
 
 from __future__ import annotations
@@ -90,11 +92,12 @@ _TRAINEES = {"cnn2m": cnn2m_trainee}
 
 
 def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | None) -> dict[str, float]:
-    """One configuration in this process: the loop's seconds, from the built trainee to the last write."""
+    """One configuration in this process: the loop's seconds, from the built trainee to the last
+    write, and the CPU seconds of this process's threads meanwhile (not the loader's workers)."""
     plan = QUICK if quick else FULL
     trainee = _TRAINEES[model](plan, torch.device("cpu"))
     assert trainee.step is not None
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if out is None:
         for batch in cycle(trainee.loader, steps):
             trainee.step(batch)
@@ -103,7 +106,7 @@ def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | 
         with Recorder(out, trainee, options) as recorder:
             for batch in recorder.batches():
                 recorder.log(trainee.step(batch))
-    return {"loop s": time.perf_counter() - start}
+    return {"loop s": time.perf_counter() - start, "loop cpu s": time.process_time() - cpu}
 
 
 def bench_process_overhead(plan: Plan, model: str = "cnn2m") -> dict[str, Any]:
@@ -112,6 +115,7 @@ def bench_process_overhead(plan: Plan, model: str = "cnn2m") -> dict[str, Any]:
     steps = 3 * plan.window
     configs = {"plain loop": None, "every=10": 10, "every=1": 1}
     loops: dict[str, list[float]] = {name: [] for name in configs}
+    cpus: dict[str, list[float]] = {name: [] for name in configs}
     processes: dict[str, list[float]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory(prefix="bisect-repro-bench-") as tmp:
         for run in range(plan.runs):
@@ -122,13 +126,17 @@ def bench_process_overhead(plan: Plan, model: str = "cnn2m") -> dict[str, Any]:
                 start = time.perf_counter()
                 done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, check=True)
                 processes[name].append(time.perf_counter() - start)
-                loops[name].append(json.loads(done.stdout.splitlines()[-1])["loop s"])
-    base_loop, base_process = statistics.median(loops["plain loop"]), statistics.median(processes["plain loop"])
+                measured = json.loads(done.stdout.splitlines()[-1])
+                loops[name].append(measured["loop s"])
+                cpus[name].append(measured["loop cpu s"])
+    base_loop, base_cpu = statistics.median(loops["plain loop"]), statistics.median(cpus["plain loop"])
+    base_process = statistics.median(processes["plain loop"])
     rows = [
         {
             "configuration": name,
             "step ms": statistics.median(loops[name]) / steps * 1e3,
             "loop overhead": statistics.median(loops[name]) / base_loop,
+            "loop CPU overhead": statistics.median(cpus[name]) / base_cpu,
             "process s": statistics.median(processes[name]),
             "process overhead": statistics.median(processes[name]) / base_process,
             "runs": plan.runs,

@@ -113,7 +113,7 @@ def cnn2m_trainee(plan: Plan, device: torch.device, seed: int = 0) -> Trainee:
     the widths and the images."""
     torch.manual_seed(seed)
     quick = plan.batch < 32
-    c, side, hidden = (8, 8, 32) if quick else (16, 32, 3900)
+    c, side, hidden = (4, 16, 32) if quick else (16, 32, 3900)
     widths = [3, c, 2 * c, 4 * c, 8 * c]
     layers: list[nn.Module] = []
     for a, b in itertools.pairwise(widths):

@@ -34,7 +34,7 @@ from ..store.commit import Commit, GroupCommitError
 
 __all__ = ["BackgroundWriter"]
 
-LINGER = 0.1  # seconds a group waits for more snapshots
+LINGER = 1.0  # seconds a group waits for more snapshots
 
 _Job = tuple[int, Callable[[], Commit]]
 

@@ -49,8 +49,9 @@ Design decisions:
   (:mod:`bisect_repro.record.directory`); nothing is communicated during training.
 
 Where the guarantees stop: training goes on while the last snapshots are written, so a crash
-loses up to ``max_pending_writes + 1`` snapshots that a synchronous writer would have committed;
-they are never torn, only absent, and ``close()`` (or leaving the ``with`` block) waits for them.
+loses up to ``max_pending_writes + 1`` snapshots that a synchronous writer would have committed
+(a snapshot may wait up to a second for another to share its commit, within that bound); they are
+never torn, only absent, and ``close()`` (or leaving the ``with`` block) waits for them.
 """
 
 from __future__ import annotations
