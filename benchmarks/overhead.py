@@ -1,14 +1,26 @@
-"""Recording overhead: mean step time under the recorder over mean step time without it.
+"""Recording overhead: time under the recorder over time without it, two ways.
 
-Each configuration (no recorder, every=10, every=1; a checkpoint every 100 steps) is run in turn,
-from a freshly built trainee, so that a machine shared with other work slows them alike. Where it
-stops: the timed window is steps 1 to ``window``; step 0 (the first checkpoint, and the warm-up)
-and the final close are outside it.
+- :func:`bench_overhead`, per step: each configuration (no recorder, every=10, every=1; a
+  checkpoint every 100 steps) is run in turn, from a freshly built trainee, so that a machine
+  shared with other work slows them alike. Where it stops: the timed window is steps 1 to
+  ``window``; step 0 (the first checkpoint, and the warm-up) and the final close are outside it.
+- :func:`bench_process_overhead`, whole process: each configuration (the plain loop, every=10,
+  every=1; a checkpoint every 50 steps) runs ``3 * window`` steps in a fresh process of its own
+  (``python -m benchmarks.overhead``), plain and recorded in turn. The loop's time runs from the
+  built trainee to the end of the last write (``close()`` waits for the writer): the recorder's
+  start, every snapshot and checkpoint and the final drain are inside it; the process's time adds
+  the interpreter's start, the imports and building the trainee, which both sides pay alike. The
+  loop's CPU time (the process's threads, not the loader's workers) is less disturbed by other
+  work on a shared machine than its wall time.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,10 +30,10 @@ import torch
 
 from bisect_repro import Recorder, RecordOptions, Trainee
 
-from .timing import Plan, cycle, sync
-from .trainees import cnn_trainee, gpt_trainee, mlp_trainee
+from .timing import FULL, QUICK, Plan, cycle, sync
+from .trainees import cnn2m_trainee, cnn_trainee, gpt_trainee, mlp_trainee
 
-__all__ = ["bench_overhead"]
+__all__ = ["bench_overhead", "bench_process_overhead"]
 
 
 def _timed_window(trainee: Trainee, device: torch.device, plan: Plan, options: RecordOptions | None, out: Path) -> float:
@@ -73,3 +85,74 @@ def bench_overhead(device: torch.device, plan: Plan, model: str) -> dict[str, An
         for name, values in samples.items()
     ]
     return {"model": model, "parameters": params, "steps timed per run": plan.window, "checkpoint_every": 100, "rows": rows}
+
+
+PROCESS_CHECKPOINT_EVERY = 50
+_TRAINEES = {"cnn2m": cnn2m_trainee}
+
+
+def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | None) -> dict[str, float]:
+    """One configuration in this process: the loop's seconds, from the built trainee to the last
+    write, and the CPU seconds of this process's threads meanwhile (not the loader's workers)."""
+    plan = QUICK if quick else FULL
+    trainee = _TRAINEES[model](plan, torch.device("cpu"))
+    assert trainee.step is not None
+    start, cpu = time.perf_counter(), time.process_time()
+    if out is None:
+        for batch in cycle(trainee.loader, steps):
+            trainee.step(batch)
+    else:
+        options = RecordOptions(steps=steps, every=every, checkpoint_every=PROCESS_CHECKPOINT_EVERY, force=True)
+        with Recorder(out, trainee, options) as recorder:
+            for batch in recorder.batches():
+                recorder.log(trainee.step(batch))
+    return {"loop s": time.perf_counter() - start, "loop cpu s": time.process_time() - cpu}
+
+
+def bench_process_overhead(plan: Plan, model: str = "cnn2m") -> dict[str, Any]:
+    """The whole-process overhead on the CPU (see the module docstring): medians of ``plan.runs``
+    fresh processes per configuration, run in turn."""
+    steps = 3 * plan.window
+    configs = {"plain loop": None, "every=10": 10, "every=1": 1}
+    loops: dict[str, list[float]] = {name: [] for name in configs}
+    cpus: dict[str, list[float]] = {name: [] for name in configs}
+    processes: dict[str, list[float]] = {name: [] for name in configs}
+    with tempfile.TemporaryDirectory(prefix="bisect-repro-bench-") as tmp:
+        for run in range(plan.runs):
+            for name, every in configs.items():  # interleaved: the machine's moods hit all alike
+                command = [sys.executable, "-m", "benchmarks.overhead", model, "--steps", str(steps)]
+                command += ["--quick"] if plan is QUICK else []
+                command += [] if every is None else ["--every", str(every), "--out", str(Path(tmp) / f"{every}-{run}")]
+                start = time.perf_counter()
+                done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, check=True)
+                processes[name].append(time.perf_counter() - start)
+                measured = json.loads(done.stdout.splitlines()[-1])
+                loops[name].append(measured["loop s"])
+                cpus[name].append(measured["loop cpu s"])
+    base_loop, base_cpu = statistics.median(loops["plain loop"]), statistics.median(cpus["plain loop"])
+    base_process = statistics.median(processes["plain loop"])
+    rows = [
+        {
+            "configuration": name,
+            "step ms": statistics.median(loops[name]) / steps * 1e3,
+            "loop overhead": statistics.median(loops[name]) / base_loop,
+            "loop CPU overhead": statistics.median(cpus[name]) / base_cpu,
+            "process s": statistics.median(processes[name]),
+            "process overhead": statistics.median(processes[name]) / base_process,
+            "runs": plan.runs,
+        }
+        for name in configs
+    ]
+    params = sum(p.numel() for p in _TRAINEES[model](plan, torch.device("cpu")).model.parameters())
+    return {"model": model, "parameters": params, "steps": steps, "checkpoint_every": PROCESS_CHECKPOINT_EVERY, "rows": rows}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="One configuration of the whole-process overhead benchmark, in this process.")
+    parser.add_argument("model", choices=sorted(_TRAINEES))
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--out", type=Path, help="record into this folder (none: the plain loop)")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    print(json.dumps(_process_child(args.model, args.quick, args.steps, args.every, args.out)))

@@ -91,6 +91,14 @@ def markdown(results: dict[str, Any]) -> str:
             f" mean step time over {section['steps timed per run']} steps, median of {section['rows'][0]['runs']} runs."
         )
         lines += _section(title, intro, section, section["rows"])
+    process = results.get("overhead_cnn2m")
+    if process is not None:
+        intro = (
+            f"{process['parameters']:,} parameters; {process['steps']} steps in a fresh process per run, a checkpoint every"
+            f" {process['checkpoint_every']} steps; the loop's time runs from the built trainee to the last write, the process's"
+            f" adds the interpreter's start, the imports and the build; median of {process['rows'][0]['runs']} runs of each, in turn."
+        )
+        lines += _section("Recording overhead, 2.1M-parameter CNN, whole process", intro, process, process["rows"])
     storage = results.get("storage")
     if storage is not None:
         lines += _section("Storage", f"MLP, {storage['parameters']:,} parameters, Adam.", storage, storage["rows"])

@@ -21,7 +21,9 @@ run, interleaved, so that a machine shared with other work slows both sides alik
 - Recording overhead: step time under the recorder over step time without it, every=1 and
   every=10 with a checkpoint every 100 steps; a ~10M-parameter MLP and the CNN example
   (``examples/cnn.py``, 5k parameters, two loader workers) on the CPU, a GPT-style
-  ~100M-parameter transformer on CUDA.
+  ~100M-parameter transformer on CUDA. On the CPU also the whole process: a 2.1M-parameter CNN
+  (two loader workers), every=1 and every=10 with a checkpoint every 50 steps, each run in a fresh
+  process, against the plain loop in a fresh process (``cnn2m``).
 - Storage: bytes per snapshot and per checkpoint against ``torch.save`` of the same state into
   memory (the baseline only: bisect-repro itself never pickles).
 - Compare cost: two recorded 2,000-step runs that part ways at step 1,537, compared; the wall time
@@ -44,13 +46,13 @@ import torch
 from .compare_cost import bench_compare
 from .hash_speed import bench_hash, bench_small_hash
 from .machine import cpu_pressure, load_average, machine
-from .overhead import bench_overhead
+from .overhead import bench_overhead, bench_process_overhead
 from .report import markdown
 from .storage import bench_storage
 from .timing import FULL, QUICK
 
-STAGES = ("hash", "small", "mlp", "cnn", "gpt", "storage", "compare")
-SECTIONS = ("hash", "small", "overhead_mlp", "overhead_cnn", "overhead_gpt", "storage", "compare")
+STAGES = ("hash", "small", "mlp", "cnn", "cnn2m", "gpt", "storage", "compare")
+SECTIONS = ("hash", "small", "overhead_mlp", "overhead_cnn", "overhead_cnn2m", "overhead_gpt", "storage", "compare")
 
 
 def _kept_sections(path: Path, device: torch.device, quick: bool) -> dict[str, Any]:
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stage("overhead_mlp", lambda: bench_overhead(device, plan, "mlp"))
     if device.type == "cpu":
         stage("overhead_cnn", lambda: bench_overhead(device, plan, "cnn"))
+        stage("overhead_cnn2m", lambda: bench_process_overhead(plan))
     if device.type == "cuda" or args.quick:  # the quick run exercises the GPT code on the CPU
         stage("overhead_gpt", lambda: bench_overhead(device, plan, "gpt"))
     elif "gpt" in chosen:

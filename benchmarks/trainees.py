@@ -1,4 +1,5 @@
-"""The models the recording benchmarks train: an MLP, a GPT-style transformer and the CNN example."""
+"""The models the recording benchmarks train: an MLP, a GPT-style transformer, the CNN example and a
+2M-parameter CNN on CIFAR-sized images."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from bisect_repro import Trainee
 
 from .timing import Plan
 
-__all__ = ["TinyGPT", "cnn_trainee", "gpt_trainee", "mlp_trainee"]
+__all__ = ["TinyGPT", "cnn2m_trainee", "cnn_trainee", "gpt_trainee", "mlp_trainee"]
 
 
 def mlp_trainee(plan: Plan, device: torch.device, seed: int = 0) -> Trainee:
@@ -86,3 +87,45 @@ def cnn_trainee(plan: Plan, device: torch.device, seed: int = 0) -> Trainee:
     from bisect_repro.record.recipe import build
 
     return build(f"{Path(__file__).resolve().parent.parent / 'examples' / 'cnn.py'}:build", {"seed": seed})
+
+
+class RandomImages(Dataset[tuple[torch.Tensor, int]]):
+    """CIFAR-sized random images (3x32x32, ten classes), flipped at random in the loader's workers."""
+
+    def __init__(self, size: int, side: int) -> None:
+        generator = torch.Generator().manual_seed(1234)
+        self.images = torch.randn(size, 3, side, side, generator=generator)
+        self.labels = torch.randint(0, 10, (size,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
+        if torch.rand(()) < 0.5:  # drawn from the worker's torch stream
+            image = image.flip(-1)
+        return image, int(self.labels[index])
+
+
+def cnn2m_trainee(plan: Plan, device: torch.device, seed: int = 0) -> Trainee:
+    """A 2.1M-parameter CNN (four 3x3 convolutions with batch norm, two linear layers), SGD with
+    momentum, on CIFAR-sized random images from a loader with two workers; the quick plan shrinks
+    the widths and the images."""
+    torch.manual_seed(seed)
+    quick = plan.batch < 32
+    c, side, hidden = (4, 16, 32) if quick else (16, 32, 3900)
+    widths = [3, c, 2 * c, 4 * c, 8 * c]
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(widths):
+        layers += [nn.Conv2d(a, b, 3, padding=1, bias=False), nn.BatchNorm2d(b), nn.ReLU(), nn.MaxPool2d(2)]
+    flat = widths[-1] * (side // 16) ** 2
+    model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, 10)).to(device)
+    loader = DataLoader(
+        RandomImages(plan.batch * 32, side),
+        batch_size=plan.batch,
+        shuffle=True,
+        num_workers=2,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return Trainee.supervised(model, optimizer, loader, nn.functional.cross_entropy)

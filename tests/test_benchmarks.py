@@ -30,6 +30,8 @@ def test_the_benchmark_command_runs_and_writes_its_tables(tmp_path: Path) -> Non
         configurations = {row["configuration"]: row for row in results[key]["rows"]}
         assert set(configurations) == {"no recorder", "every=10", "every=1"}
         assert configurations["no recorder"]["overhead"] == 1.0
+    process = {row["configuration"]: row for row in results["overhead_cnn2m"]["rows"]}
+    assert set(process) == {"plain loop", "every=10", "every=1"} and process["plain loop"]["loop overhead"] == 1.0
     assert {row["file"] for row in results["storage"]["rows"]} >= {"snapshot", "checkpoint"}
     compare = results["compare"]
     assert compare["found"] == [compare["diverges_at"], "forward", "6", "rng_state"]  # the Jitter layer

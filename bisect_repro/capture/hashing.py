@@ -26,7 +26,9 @@ Three ways to compute the same two lane sums, chosen per device, and a switch:
   interpreter (``TRITON_INTERPRET=1``, how the tests check the kernel without a GPU).
 
 Lanes stay on the device until :meth:`PendingHashes.fetch`, which moves all of them in one
-transfer per device; :meth:`PendingHashes.add` never waits for a device.
+transfer per device; :meth:`PendingHashes.add` never waits for a device. The recorder fetches the
+lanes on the training thread (:meth:`PendingHashes.fetch_lanes`) and makes the digests from them
+(a BLAKE2b of a short text per tensor) on its writer thread.
 
 Where the guarantees stop: the three paths give the same lanes for every tensor they accept (the
 tests hold each to the definition), and a Triton kernel that fails to build or launch is replaced
@@ -49,7 +51,7 @@ import torch
 from . import _hash_cpu, _hash_torch
 from .hash_format import Entry, digests
 
-__all__ = ["PendingHashes", "hash_tensor", "hash_tensors"]
+__all__ = ["HostLanes", "PendingHashes", "hash_tensor", "hash_tensors"]
 
 _PACK_WORDS = 1 << 16  # tensors below this many words are packed with others ...
 _PACK_CHUNK = 1 << 18  # ... into packs of at most about this many words
@@ -219,14 +221,34 @@ class PendingHashes:
 
     def fetch(self) -> dict[str, str]:
         """Digests by name, in the order they were added."""
-        found: dict[str, str] = {}
+        return self.fetch_lanes().digests()
+
+    def fetch_lanes(self) -> HostLanes:
+        """Every lane sum on the host, in one transfer per device: the host synchronisation. The
+        digests are made from them afterwards, on any thread (:meth:`HostLanes.digests`)."""
+        parts: list[tuple[list[Entry], np.ndarray]] = []
         for device, entries in self._entries.items():
-            parts = self._lanes[device]
-            lanes = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu().numpy()
-            if lanes.shape != (len(entries), 2):
-                raise AssertionError(f"{lanes.shape[0]} lane pairs for {len(entries)} tensors")
+            lanes = self._lanes[device]
+            host = (lanes[0] if len(lanes) == 1 else torch.cat(lanes)).cpu().numpy()
+            if host.shape != (len(entries), 2):
+                raise AssertionError(f"{host.shape[0]} lane pairs for {len(entries)} tensors")
+            parts.append((entries, host))
+        return HostLanes(parts, self._order)
+
+
+class HostLanes:
+    """The lane sums of a :class:`PendingHashes`, fetched to the host; :meth:`digests` turns them
+    into digests (pure host work, a BLAKE2b per tensor, on whichever thread calls it)."""
+
+    def __init__(self, parts: list[tuple[list[Entry], np.ndarray]], order: list[str]) -> None:
+        self._parts, self._order = parts, order
+
+    def digests(self) -> dict[str, str]:
+        """Digests by name, in the order they were added."""
+        found: dict[str, str] = {}
+        for entries, lanes in self._parts:
             names = [entry[0] for entry in entries]
-            if len(self._entries) == 1 and names == self._order:  # the common case: already in order
+            if len(self._parts) == 1 and names == self._order:  # the common case: already in order
                 return dict(zip(names, digests(entries, lanes), strict=True))
             found.update(zip(names, digests(entries, lanes), strict=True))
         return {name: found[name] for name in self._order}

@@ -18,15 +18,19 @@ Design decisions:
   device. A step that changes its batch in place before the snapshot changes its recorded hash,
   the same way in every run.
 - Writing is done by one background thread (:class:`~bisect_repro.record.background.BackgroundWriter`).
-  At a snapshot the training thread fetches the hashes, captures the random streams and the data
-  position (copies), takes host copies of a checkpoint's tensors (:func:`codec.prepare`) and hands
-  them over; taking the snapshot's tree apart, encoding, compression, the writes and the fsyncs
-  happen while training goes on. The queue is bounded (``max_pending_writes`` snapshots, 2 by
-  default), so a disk slower than the training makes the training wait rather than memory grow:
-  at most ``max_pending_writes + 1`` snapshots with their checkpoints are held in host memory.
-  One thread, first in first out, keeps the on-disk order of the synchronous writer: per
-  snapshot, its step lines, the snapshot file, its index line, then the checkpoint file and its
-  index line, snapshots in step order. ``max_pending_writes=0`` writes on the training thread.
+  At a snapshot the training thread only runs the hash of the state tensors (on its device; on
+  the CPU the C kernel, on torch's own threads), fetches the hash lanes and the losses (one
+  transfer per device), captures the random streams and the data position (copies), takes host
+  copies of a checkpoint's tensors (:func:`codec.prepare`) and queues the snapshot. The digests,
+  the step records, taking the snapshot's tree apart, encoding, compression, the writes and the
+  fsyncs happen on the writer's thread while training goes on. At most ``max_pending_writes + 1``
+  snapshots (``max_pending_writes`` is 2 by default) are queued and not yet committed, so a disk slower than the training
+  makes the training wait rather than memory grow: at most that many snapshots with their
+  checkpoints are held in host memory. The writer commits the snapshots it finds waiting
+  together, sharing their fsyncs (group commit, :mod:`bisect_repro.store.commit`), in the order
+  of the synchronous writer: per snapshot, its step lines, the snapshot file, then the checkpoint
+  file, snapshots in step order, each file's index line written after the file and the step lines
+  it covers are durable. ``max_pending_writes=0`` writes on the training thread, one at a time.
 - A failure to write (disk full, permission denied, a file removed underneath) is re-raised on
   the training thread at the next snapshot or at :meth:`Recorder.close` as a one-line
   :class:`RecordingError` naming the run and the cause, after which what was committed stays
@@ -44,22 +48,22 @@ Design decisions:
   (:mod:`bisect_repro.record.directory`); nothing is communicated during training.
 
 Where the guarantees stop: training goes on while the last snapshots are written, so a crash
-loses up to ``max_pending_writes + 1`` snapshots that a synchronous writer would have committed;
-they are never torn, only absent, and ``close()`` (or leaving the ``with`` block) waits for them.
+loses up to ``max_pending_writes + 1`` snapshots that a synchronous writer would have committed
+(a snapshot may wait up to a second for another to share its commit, within that bound); they are
+never torn, only absent, and ``close()`` (or leaving the ``with`` block) waits for them.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..capture import env
-from ..capture.batch import batch_tensors, combine_digests
+from ..capture.batch import batch_tensors
 from ..capture.data import next_micro_batches
 from ..capture.hashing import PendingHashes
 from ..capture.parallel import RankInfo, rank_info
@@ -67,22 +71,15 @@ from ..capture.seeding import SeedingCall, SeedingWatch
 from ..capture.state import TrainingState
 from ..errors import BisectReproError, RecordingError, RecordingWarning
 from ..store import codec
+from ..store.commit import Commit
 from ..store.run import Run
 from .background import BackgroundWriter
 from .directory import distributed_meta, open_writer, resume_writer
 from .options import RecordOptions, SessionPlan
 from .provenance import now, run_meta
+from .steplog import PendingStep, fetch_losses, step_records
 
 __all__ = ["RecordingSession"]
-
-
-@dataclass
-class _PendingStep:
-    step: int
-    order_name: str | None
-    batch_names: list[str]
-    others: list[str]
-    loss: torch.Tensor | float | None = None
 
 
 _SCHEDULE = ("steps", "every", "checkpoint_every")
@@ -105,7 +102,7 @@ class RecordingSession:
         self.trainee = trainee
         self.state = TrainingState(trainee, plan.scope)
         self.step = 0
-        self._pending: list[_PendingStep] = []
+        self._pending: list[PendingStep] = []
         self._batch_hashes = PendingHashes()
         self._deferred: dict[str, torch.Tensor] = {}
         self._deferred_bytes = 0
@@ -134,7 +131,7 @@ class RecordingSession:
         except BaseException:
             self.state.close()
             raise
-        self._writer = BackgroundWriter(f"bisect-repro writer for {self.writer.path}", plan.max_pending_writes)
+        self._writer = BackgroundWriter(f"bisect-repro writer for {self.writer.path}", plan.max_pending_writes, self.writer.commit_group)
         self._seeded: dict[int, list[dict[str, Any]]] = {}  # entropy seeding calls by step, logged with the step
         self._watch = SeedingWatch(on_call=self._note_seeding).install()
 
@@ -258,7 +255,7 @@ class RecordingSession:
             total = self.options.steps
             if not self._stopped and (total is None or self.step >= total):
                 final = self.step
-                self._writer.submit(final, lambda: self.writer.finish(final))
+                self._writer.submit(final, lambda: Commit(final, end=True))
         finally:
             self._shut_down()
         self._check_writer()
@@ -305,38 +302,12 @@ class RecordingSession:
             self._pending[-1].batch_names += [n for n in named if n != order_name]
             self._pending[-1].others += others
         else:
-            self._pending.append(_PendingStep(self.step, order_name, [n for n in named if n != order_name], others))
+            self._pending.append(PendingStep(self.step, order_name, [n for n in named if n != order_name], others))
 
     def _hash_deferred(self) -> None:
         if self._deferred:
             self._batch_hashes.add(self._deferred)
         self._deferred, self._deferred_bytes = {}, 0
-
-    def _flush_steps(self, state: Mapping[str, torch.Tensor]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """The step records since the last snapshot, and the hashes of the ``state`` tensors.
-
-        Batch and state hashes travel to the host together, in one transfer per device.
-        """
-        self._hash_deferred()
-        self._batch_hashes.add({f"state:{name}": tensor for name, tensor in state.items()})  # batch names are "<step>:..."
-        digests = self._batch_hashes.fetch()
-        state_hashes = {name: digests[f"state:{name}"] for name in state}
-        tensor_losses = [p.loss for p in self._pending if isinstance(p.loss, torch.Tensor)]
-        fetched = iter(torch.stack([t.float().reshape(()) for t in tensor_losses]).cpu().tolist()) if tensor_losses else iter(())
-        records = []
-        for pending in self._pending:
-            loss = next(fetched) if isinstance(pending.loss, torch.Tensor) else pending.loss
-            batch_parts = [digests[name] for name in pending.batch_names] + pending.others
-            order = digests[pending.order_name] if pending.order_name else None
-            record = {"step": pending.step, "loss": loss, "order": order, "batch": combine_digests(batch_parts)}
-            if pending.step in self._seeded:
-                record["seeded"] = self._seeded.pop(pending.step)
-            records.append(record)
-            if loss is not None:
-                self._last_loss = float(loss)
-        self._pending.clear()
-        self._batch_hashes = PendingHashes()
-        return records, state_hashes
 
     def _snapshot(self, step: int) -> None:
         self._check_writer()
@@ -344,26 +315,32 @@ class RecordingSession:
             return
         state = self.state
         tensors, placed = state.tensors_and_placements()  # placed: how each DTensor's local shard is laid out
-        records, hashes = self._flush_steps(tensors)
-        hashes.update(state.extra_digests())
+        # Batch and state hashes travel to the host together, in one transfer per device; the
+        # digests and the step records are made from them on the writer's thread.
+        self._hash_deferred()
+        self._batch_hashes.add({f"state:{name}": tensor for name, tensor in tensors.items()})  # batch names are "<step>:..."
+        lanes, self._batch_hashes = self._batch_hashes.fetch_lanes(), PendingHashes()
+        pending, self._pending = self._pending, []
+        losses = fetch_losses(pending)
+        self._last_loss = next((float(loss) for loss in reversed(losses) if loss is not None), self._last_loss)
+        seeded = {p.step: self._seeded.pop(p.step) for p in pending if p.step in self._seeded}
+        names, extra = list(tensors), state.extra_digests()
         # The snapshot's tree shares nothing the training changes: digests are strings, and the
         # streams' and data position's states are copies taken now. So it is taken apart on the
         # writer's thread; only a checkpoint, which holds the training's own tensors, is copied here.
-        tree = {"step": step, "hashes": hashes, "streams": state.streams.state_dict(), "data": state.data.state_dict(), **placed}
-        tree["settings"] = state.settings()  # non-tensor state (hyperparameters), compared by compare
+        streams, data, settings = state.streams.state_dict(), state.data.state_dict(), state.settings()
         checkpoint_every = self.options.checkpoint_every
         due = step == self.start_step or (checkpoint_every is not None and step % checkpoint_every == 0)
         checkpoint = codec.prepare(state.state_dict()) if due else None
-        writer = self.writer
 
-        def write() -> None:
-            writer.append_steps(records)
-            writer.commit_prepared("snapshot", step, codec.prepare(tree))
-            if checkpoint is not None:
-                writer.commit_prepared("checkpoint", step, checkpoint)
-            self._committed = step
+        def commit() -> Commit:  # on the writer's thread
+            digests = lanes.digests()
+            hashes = {name: digests[f"state:{name}"] for name in names} | extra
+            tree = {"step": step, "hashes": hashes, "streams": streams, "data": data, **placed, "settings": settings}
+            files = [("snapshot", codec.prepare(tree))] + ([("checkpoint", checkpoint)] if checkpoint is not None else [])
+            return Commit(step, step_records(pending, losses, digests, seeded), files)
 
-        self._writer.submit(step, write)
+        self._writer.submit(step, commit)
         self._last_snapshot = step
         self._check_writer()
 
@@ -378,7 +355,8 @@ class RecordingSession:
         cause = (error.strerror or str(error)) if isinstance(error, OSError) else "out of memory"
         if isinstance(error, OSError) and error.filename:
             cause += f": {error.filename}"
-        kept = f"what was committed, up to step {self._committed}, is intact" if self._committed is not None else "nothing was committed"
+        committed = self._writer.committed if self._writer.committed is not None else self._committed
+        kept = f"what was committed, up to step {committed}, is intact" if committed is not None else "nothing was committed"
         message = f"{self.writer.path}: recording failed writing step {self._writer.failed_at} ({cause}); {kept}"
         if self.options.on_error == "raise":
             raise RecordingError(f"{message}; free space or fix permissions, then record again with --resume") from error

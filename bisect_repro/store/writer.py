@@ -6,9 +6,11 @@ See :mod:`bisect_repro.store.run` for the layout and the reader. Design decision
   to a temporary name, fsynced, renamed into place, and the directory is fsynced: no file is ever
   visible under its final name half-written. A failed write removes its temporary file, so a full
   disk is not made fuller.
-- The two logs are append-only, one JSON object per line, fsynced at each snapshot. A file is
-  committed only by its index line, which is written last, after the file and the step lines it
-  covers are durable.
+- The two logs are append-only, one JSON object per line. A file is committed only by its index
+  line, which is written last, after the file and the step lines it covers are durable.
+- Group commit (:mod:`bisect_repro.store.commit`): the recorder commits the snapshots it finds
+  waiting together, with one fsync per file and one per log and folder for the group, the index
+  lines last, after everything they cover is durable. A failure commits what came before it.
 - One writer per folder: :class:`RunLock` holds ``fcntl.flock`` on ``RUN/.lock`` for the writer's
   lifetime, so the kernel releases it when the process dies, however it dies; the lock file stays
   behind (removing it would let a second writer lock a different inode). In a distributed run rank
@@ -29,6 +31,8 @@ See :mod:`bisect_repro.store.run` for the layout and the reader. Design decision
 
 Where the guarantees stop: durability is what ``fsync`` gives on the file system (a network file
 system or a disk that lies about flushes may lose the last commits, never tear a committed file);
+a crash between renaming files into place and writing their index lines leaves files with no
+index line, which are never read as part of the run and which a resume moves to ``superseded/``;
 the lock is advisory and per host (``flock`` on NFS may not exclude writers on other machines, so
 ranks on several hosts need a shared file system that honours it); without ``fcntl`` (Windows)
 there is no lock.
@@ -42,13 +46,17 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from ..errors import RecordingError, RunExistsError, RunFormatError, RunLockedError
 from . import codec, signing
+from .commit import Commit, commit_group
+from .durable import append_lines as _append_lines
+from .durable import fsync_dir as _fsync_dir
+from .durable import write_atomic
 from .meta import RunMeta
 from .run import _KINDS, _LOCK, _META, _RANK_META, DISTRIBUTED_FORMAT, FORMAT, FileEntry, Run, _log_lines, file_name, rank_folder
 
@@ -58,40 +66,6 @@ except ImportError:  # pragma: no cover - not a POSIX system
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["RunLock", "RunWriter", "write_atomic"]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` holds either the old or the new bytes."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise
-    _fsync_dir(path.parent)
-
-
-def _append_lines(path: Path, records: list[dict[str, Any]]) -> None:
-    if not records:
-        return
-    text = "".join(json.dumps(r, allow_nan=True) + "\n" for r in records)
-    with open(path, "ab") as handle:
-        handle.write(text.encode())
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 class RunLock:
@@ -233,6 +207,8 @@ class RunWriter:
             write_atomic(self.rank / _RANK_META, json.dumps(rank_meta, indent=2).encode())
         for folder in (self.rank / "snapshots", self.rank / "checkpoints"):
             folder.mkdir(parents=True, exist_ok=True)
+        for log in (self.rank / "steps.jsonl", self.rank / "index.jsonl"):
+            log.touch()  # empty, so that the fsync below makes the logs' names durable before any line
         _fsync_dir(self.rank)
 
     @classmethod
@@ -350,6 +326,13 @@ class RunWriter:
         entry = FileEntry(kind, step, name, len(data), raw_size, codec.checksum(data))
         _append_lines(self.rank / "index.jsonl", [entry.__dict__])
         return entry
+
+    def commit_group(self, commits: Sequence[Commit]) -> None:
+        """Commit ``commits`` (in step order) sharing their fsyncs: see :mod:`bisect_repro.store.commit`.
+
+        Raises :class:`GroupCommitError` (from the cause) when a write fails, after committing
+        everything before the failed one."""
+        commit_group(self.rank, commits)
 
     def finish(self, step: int) -> None:
         _append_lines(self.rank / "index.jsonl", [{"kind": "end", "step": step}])

@@ -24,6 +24,7 @@ from bisect_repro.cli import app
 from bisect_repro.errors import BisectReproError, RecordingError, RunLockedError
 from bisect_repro.record.recipe import build
 from bisect_repro.record.recorder import RecordingWarning
+from bisect_repro.store import commit, durable
 from bisect_repro.store import writer as store
 
 runner = CliRunner()
@@ -59,7 +60,8 @@ def fail_on(monkeypatch, fragment: str, error: OSError, *, after: int = 0) -> li
                 raise error
         return open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(store, "open", failing_open, raising=False)
+    for module in (durable, commit):
+        monkeypatch.setattr(module, "open", failing_open, raising=False)
     return seen
 
 
@@ -117,10 +119,14 @@ def test_disk_full_stops_training_with_one_line_naming_the_run_and_the_cause(exa
 
 def test_warn_keeps_training_with_one_warning_and_recording_stopped(examples, tmp_path, monkeypatch, clean) -> None:
     trainee, counter = mlp(examples)
-    fail_on(monkeypatch, "index.jsonl", enospc(), after=3)  # the 4th index line: snapshot 4
-    with warnings.catch_warnings(record=True) as caught:
+    fail_on(monkeypatch, "index.jsonl", enospc(), after=2)  # the 3rd write of index lines, one commit each: snapshot 4
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        Recorder(tmp_path / "r", trainee, RecordOptions(**OPTIONS, on_error="warn"), max_pending_writes=0) as r,
+    ):
         warnings.simplefilter("always")
-        record(trainee, tmp_path / "r", RecordOptions(**OPTIONS, on_error="warn"))
+        for batch in r.batches():
+            r.log(trainee.step(batch))  # type: ignore[misc]
     ours = [w for w in caught if issubclass(w.category, RecordingWarning)]
     assert len(ours) == 1 and "No space left on device" in str(ours[0].message) and "training goes on" in str(ours[0].message)
     assert counter.calls == 12
@@ -187,7 +193,7 @@ def test_a_bug_in_the_writer_is_not_disguised_as_a_disk_fault(examples, tmp_path
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(store.RunWriter, "commit_prepared", broken)
+    monkeypatch.setattr(store.RunWriter, "commit_group", broken)
     trainee, _ = mlp(examples)
     with pytest.raises(ZeroDivisionError):
         record(trainee, tmp_path / "r", RecordOptions(**OPTIONS, on_error="warn"))

@@ -1,4 +1,4 @@
-"""The recorder's background writer: same bytes, same order, bounded memory, host copies."""
+"""The recorder's background writer: same bytes, same order, group commit, bounded memory, host copies."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from bisect_repro import Recorder, RecordOptions, Run
 from bisect_repro.record.recipe import build
 from bisect_repro.store import writer as store
+from tests.durability import DiskModel, check_every_commit
 
 OPTIONS = {"steps": 12, "every": 2, "checkpoint_every": 4}
 
@@ -25,13 +26,13 @@ def run_mlp(examples, out, depth, **options):
 
 def test_background_writes_the_bytes_the_synchronous_writer_writes(examples, tmp_path, monkeypatch) -> None:
     sync = run_mlp(examples, tmp_path / "sync", depth=0)
-    slow = store.RunWriter.commit_prepared
+    slow = store.RunWriter.commit_group
 
-    def lagging(self, kind, step, prepared):  # the training runs ahead and changes its tensors meanwhile
+    def lagging(self, commits):  # the training runs ahead and changes its tensors meanwhile
         time.sleep(0.02)
-        return slow(self, kind, step, prepared)
+        return slow(self, commits)
 
-    monkeypatch.setattr(store.RunWriter, "commit_prepared", lagging)
+    monkeypatch.setattr(store.RunWriter, "commit_group", lagging)
     background = run_mlp(examples, tmp_path / "background", depth=2)
     for name in ("steps.jsonl", "index.jsonl"):
         assert (tmp_path / "sync" / "rank0" / name).read_bytes() == (tmp_path / "background" / "rank0" / name).read_bytes(), name
@@ -40,45 +41,52 @@ def test_background_writes_the_bytes_the_synchronous_writer_writes(examples, tmp
     assert background.complete and sorted(background.checkpoints) == [0, 4, 8, 12]
 
 
-def test_each_commit_is_step_lines_then_file_then_index_line_in_step_order(examples, tmp_path, monkeypatch) -> None:
-    events: list[tuple[str, object]] = []
-    append, atomic = store._append_lines, store.write_atomic
+@pytest.mark.parametrize("depth", [0, 2, 5])
+def test_every_index_line_comes_after_what_it_covers_is_durable(examples, tmp_path, monkeypatch, depth) -> None:
+    model = DiskModel(monkeypatch, tmp_path / "r")
+    written = check_every_commit(monkeypatch, model)
+    run = run_mlp(examples, tmp_path / "r", depth=depth, every=1)
+    lines = [(line["kind"], line["step"]) for group in written for line in group]
+    expected = [("snapshot", s) for s in range(13)]
+    for step in (0, 4, 8, 12):
+        expected.insert(expected.index(("snapshot", step)) + 1, ("checkpoint", step))
+    assert lines == [*expected, ("end", 12)]  # in step order, each snapshot before its checkpoint
+    assert run.complete and sorted(run.snapshots) == list(range(13)) and sorted(run.steps) == list(range(12))
+    if depth == 0:
+        assert len(written) == 14  # on the training thread: one commit per snapshot, and the end
 
-    def logged_append(path, records):
-        if records:  # an empty append writes nothing
-            events.append((path.name, tuple((r.get("kind"), r["step"]) if "kind" in r else r["step"] for r in records)))
-        return append(path, records)
 
-    def logged_atomic(path, data):
-        events.append(("file", f"{path.parent.name}/{path.name}"))
-        return atomic(path, data)
+def test_snapshots_waiting_together_are_committed_together(examples, tmp_path, monkeypatch) -> None:
+    gate = hold_writes(monkeypatch)
+    groups: list[list[int]] = []
+    held = store.RunWriter.commit_group
 
-    monkeypatch.setattr(store, "_append_lines", logged_append)
-    monkeypatch.setattr(store, "write_atomic", logged_atomic)
-    run_mlp(examples, tmp_path / "r", depth=2)
-    expected: list[tuple[str, object]] = [("file", "r/run.json")]
-    previous = 0
-    for step in (0, 2, 4, 6, 8, 10, 12):
-        if step:
-            expected.append(("steps.jsonl", tuple(range(previous, step))))
-        expected += [("file", f"snapshots/step-{step:08d}.st.zst"), ("index.jsonl", (("snapshot", step),))]
-        if step % 4 == 0:
-            expected += [("file", f"checkpoints/step-{step:08d}.st.zst"), ("index.jsonl", (("checkpoint", step),))]
-        previous = step
-    expected.append(("index.jsonl", (("end", 12),)))
-    assert events == expected
+    def noted(self, commits):
+        groups.append([c.step for c in commits if not c.end])  # the end line may join the last group
+        return held(self, commits)
+
+    monkeypatch.setattr(store.RunWriter, "commit_group", noted)
+    trainee = build(f"{examples / 'mlp.py'}:build", {"hidden": 16})
+    with Recorder(tmp_path / "r", trainee, RecordOptions(steps=8, every=1), max_pending_writes=4) as recorder:
+        for batch in recorder.batches():
+            recorder.log(trainee.step(batch))  # type: ignore[misc]
+            if recorder.step == 4:  # snapshots 0 to 4 are taken, every slot: the first group is held, the rest wait
+                gate.set()
+    assert [s for g in groups for s in g] == list(range(9)) and max(len(g) for g in groups) > 1
+    assert len([g for g in groups if g]) < 9  # fewer commits than snapshots: their fsyncs were shared
+    assert Run.open(tmp_path / "r").complete
 
 
 def hold_writes(monkeypatch) -> threading.Event:
     """Every write waits until the returned event is set: a disk that has stopped answering."""
     gate = threading.Event()
-    written = store.RunWriter.commit_prepared
+    written = store.RunWriter.commit_group
 
-    def held(self, kind, step, prepared):
+    def held(self, commits):
         gate.wait(timeout=30)
-        return written(self, kind, step, prepared)
+        return written(self, commits)
 
-    monkeypatch.setattr(store.RunWriter, "commit_prepared", held)
+    monkeypatch.setattr(store.RunWriter, "commit_group", held)
     return gate
 
 
@@ -98,7 +106,7 @@ def test_a_slow_disk_makes_training_wait_instead_of_memory_grow(examples, tmp_pa
     while recorder.step < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.3)  # and it must stay there
-    # snapshot 0 is being written, 1 and 2 wait in the queue, snapshot 3 waits for room
+    # snapshots 0 to 2 are taken (0 is being written, 1 with it or waiting, 2 waiting), snapshot 3 waits for room
     assert recorder.step == 3 and thread.is_alive()
     gate.set()
     thread.join(timeout=60)
@@ -107,13 +115,13 @@ def test_a_slow_disk_makes_training_wait_instead_of_memory_grow(examples, tmp_pa
 
 
 def test_close_waits_for_every_queued_write(examples, tmp_path, monkeypatch) -> None:
-    written = store.RunWriter.commit_prepared
+    written = store.RunWriter.commit_group
 
-    def slow(self, kind, step, prepared):
+    def slow(self, commits):
         time.sleep(0.05)
-        return written(self, kind, step, prepared)
+        return written(self, commits)
 
-    monkeypatch.setattr(store.RunWriter, "commit_prepared", slow)
+    monkeypatch.setattr(store.RunWriter, "commit_group", slow)
     run = run_mlp(examples, tmp_path / "r", depth=3, every=1)
     assert run.complete and sorted(run.snapshots) == list(range(13))
     for step in run.snapshots:
