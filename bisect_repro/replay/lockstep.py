@@ -19,6 +19,10 @@ For a distributed run each replica is a :class:`~bisect_repro.replay.ranked.Rank
 its ranks step together, and what is checked and compared is the focus rank's (its replies against
 its own records, and against the other run's focus rank).
 
+Where a framework runs each step once per process, each replica starts a spare process at once,
+restored and trained to the last equal snapshot (:meth:`~bisect_repro.replay.replica.Replica.prefetch`):
+no experiment repeats a step before it, and the first repeat then finds its process ready.
+
 Where the guarantees stop: the replay is only as exact as the recording: the steps between a
 checkpoint and the divergence are run again, so their cost is paid once more, and a
 nondeterministic kernel may make the replay part from the records by itself (``parted`` says so).
@@ -189,6 +193,8 @@ class Lockstep:
         )
         self.from_step = min(checkpoints)
         self._restore(checkpoints)
+        for replica in self.replicas:  # a framework's run repeats a step in a fresh process: have one ready
+            replica.prefetch(last_equal)
         self._skip(last_equal)
         start = last_equal
         hashes = both(self.replicas[0].hashes, self.replicas[1].hashes)
