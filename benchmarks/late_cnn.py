@@ -7,15 +7,23 @@ checkpoints restore) the step reseeds torch's stream from entropy (``torch.seed(
 ``torch.seed()`` in a training loop would: two runs match up to that step and part in its
 dropout. Recorded for 200 steps with snapshots every 10 and checkpoints every 50, the runs part
 at step 170, between checkpoints 150 and 200.
+
+The same training three ways, for :mod:`benchmarks.compare_late`:
+
+    bisect-repro record benchmarks/late_cnn.py:build --steps 200 --every 10 --checkpoint-every 50 --out A   # a recipe
+    python benchmarks/late_cnn.py --recorder --out A      # a loop of its own, under the Recorder API
+    bisect-repro record --every 10 --checkpoint-every 50 --out A -- python benchmarks/late_cnn.py   # unchanged
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from bisect_repro import Trainee
+from bisect_repro import Recorder, RecordOptions, Trainee
 
 
 def network(width: int = 1024) -> nn.Module:
@@ -55,3 +63,33 @@ def build(reseed_at: int = 170, batch: int = 32, width: int = 1024) -> Trainee:
         return loss
 
     return Trainee(model, optimizer, loader, step, scheduler=scheduler)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="the late-divergence CNN as a script: a plain loop, or under the Recorder")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--reseed-at", type=int, default=170)
+    parser.add_argument("--recorder", action="store_true", help="record with the Recorder API into --out")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--checkpoint-every", type=int, default=50)
+    args = parser.parse_args(argv)
+    trainee = build(args.reseed_at)
+    assert trainee.step is not None
+    if args.recorder:
+        options = RecordOptions(steps=args.steps, every=args.every, checkpoint_every=args.checkpoint_every, force=True)
+        with Recorder(args.out, trainee, options, config={"reseed_at": args.reseed_at}) as recorder:
+            for batch in recorder.batches():
+                recorder.log(trainee.step(batch))
+        return
+    done = 0
+    while done < args.steps:
+        for batch in trainee.loader:
+            trainee.step(batch)
+            done += 1
+            if done == args.steps:
+                break
+
+
+if __name__ == "__main__":
+    main()
