@@ -19,10 +19,11 @@ experiment as :class:`~bisect_repro.diagnose.verdict.Evidence`:
 A cause is ``proven`` only when one of these showed it; otherwise the verdict says
 ``unexplained`` (or ``inferred``) and lists what was tried.
 
-The two runs' replicas are separate processes, so what each is asked is asked of both at once
-(the full traces, the re-runs of each against itself, the op traces): the answers are those of
-asking one after the other, and where a framework repeats a step in fresh processes, the two
-runs' processes start side by side.
+The two runs' replicas are separate processes, so what each is asked (the full traces, the re-runs of
+each against itself, the op traces) is asked of both at once where the cores allow it
+(:meth:`~bisect_repro.replay.lockstep.Lockstep.pair`): the answers are those of asking one after
+the other, and where a framework repeats a step in fresh processes, the two runs' processes start
+side by side.
 
 Where the guarantees stop: a nondeterministic kernel may agree with itself in every re-run, and
 then the step is not seen to differ from itself. In a distributed run every experiment runs on
@@ -40,7 +41,7 @@ from ..capture import env
 from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference, first_divergent_op
 from ..replay.launch import LaunchSpec
-from ..replay.lockstep import Divergence, Lockstep, both
+from ..replay.lockstep import Divergence, Lockstep
 from ..replay.ranked import start_replica
 from ..replay.replica import Replica
 from ..serve.protocol import StepResult
@@ -77,6 +78,8 @@ class StepAnalysis:
         self.start = start
         """What starts a fresh replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
         self.ra, self.rb = lockstep.replicas
+        self.both = lockstep.pair
+        """Asks each replica at once, or one after the other (:meth:`~bisect_repro.replay.lockstep.Lockstep.pair`)."""
         self.step = divergence.step
         self.checkpoints = checkpoints
         self.evidence: list[Evidence] = []
@@ -98,7 +101,7 @@ class StepAnalysis:
         ta, tb, index = self._full_traces()
         full = self.divergence.light[0] is not ta or not self.ra.reruns  # a light trace cannot be a base for full re-runs
         base = (ta, tb) if full else (None, None)
-        repeats = both(partial(check_repeats, self.ra, s, base[0]), partial(check_repeats, self.rb, s, base[1]))
+        repeats = self.both(partial(check_repeats, self.ra, s, base[0]), partial(check_repeats, self.rb, s, base[1]))
         checks = {"A": repeats[0], "B": repeats[1]}
         if index is not None:
             entry = (ta if index < len(ta.entries) else tb).entries[index]
@@ -217,7 +220,7 @@ class StepAnalysis:
         if not self.ra.reruns and not self.divergence.parted_only:  # a framework's replay traced the lockstep in full already
             return la, lb, first_difference(la.entries, lb.entries)
         for _ in range(RERUNS if not self.divergence.parted_only else 1):
-            ta, tb = both(partial(self.ra.run, self.step, trace="full"), partial(self.rb.run, self.step, trace="full"))
+            ta, tb = self.both(partial(self.ra.run, self.step, trace="full"), partial(self.rb.run, self.step, trace="full"))
             index = first_difference(ta.entries, tb.entries)
             if index is not None:
                 return ta, tb, index
@@ -307,7 +310,7 @@ class StepAnalysis:
             options: dict[str, Any] = {"trace": "full", "keep": [index]}
             if not named:
                 options["ops"] = OPS_PHASE.get(phase, "all")
-            ra, rb = both(partial(self.ra.run, self.step, **options), partial(self.rb.run, self.step, **options))
+            ra, rb = self.both(partial(self.ra.run, self.step, **options), partial(self.rb.run, self.step, **options))
             if index in ra.kept and index in rb.kept and verdict.fraction_differing is None:
                 stats = difference_stats(ra.kept[index], rb.kept[index])
                 if stats.get("fraction_differing"):
