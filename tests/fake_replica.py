@@ -149,6 +149,8 @@ class FakeReplica:
         self.processes = 0
         """How many processes this replica has had (a framework's takes a fresh one to repeat a step)."""
         self._restored: tuple[Path, int, dict[str, Any]] | None = None
+        self.prefetched: list[int] = []
+        """The steps a spare process was asked for (:meth:`prefetch`)."""
         self._build()
 
     def _build(self) -> None:
@@ -181,6 +183,12 @@ class FakeReplica:
             self._build()
             self._load(*self._restored)
         self.skip(step)
+
+    def prefetch(self, step: int) -> None:
+        """A framework's process: a real replica starts a spare process trained to ``step`` here;
+        noted in ``prefetched`` (the fake builds its fresh process when a step is repeated)."""
+        if not self.reruns:
+            self.prefetched.append(step)
 
     # -- requests ----------------------------------------------------------------------------------
     def connect(self) -> Hello:

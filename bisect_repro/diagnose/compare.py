@@ -31,6 +31,7 @@ is the records' and a note says how to allow the replay.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from pathlib import Path
 from ..errors import RunFormatError, RunMismatchError
 from ..replay.launch import Consent, LaunchSpec, ReplayUnavailable, spec_for_run
 from ..replay.lockstep import Lockstep, Parted
-from ..replay.replica import ReplicaFailed
+from ..replay.replica import ReplicaFailed, processes_started
 from ..store.run import Run
 from .causes import Cause, fix_for
 from .difference import difference_stats
@@ -57,6 +58,8 @@ from .records import (
 from .verdict import CompareResult, Confidence, Evidence, RankResult, Verdict
 
 __all__ = ["compare"]
+
+_log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
 Announce = Callable[[list[LaunchSpec]], None]
@@ -124,11 +127,15 @@ def _replay(
     result.replay.commands = [spec.describe() for spec in specs]
     if announce is not None:
         announce(list(specs))
+    started = processes_started()
     try:
         replayed = _replayed(records, specs, result, progress)
     except (ReplicaFailed, ReplayUnavailable) as error:
         result.notes.append(f"the replay failed, so the verdict is from the records alone: {error}")
         return None
+    finally:
+        result.replay.processes = processes_started() - started
+        _log.info("replay: %d process(es) started", result.replay.processes)
     if replayed is None:
         if result.replay.performed:
             result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")

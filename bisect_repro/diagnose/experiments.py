@@ -19,6 +19,12 @@ experiment as :class:`~bisect_repro.diagnose.verdict.Evidence`:
 A cause is ``proven`` only when one of these showed it; otherwise the verdict says
 ``unexplained`` (or ``inferred``) and lists what was tried.
 
+The two runs' replicas are separate processes, so what each is asked (the full traces, the re-runs of
+each against itself, the op traces) is asked of both at once where the cores allow it
+(:meth:`~bisect_repro.replay.lockstep.Lockstep.pair`): the answers are those of asking one after
+the other, and where a framework repeats a step in fresh processes, the two runs' processes start
+side by side.
+
 Where the guarantees stop: a nondeterministic kernel may agree with itself in every re-run, and
 then the step is not seen to differ from itself. In a distributed run every experiment runs on
 every rank (the ranks run the step's collectives together) but only the focus rank's outcome is
@@ -28,6 +34,7 @@ compared; what an experiment swaps in (run A's streams) is swapped in on the foc
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..capture import env
@@ -71,6 +78,8 @@ class StepAnalysis:
         self.start = start
         """What starts a fresh replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
         self.ra, self.rb = lockstep.replicas
+        self.both = lockstep.pair
+        """Asks each replica at once, or one after the other (:meth:`~bisect_repro.replay.lockstep.Lockstep.pair`)."""
         self.step = divergence.step
         self.checkpoints = checkpoints
         self.evidence: list[Evidence] = []
@@ -93,7 +102,9 @@ class StepAnalysis:
         s = self.step
         ta, tb, index = self._full_traces()
         full = self.divergence.light[0] is not ta or not self.ra.reruns  # a light trace cannot be a base for full re-runs
-        checks = {"A": check_repeats(self.ra, s, ta if full else None), "B": check_repeats(self.rb, s, tb if full else None)}
+        base = (ta, tb) if full else (None, None)
+        repeats = self.both(partial(check_repeats, self.ra, s, base[0]), partial(check_repeats, self.rb, s, base[1]))
+        checks = {"A": repeats[0], "B": repeats[1]}
         if index is not None:
             entry = (ta if index < len(ta.entries) else tb).entries[index]
             self._add("replay", "runs A and B", "differs", f"replayed, step {s} first differs at {entry.tensor} ({entry.phase})")
@@ -211,7 +222,7 @@ class StepAnalysis:
         if not self.ra.reruns and not self.divergence.parted_only:  # a framework's replay traced the lockstep in full already
             return la, lb, first_difference(la.entries, lb.entries)
         for _ in range(RERUNS if not self.divergence.parted_only else 1):
-            ta, tb = self.ra.run(self.step, trace="full"), self.rb.run(self.step, trace="full")
+            ta, tb = self.both(partial(self.ra.run, self.step, trace="full"), partial(self.rb.run, self.step, trace="full"))
             index = first_difference(ta.entries, tb.entries)
             if index is not None:
                 return ta, tb, index
@@ -312,7 +323,7 @@ class StepAnalysis:
             options: dict[str, Any] = {"trace": "full", "keep": [index]}
             if not named:
                 options["ops"] = OPS_PHASE.get(phase, "all")
-            ra, rb = self.ra.run(self.step, **options), self.rb.run(self.step, **options)
+            ra, rb = self.both(partial(self.ra.run, self.step, **options), partial(self.rb.run, self.step, **options))
             if index in ra.kept and index in rb.kept and verdict.fraction_differing is None:
                 stats = difference_stats(ra.kept[index], rb.kept[index])
                 if stats.get("fraction_differing"):

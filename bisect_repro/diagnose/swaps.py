@@ -23,12 +23,14 @@ verdict names the differing keys from the records); versions and devices cannot 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..capture import env
 from ..capture.rng import loader_draws_from, tree_digest
 from ..capture.trace import first_difference
 from ..replay.launch import LaunchSpec
+from ..replay.lockstep import both
 from ..replay.ranked import start_replica
 from ..replay.replica import Replica
 from ..serve.protocol import Fetched, StepResult
@@ -79,7 +81,7 @@ class Swaps:
         def matches(result: StepResult | None) -> bool:
             return result is not None and first_difference(trace_a.entries, result.entries) is None
 
-        sa, sb = self.ra.streams(s).streams, self.rb.streams(s).streams
+        sa, sb = (start.streams for start in both(partial(self.ra.streams, s), partial(self.rb.streams, s)))
         unused = set(self.records.unused_streams())  # nothing drew from them in either run: cannot matter
         differing = [n for n in _differing(sa, sb) if n not in unused]
         if differing:

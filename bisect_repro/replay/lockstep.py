@@ -19,6 +19,16 @@ For a distributed run each replica is a :class:`~bisect_repro.replay.ranked.Rank
 its ranks step together, and what is checked and compared is the focus rank's (its replies against
 its own records, and against the other run's focus rank).
 
+The two replicas train side by side, except where each trains on as many torch threads as this
+machine has cores (as their runs recorded, two threads each on two cores): two OpenMP teams on
+too few cores wait on each other's spinning threads, and one after the other is faster; the
+answers are the same either way, each replica being its own process. A framework's replicas are
+always asked at once, since what they wait on is mostly other processes starting.
+
+Where a framework runs each step once per process, each replica starts a spare process at once,
+restored and trained to the last equal snapshot (:meth:`~bisect_repro.replay.replica.Replica.prefetch`):
+no experiment repeats a step before it, and the first repeat then finds its process ready.
+
 Where the guarantees stop: the replay is only as exact as the recording: the steps between a
 checkpoint and the divergence are run again, so their cost is paid once more, and a
 nondeterministic kernel may make the replay part from the records by itself (``parted`` says so).
@@ -27,6 +37,7 @@ nondeterministic kernel may make the replay part from the records by itself (``p
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -103,6 +114,8 @@ class Lockstep:
         self.replayed = 0
         self.specs = specs
         self.started = time.perf_counter()
+        threads = sum(int(run.meta.environment.get("torch.get_num_threads") or 1) for run in runs)
+        self._fit = threads <= (os.cpu_count() or 1)
         self._launch()
 
     def _launch(self) -> None:
@@ -122,6 +135,14 @@ class Lockstep:
     def close(self) -> None:
         for replica in self.replicas:
             replica.close()
+
+    def pair(self, first: Callable[[], T], second: Callable[[], T]) -> tuple[T, T]:
+        """A request to each replica: at once, unless both train on more torch threads than this
+        machine has cores (as recorded) and each reruns its steps in-process, when they run one after
+        the other (see the module docstring)."""
+        if self.replicas[0].reruns and self.replicas[1].reruns and not self._fit:
+            return first(), second()
+        return both(first, second)
 
     # -- faithfulness --------------------------------------------------------------------------
     def _note_parted(self, which: int, step: int, what: str) -> None:
@@ -162,7 +183,7 @@ class Lockstep:
             for step, hashes in result.hashes.items():
                 self._check_hashes(which, step, hashes)
 
-        both(lambda: skip(0), lambda: skip(1))
+        self.pair(lambda: skip(0), lambda: skip(1))
 
     def find(self, checkpoints: tuple[int, int], last_equal: int, end: int, first: tuple[int, int] | None = None) -> Divergence | None:
         """Replay from the checkpoints to the first step in ``[last_equal, end]`` where the two
@@ -189,6 +210,8 @@ class Lockstep:
         )
         self.from_step = min(checkpoints)
         self._restore(checkpoints)
+        for replica in self.replicas:  # a framework's run repeats a step in a fresh process: have one ready
+            replica.prefetch(last_equal)
         self._skip(last_equal)
         start = last_equal
         hashes = both(self.replicas[0].hashes, self.replicas[1].hashes)
@@ -202,9 +225,9 @@ class Lockstep:
         total = end + 1 - self.from_step
         for step in range(start, end + 1):
             self.progress("replaying", step + 1 - self.from_step, total)
-            fetched = both(self.replicas[0].fetch, self.replicas[1].fetch)
+            fetched = self.pair(self.replicas[0].fetch, self.replicas[1].fetch)
             trace: Trace = "light" if self.replicas[0].reruns else "full"  # a framework's step runs once: trace it in full at once
-            light = both(*(partial(replica.run, step, trace=trace, commit=True) for replica in self.replicas))
+            light = self.pair(*(partial(replica.run, step, trace=trace, commit=True) for replica in self.replicas))
             for which in (0, 1):
                 batch = fetched[which].batch or light[which].batch  # a framework's loop tells the batch only as it runs
                 self._check_record(which, step, fetched[which].order, batch, light[which].loss)

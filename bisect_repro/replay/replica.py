@@ -15,6 +15,14 @@ replica is a :class:`~bisect_repro.replay.ranked.RankedReplica`: all its ranks u
 stepped together, replying for one rank; :func:`~bisect_repro.replay.ranked.start_replica` makes
 the one a :class:`LaunchSpec` needs.
 
+A run whose framework runs each step once per process (``reruns`` false) repeats a step in a
+fresh process, restored and replayed to it. One such process is kept ready ahead of need (a spare):
+:meth:`Replica.prefetch` starts one as soon as the replay knows a step the experiments cannot start
+before (the last equal snapshot), and each spare taken starts the next; a spare stands at a step at
+or before the one it is taken for and trains on to it. A spare nobody takes is killed when the
+replica closes, even mid-start (its process cost CPU, never a result). Every process started is
+counted (:func:`processes_started`), which compare reports.
+
 Where the guarantees stop: the replica's output (the script's prints) goes to a log file, whose
 last lines are quoted when the process dies; a replica that never connects (the script fails, or
 never builds a Recorder) is reported the same way.
@@ -28,6 +36,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -41,9 +50,23 @@ from .launch import LaunchSpec
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["Replica", "ReplicaFailed", "last_line"]
+__all__ = ["Replica", "ReplicaFailed", "last_line", "processes_started"]
 
 Progress = Callable[[int], None]
+
+_started = [0]
+_count_lock = threading.Lock()
+
+
+def processes_started() -> int:
+    """How many replaying processes (a distributed run's launcher counting as one) this process has started so far."""
+    with _count_lock:
+        return _started[0]
+
+
+def _count_start() -> None:
+    with _count_lock:
+        _started[0] += 1
 
 
 class ReplicaFailed(BisectReproError):
@@ -75,6 +98,11 @@ class Replica:
         self._pool = ThreadPoolExecutor(1)
         self._spare: Future[Replica] | None = None
         self._spare_step: int | None = None
+        self._starting: Replica | None = None
+        """The spare being started now (killed when the replica closes first)."""
+        self._spare_lock = threading.Lock()
+        self._closing = False
+        _count_start()
         self._start()
 
     def _environment(self) -> dict[str, str]:
@@ -121,12 +149,23 @@ class Replica:
         if self.step is not None and self.step < step:
             self.skip(step)
             return
-        fresh = self._spare.result() if self._spare is not None and self._spare_step == step else None
+        spare = self._spare if self._spare is not None and self._spare_step is not None and self._spare_step <= step else None
+        self._spare = None
+        fresh = spare.result() if spare is not None else None
         if fresh is None:
             self._drop_spare()
             fresh = self._prepared(step)
+        elif fresh.step is not None and fresh.step < step:
+            fresh.skip(step)
         self._finish()
         self._adopt(fresh)
+        self.prefetch(step)
+
+    def prefetch(self, step: int) -> None:
+        """In a process that runs each step once, start a spare process in the background, restored
+        and replayed to ``step`` (no step before it will be repeated), unless one is under way."""
+        if self.reruns or self._restored is None or self._spare is not None or self._closing:
+            return
         self._spare, self._spare_step = self._pool.submit(self._prepared, step), step
 
     def _adopt(self, fresh: Replica) -> None:
@@ -143,19 +182,32 @@ class Replica:
     def _prepared(self, step: int) -> Replica:
         """A fresh process of this run, restored and replayed to the start of ``step``."""
         assert self._restored is not None, "restore() first"
-        fresh = type(self)(self.spec, self.label)
-        fresh.connect()
-        path, first, environment = self._restored
-        fresh.request("restore", run=str(path), step=first, environment=environment or {}, rebuilt=False)
-        fresh.step = first
-        if step > first:
-            fresh.step = fresh.skip(step).step
+        with self._spare_lock:
+            if self._closing:
+                raise ReplicaFailed(f"replay of {self.label}: closed")
+            fresh = self._starting = type(self)(self.spec, self.label)
+        try:
+            fresh.connect()
+            path, first, environment = self._restored
+            fresh.request("restore", run=str(path), step=first, environment=environment or {}, rebuilt=False)
+            fresh.step = first
+            if step > first:
+                fresh.step = fresh.skip(step).step
+        except BaseException:
+            fresh._finish()
+            raise
+        finally:
+            with self._spare_lock:
+                self._starting = None
         return fresh
 
     def _drop_spare(self) -> None:
         if self._spare is not None:
             spare, self._spare = self._spare, None
             spare.add_done_callback(_finish_spare)
+            with self._spare_lock:
+                if self._starting is not None and not spare.done():  # mid-start: nobody will take it
+                    self._starting._kill()
 
     # -- the connection --------------------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -279,7 +331,10 @@ class Replica:
         return None if changes is None else bool(changes)
 
     def close(self) -> None:
-        """End the process (the rest of its script does not run) and remove its folder."""
+        """End the process (the rest of its script does not run) and remove its folder; a spare
+        still starting is killed."""
+        with self._spare_lock:
+            self._closing = True
         self._drop_spare()
         self._pool.shutdown(wait=True)
         self._finish()
