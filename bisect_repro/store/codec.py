@@ -168,6 +168,10 @@ def prepare(tree: Any) -> Prepared:
     return Prepared(json.dumps(skeleton), tensors)
 
 
+LEVEL = 1
+"""The zstandard level of every file: on float32 weights and optimizer state level 1 compresses as
+well as level 3 (about 0.92 of the raw bytes) in two thirds of the time, which the writer's thread
+takes from the cores training runs on."""
 _COMPRESSORS = threading.local()  # one compressor per thread and level: a new one costs a context allocation
 
 
@@ -181,7 +185,7 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     return found
 
 
-def encode_prepared(prepared: Prepared, *, level: int = 3) -> tuple[bytes, int]:
+def encode_prepared(prepared: Prepared, *, level: int = LEVEL) -> tuple[bytes, int]:
     """The compressed file for a prepared tree, and its uncompressed size.
 
     The bytes are those of a fresh compressor: a compressor reused on one thread (one-shot
@@ -190,7 +194,7 @@ def encode_prepared(prepared: Prepared, *, level: int = 3) -> tuple[bytes, int]:
     return _compressor(level).compress(raw), len(raw)
 
 
-def encode(tree: Any, *, level: int = 3) -> tuple[bytes, int]:
+def encode(tree: Any, *, level: int = LEVEL) -> tuple[bytes, int]:
     """The compressed file for a state tree, and its uncompressed size."""
     return encode_prepared(prepare(tree), level=level)
 

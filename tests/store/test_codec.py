@@ -117,4 +117,4 @@ def test_a_reused_compressor_writes_the_bytes_of_a_fresh_one() -> None:
     for tree in trees:  # each after the others on this thread: no history carries over between files
         data, raw_size = codec.encode(tree)
         raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_size)
-        assert data == zstandard.ZstdCompressor(level=3).compress(raw)
+        assert data == zstandard.ZstdCompressor(level=codec.LEVEL).compress(raw)
