@@ -15,7 +15,8 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   (its sampler is tapped while it is iterated, as the Recorder does), so that a different order is
   told from different content; and the positional inputs of each of the model's forward calls
   with gradients enabled, so that a loop with no ``DataLoader`` (``get_batch()``), and what the
-  loop does to a batch before the model sees it, are covered too. Several forward calls before one
+  loop does to a batch before the model sees it, are covered too (a forward whose inputs are the
+  loader's tensors as drawn is not hashed twice). Several forward calls before one
   optimizer step (gradient accumulation) are that step's micro-batches, all hashed in order;
   batches drawn before the model's first forward belong to step 0; forward calls and loader
   batches under ``torch.no_grad()`` (evaluation) are not batches;
@@ -44,6 +45,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 
+from ..capture.batch import batch_tensors
 from ..capture.data import IndexTap, tap_indices, untap_indices
 from ..trainee import NoOptimizer, Trainee
 from .options import RecordOptions
@@ -64,6 +66,7 @@ class AutoHooks:
         self._backwards = 0  # backward() calls since the step began (a loop with no optimizer)
         self._taps: dict[int, tuple[DataLoader[Any], IndexTap | None]] = {}  # each loader iterated, by id
         self._early: list[tuple[Any, list[int] | None]] = []  # loader batches drawn before the recorder exists
+        self._drawn_ids: set[int] = set()  # the tensors of the loader batches this step drew: not hashed again at the forward
 
     def install(self) -> AutoHooks:
         original = torch.optim.Optimizer.__init__
@@ -105,11 +108,13 @@ class AutoHooks:
         """The loader's batches, each noted with its sample indices as it is drawn."""
         for batch in batches:
             if torch.is_grad_enabled():
+                self._after_backward()
                 indices = tap.pop_indices() if tap is not None else None
                 if self.recorder is None:
                     self._early.append((batch, indices))
                 else:
                     self.recorder.note_batch(batch, indices)
+                self._drawn_ids.update(id(t) for t in batch_tensors(batch)[0].values())
             yield batch
 
     def _untap(self) -> None:
@@ -136,14 +141,22 @@ class AutoHooks:
             for batch, indices in self._early:
                 self.recorder.note_batch(batch, indices)
             self._early.clear()
-        elif module is self.model and self.optimizer is None and self._backwards and self.recorder is not None:
-            self._next_step()  # no optimizer: a forward after a backward starts the next step
+        elif module is self.model:
+            self._after_backward()
         if module is self.model and self.recorder is not None:
-            self.recorder.note_batch(list(args))
+            inputs, _ = batch_tensors(list(args))
+            if not inputs or any(id(t) not in self._drawn_ids for t in inputs.values()):  # not the loader's batch as drawn
+                self.recorder.note_batch(list(args))
+
+    def _after_backward(self) -> None:
+        """No optimizer: a batch drawn, or a forward, after a backward starts the next step."""
+        if self.optimizer is None and self._backwards and self.recorder is not None:
+            self._next_step()
 
     def _next_step(self) -> None:
         assert self.recorder is not None
         self._backwards = 0
+        self._drawn_ids.clear()
         self.recorder.end_step()
         self.recorder.begin_step()
 
@@ -162,4 +175,5 @@ class AutoHooks:
         if failed:
             self.recorder.__exit__(RuntimeError, None, None)
         else:
+            self._after_backward()  # no optimizer: the last step ended with its backward (and the update after it)
             self.recorder.close()

@@ -250,6 +250,8 @@ class RecordingSession:
         try:
             if self._handed_out:  # the loop stopped after the body of the step it was handed: that step is done
                 self.end_step()
+            if self._pending and self._pending[-1].step == self.step:  # begun, never ended: not a step that ran
+                self._pending.pop()
             if self._last_snapshot != self.step:
                 self._snapshot(self.step)
             total = self.options.steps

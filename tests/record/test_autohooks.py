@@ -1,0 +1,63 @@
+"""The hooks of ``record -- python train.py``, in this process: which step each DataLoader batch and
+forward input lands in, with its sample indices, each hashed once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from bisect_repro import RecordOptions, Run
+from bisect_repro.capture.batch import combine_digests
+from bisect_repro.capture.hashing import hash_tensor
+from bisect_repro.record.autohooks import AutoHooks
+
+DATA = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8.0).reshape(8, 1))
+
+
+def _recorded(tmp_path: Path, *, optimizer: bool, noise: bool = False) -> Run:
+    hooks = AutoHooks(tmp_path / "r", RecordOptions(every=1)).install()
+    try:
+        torch.manual_seed(0)
+        model = nn.Linear(2, 1)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.01) if optimizer else None
+        for x, y in DataLoader(DATA, batch_size=2):  # in order: step s takes samples 2s and 2s + 1
+            inputs = x + 1.0 if noise else x
+            loss = nn.functional.mse_loss(model(inputs), y)
+            loss.backward()
+            if sgd is not None:
+                sgd.step()
+                sgd.zero_grad()
+            else:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.01 * p.grad
+                        p.grad = None
+    finally:
+        hooks.close()
+    return Run.open(tmp_path / "r")
+
+
+def _expected(step: int, *forward: torch.Tensor) -> tuple[str, str]:
+    x, y = DATA[2 * step : 2 * step + 2]
+    order = hash_tensor(torch.tensor([2 * step, 2 * step + 1], dtype=torch.int64))
+    return order, combine_digests([hash_tensor(x), hash_tensor(y), *map(hash_tensor, forward)])
+
+
+def test_each_loader_batch_is_its_steps_with_its_indices_and_the_same_tensors_at_the_forward_are_not_hashed_again(tmp_path: Path) -> None:
+    run = _recorded(tmp_path, optimizer=True)
+    assert sorted(run.steps) == [0, 1, 2, 3]
+    assert [(run.steps[s]["order"], run.steps[s]["batch"]) for s in range(4)] == [_expected(s) for s in range(4)]
+
+
+def test_without_an_optimizer_a_batch_drawn_after_a_backward_starts_the_next_step_and_the_last_ends_at_close(tmp_path: Path) -> None:
+    run = _recorded(tmp_path / "plain", optimizer=False)
+    assert [(run.steps[s]["order"], run.steps[s]["batch"]) for s in sorted(run.steps)] == [_expected(s) for s in range(4)]
+
+
+def test_what_the_loop_does_to_a_batch_before_the_forward_is_hashed_too(tmp_path: Path) -> None:
+    run = _recorded(tmp_path, optimizer=True, noise=True)
+    x = DATA[0:2][0]
+    assert (run.steps[0]["order"], run.steps[0]["batch"]) == _expected(0, x + 1.0)
