@@ -54,19 +54,29 @@ __all__ = ["Replica", "ReplicaFailed", "last_line", "processes_started"]
 
 Progress = Callable[[int], None]
 
-_started = [0]
-_count_lock = threading.Lock()
+class _Starts:
+    """The replaying processes this process has started (a distributed run's launcher counting as one)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return self._count
+
+
+_STARTS = _Starts()
 
 
 def processes_started() -> int:
     """How many replaying processes (a distributed run's launcher counting as one) this process has started so far."""
-    with _count_lock:
-        return _started[0]
-
-
-def _count_start() -> None:
-    with _count_lock:
-        _started[0] += 1
+    return _STARTS.count
 
 
 class ReplicaFailed(BisectReproError):
@@ -102,7 +112,7 @@ class Replica:
         """The spare being started now (killed when the replica closes first)."""
         self._spare_lock = threading.Lock()
         self._closing = False
-        _count_start()
+        _STARTS.add()
         self._start()
 
     def _environment(self) -> dict[str, str]:
