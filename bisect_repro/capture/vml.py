@@ -13,6 +13,10 @@ Design decision: :func:`settle` runs that first call when ``bisect_repro`` is im
 code it records or replays does anything), on enough elements for every thread to take a share,
 and discards its result. Runs recorded and replayed with bisect-repro are then free of it.
 
+A fork server (:mod:`bisect_repro.replay.forks`) must not start OpenMP threads before it
+forks, so it starts with :data:`DEFER_VARIABLE` set: the import then leaves the call to each copy,
+which makes it first thing, before the code it replays runs.
+
 Where the guarantees stop: the same script run without bisect-repro keeps the effect; a thread
 count raised after the import starts threads whose first call was not made here (no such effect
 was seen in that case, and none is claimed); torch built without MKL has nothing to settle.
@@ -20,9 +24,14 @@ was seen in that case, and none is claimed); torch built without MKL has nothing
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-__all__ = ["GRAIN", "settle"]
+__all__ = ["DEFER_VARIABLE", "GRAIN", "settle"]
+
+DEFER_VARIABLE = "BISECT_REPRO_DEFER_VML"
+"""Set (to anything) in a process that forks copies of itself: :func:`settle` does nothing there."""
 
 GRAIN = 2048
 """Elements ATen hands one thread at a time for a unary float op (its ``grain_size``)."""
@@ -34,7 +43,7 @@ settled: int = 0
 def settle() -> int:
     """Make this process's first vector-math call now, on every intra-op thread; the elements used."""
     global settled
-    if settled or not torch.backends.mkl.is_available():
+    if settled or not torch.backends.mkl.is_available() or os.environ.get(DEFER_VARIABLE):
         return settled
     count = GRAIN * 2 * max(1, torch.get_num_threads())
     for dtype in (torch.float32, torch.float64):

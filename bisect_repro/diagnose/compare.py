@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RunFormatError, RunMismatchError
+from ..replay.forks import forking
 from ..replay.launch import Consent, LaunchSpec, ReplayUnavailable, spec_for_run
 from ..replay.lockstep import Lockstep, Parted
 from ..replay.replica import ReplicaFailed, processes_started
@@ -128,14 +129,19 @@ def _replay(
     if announce is not None:
         announce(list(specs))
     started = processes_started()
-    try:
-        replayed = _replayed(records, specs, result, progress)
-    except (ReplicaFailed, ReplayUnavailable) as error:
-        result.notes.append(f"the replay failed, so the verdict is from the records alone: {error}")
-        return None
-    finally:
-        result.replay.processes = processes_started() - started
-        _log.info("replay: %d process(es) started", result.replay.processes)
+    with forking() as forks:
+        try:
+            replayed = _replayed(records, specs, result, progress)
+        except (ReplicaFailed, ReplayUnavailable) as error:
+            result.notes.append(f"the replay failed, so the verdict is from the records alone: {error}")
+            return None
+        finally:
+            result.replay.processes = processes_started() - started + forks.started
+            result.replay.forked = forks.forked
+            replay = result.replay
+            _log.info(
+                "replay: %d process(es) started, %d of them forked from %d fork server(s)", replay.processes, forks.forked, forks.started
+            )
     if replayed is None:
         if result.replay.performed:
             result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")

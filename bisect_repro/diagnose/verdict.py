@@ -10,7 +10,8 @@ The JSON form is the ``bisect-repro/compare/2`` object documented in the README;
 ``histogram`` to the verdict, ``parted`` to the replay, ``layers`` to the timeline and
 ``ops_context`` to the result, and the cause ``hidden_state``; ``ranks`` (one
 :class:`RankResult` per rank compared, one for a single process), ``unused_streams`` and the
-replay's ``processes`` (how many replaying processes were started) came later, within version 2.
+replay's ``processes`` (how many replaying processes were started) and ``forked`` (how many of
+them were forked from a fork server) came later, within version 2.
 Each ``to_json`` names its keys one by one, with every enumeration
 (:class:`~bisect_repro.diagnose.causes.Cause`, :class:`Confidence`, :class:`Outcome`) written as
 its value: a field added to a class reaches the JSON only when it is added there.
@@ -171,10 +172,16 @@ class ReplayInfo(_ReadBack):
     commands: list[str] = field(default_factory=list)
     """What was run to replay each run."""
     processes: int = 0
-    """How many replaying processes compare started (a distributed run's launcher counting as one)."""
+    """How many processes compare started to replay (a distributed run's launcher counting as one,
+    fork servers and their copies each as one)."""
+    forked: int = 0
+    """How many of them were forked from a fork server (no interpreter start, no imports): see
+    :mod:`bisect_repro.replay.forks`."""
 
     def to_json(self) -> dict[str, Any]:
-        return plain_fields(self, "performed", "from_step", "replayed_steps", "faithful", "parted", "seconds", "commands", "processes")
+        return plain_fields(
+            self, "performed", "from_step", "replayed_steps", "faithful", "parted", "seconds", "commands", "processes", "forked"
+        )
 
 
 @dataclass(kw_only=True)

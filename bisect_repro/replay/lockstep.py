@@ -27,7 +27,9 @@ always asked at once, since what they wait on is mostly other processes starting
 
 Where a framework runs each step once per process, each replica starts a spare process at once,
 restored and trained to the last equal snapshot (:meth:`~bisect_repro.replay.replica.Replica.prefetch`):
-no experiment repeats a step before it, and the first repeat then finds its process ready.
+no experiment repeats a step before it, and the first repeat then finds its process ready. Its
+steps are traced lightly too, as any run's: the divergent step's full trace is an experiment's, in
+the spares (a full trace of every step walked cost more than the one repeat it saved).
 
 Where the guarantees stop: the replay is only as exact as the recording: the steps between a
 checkpoint and the divergence are run again, so their cost is paid once more, and a
@@ -46,7 +48,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ..capture.trace import first_difference
-from ..serve.protocol import Fetched, StepResult, Trace
+from ..serve.protocol import Fetched, StepResult
 from ..store.run import Run
 from .launch import LaunchSpec
 from .ranked import start_replica
@@ -226,8 +228,7 @@ class Lockstep:
         for step in range(start, end + 1):
             self.progress("replaying", step + 1 - self.from_step, total)
             fetched = self.pair(self.replicas[0].fetch, self.replicas[1].fetch)
-            trace: Trace = "light" if self.replicas[0].reruns else "full"  # a framework's step runs once: trace it in full at once
-            light = self.pair(*(partial(replica.run, step, trace=trace, commit=True) for replica in self.replicas))
+            light = self.pair(*(partial(replica.run, step, trace="light", commit=True) for replica in self.replicas))
             for which in (0, 1):
                 batch = fetched[which].batch or light[which].batch  # a framework's loop tells the batch only as it runs
                 self._check_record(which, step, fetched[which].order, batch, light[which].loss)

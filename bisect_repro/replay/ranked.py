@@ -56,6 +56,8 @@ _ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)  # torchrun's su
 class RankedReplica(Replica):
     """The ranks of one distributed run (see the module docstring)."""
 
+    process: subprocess.Popen[bytes]  # torchrun, started afresh: never forked
+
     def _start(self) -> None:
         self.channels: dict[int, Channel] = {}
         self.hellos: dict[int, Hello] = {}

@@ -15,6 +15,14 @@ replica is a :class:`~bisect_repro.replay.ranked.RankedReplica`: all its ranks u
 stepped together, replying for one rank; :func:`~bisect_repro.replay.ranked.start_replica` makes
 the one a :class:`LaunchSpec` needs.
 
+Inside :func:`~bisect_repro.replay.forks.forking` (``compare`` replays inside it), a replica's
+process is forked from a fork server that has already imported torch and what the code imports,
+instead of starting Python afresh (see :mod:`~bisect_repro.replay.forks`). Every replaying
+process starts with ``OMP_WAIT_POLICY=PASSIVE`` unless the
+environment sets it: replicas and their spares share the cores, and OpenMP threads that spin while
+idle took the cores from the others (a Hugging Face compare took 14 to 22 s spinning, 8 s passive,
+on 2 cores); how idle threads wait changes no result.
+
 A run whose framework runs each step once per process (``reruns`` false) repeats a step in a
 fresh process, restored and replayed to it. One such process is kept ready ahead of need (a spare):
 :meth:`Replica.prefetch` starts one as soon as the replay knows a step the experiments cannot start
@@ -35,7 +43,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,6 +53,7 @@ from ..errors import BisectReproError
 from ..serve.channel import Channel, ChannelClosed, Listener
 from ..serve.protocol import Description, Fetch, Fetched, Hello, Run, SkipResult, StepResult, StepStart, Trace
 from .bootstrap import SPEC_VARIABLE
+from .forks import ForkedProcess, start_process
 from .launch import LaunchSpec
 
 _log = logging.getLogger(__name__)
@@ -53,6 +61,7 @@ _log = logging.getLogger(__name__)
 __all__ = ["Replica", "ReplicaFailed", "last_line", "processes_started"]
 
 Progress = Callable[[int], None]
+
 
 class _Starts:
     """The replaying processes this process has started (a distributed run's launcher counting as one)."""
@@ -99,6 +108,10 @@ def last_line(log: Path, strip: Callable[[str], str] = str) -> str:
 class Replica:
     """One replaying process (see the module docstring). Start several, then :meth:`connect` each."""
 
+    process: subprocess.Popen[bytes] | ForkedProcess
+    """The replaying process: started afresh, or forked from a fork server (inside
+    :func:`~bisect_repro.replay.forks.forking`)."""
+
     def __init__(self, spec: LaunchSpec, label: str) -> None:
         self.spec, self.label = spec, label
         self.channel: Channel | None = None
@@ -125,6 +138,7 @@ class Replica:
                 environment.pop(name, None)
             else:
                 environment[name] = str(value)
+        environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep: replicas share the cores (see above)
         environment["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environment.get("PYTHONPATH")) if p)
         environment.update(self.listener.environment())
         environment[SPEC_VARIABLE] = json.dumps(self.spec.to_json())
@@ -133,16 +147,10 @@ class Replica:
     def _start(self) -> None:
         self.listener = Listener()
         self.log = Path(self.listener.folder) / "output.log"
-        with open(self.log, "wb") as output:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "bisect_repro.replay.bootstrap"],
-                cwd=self.listener.folder,  # private: the recorded cwd never enters sys.path; the bootstrap moves there
-                env=self._environment(),
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-            )
-        _log.info("replay of %s: started process %d (%s), output in %s", self.label, self.process.pid, self.spec.describe(), self.log)
+        private = {*self.listener.environment(), SPEC_VARIABLE}  # this process's own: the rest is a fork server's
+        where = (self.spec.path, self.spec.cwd, self.spec.root)
+        label = f"replay of {self.label} ({self.spec.describe()})"
+        self.process = start_process(self._environment(), private, where, str(self.listener.folder), self.log, label)
 
     @property
     def reruns(self) -> bool:

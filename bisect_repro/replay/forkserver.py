@@ -1,0 +1,139 @@
+"""The fork server's process: ``python -m bisect_repro.replay.forkserver MODULES``.
+
+It imports torch, bisect-repro's bootstrap and ``MODULES`` (a JSON list; ``module:Name`` also takes
+a name from the module, which loads a lazy library's part), then reads one request a line on its
+standard input (the environment, working directory and output file of a replaying process) and
+forks a copy for each, which runs the bootstrap as a fresh process would. It writes its reports,
+one JSON object a line, on its standard output: ``{"forked": pid}``, ``{"exited": pid, "code": c}``
+(it reaps its copies), or once ``{"unfit": why}`` before it exits, when an import started threads
+(an OpenMP team does not survive ``fork``) or initialised CUDA. It ends, killing the copies still
+running, when its standard input closes. The controller's side, and why it is built this way, is
+:mod:`bisect_repro.replay.forks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import sys
+import traceback
+from typing import Any
+
+
+def _preload(modules: list[str]) -> None:
+    for name in modules:
+        module, _, attribute = name.partition(":")
+        try:
+            loaded = importlib.import_module(module)
+            if attribute:
+                getattr(loaded, attribute)
+        except Exception as error:  # only a head start: the code imports it again, and fails there if it must
+            print(f"fork server: {name} not preloaded: {error}", file=sys.stderr)
+
+
+def _child(request: dict[str, Any], folder: str, reports: int) -> None:
+    """In the forked copy: become a fresh replaying process and run the bootstrap; never returns."""
+    code = 1
+    try:
+        os.close(reports)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        output = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(output)
+        os.environ.clear()
+        os.environ.update(request["environment"])
+        sys.path[:] = [request["cwd"] if p and os.path.realpath(p) == os.path.realpath(folder) else p for p in sys.path]
+        os.chdir(request["cwd"])
+        import random
+
+        import torch
+
+        random.seed()  # a fresh interpreter's streams are drawn from the OS; the server's would be shared by every copy
+        torch.default_generator.seed()
+        if "numpy.random" in sys.modules:
+            import numpy as np
+
+            np.random.seed()
+        from ..capture import vml
+        from . import bootstrap
+
+        vml.settle()  # deferred in the server (see vml): made here, first, as a fresh process makes it at import
+        bootstrap.main()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _unfit(reports: int, why: str) -> None:
+    os.write(reports, (json.dumps({"unfit": why}) + "\n").encode())
+
+
+def _serve(modules: list[str]) -> None:
+    reports = os.dup(1)
+    os.dup2(2, 1)  # whatever an import prints goes to the server's log, never into the reports
+    threads = _threads()  # torch is imported (by bisect_repro's own import); it has a thread of its own, which a copy lacks
+    import torch
+
+    from . import bootstrap  # noqa: F401  (imported here once, for every copy)
+
+    _preload(modules)
+    if _threads() > threads:  # an import ran a parallel op: the copies would hang in their first
+        _unfit(reports, f"{_threads()} threads after the imports, not {threads}")
+        return
+    folder = os.getcwd()
+    children: set[int] = set()
+    pending = b""
+
+    def report(message: dict[str, Any]) -> None:
+        os.write(reports, (json.dumps(message) + "\n").encode())
+
+    if torch.cuda.is_initialized():  # a CUDA context does not survive fork
+        _unfit(reports, "an import initialised CUDA")
+        return
+    while True:
+        readable, _, _ = select.select([0], [], [], 0.05)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            report({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        if not readable:
+            continue
+        data = os.read(0, 1 << 16)
+        if not data:  # the controller has gone: so do the copies
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return
+        pending += data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _child(request, folder, reports)
+            children.add(pid)
+            report({"forked": pid})
+
+
+if __name__ == "__main__":
+    _serve(json.loads(sys.argv[1]) if len(sys.argv) > 1 else [])
