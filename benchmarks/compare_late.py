@@ -6,7 +6,8 @@
 Each case records two runs of one training that part ways late (whole commands, wall time), then
 runs ``bisect-repro compare --json`` on them (the whole command) and reports: the wall time of
 recording run A, of the compare, their ratio, the replaying processes the compare started
-(``replay.processes``), the steps replayed and the verdict. The cases:
+(``replay.processes``, fork servers included) and how many of them were forked from a fork server
+(``replay.forked``: no Python start, no imports), the steps replayed and the verdict. The cases:
 
 - ``recipe``: :mod:`benchmarks.late_cnn` (a ~2M-parameter CNN, 200 steps, snapshots every 10,
   checkpoints every 50, torch's stream reseeded from entropy at step 170);
@@ -86,6 +87,7 @@ def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path) -> 
         "compare s": round(seconds, 2),
         "compare / record": round(seconds / row["record s"], 2),
         "processes": replay.get("processes"),
+        "forked": replay.get("forked"),
         "replayed steps": replay.get("replayed_steps"),
         "verdict": [verdict.get(k) for k in ("step", "phase", "layer", "cause", "confidence")],
         "load after": _load(),

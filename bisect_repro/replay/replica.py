@@ -17,16 +17,13 @@ the one a :class:`LaunchSpec` needs.
 
 Inside :func:`~bisect_repro.replay.forks.forking` (``compare`` replays inside it), a replica's
 process is forked from a fork server that has already imported torch and what the code imports,
-instead of starting Python afresh (see :mod:`~bisect_repro.replay.forks`). Every replaying
-process starts with ``OMP_WAIT_POLICY=PASSIVE`` unless the
-environment sets it: replicas and their spares share the cores, and OpenMP threads that spin while
-idle took the cores from the others (a Hugging Face compare took 14 to 22 s spinning, 8 s passive,
-on 2 cores); how idle threads wait changes no result.
+instead of starting Python afresh (see :mod:`~bisect_repro.replay.forks`). The replicas' requests
+take the cores in turn where their threads would not fit together (:mod:`~bisect_repro.replay.cores`).
 
 A run whose framework runs each step once per process (``reruns`` false) repeats a step in a
-fresh process, restored and replayed to it. One such process is kept ready ahead of need (a spare):
-:meth:`Replica.prefetch` starts one as soon as the replay knows a step the experiments cannot start
-before (the last equal snapshot), and each spare taken starts the next; a spare stands at a step at
+fresh process, restored and replayed to it. :data:`SPARES` such processes are kept ready ahead of
+need (spares): :meth:`Replica.prefetch` starts them as soon as the replay knows a step the
+experiments cannot start before (the last equal snapshot), and each spare taken starts another; a spare stands at a step at
 or before the one it is taken for and trains on to it. A spare nobody takes is killed when the
 replica closes, even mid-start (its process cost CPU, never a result). Every process started is
 counted (:func:`processes_started`), which compare reports.
@@ -53,6 +50,7 @@ from ..errors import BisectReproError
 from ..serve.channel import Channel, ChannelClosed, Listener
 from ..serve.protocol import Description, Fetch, Fetched, Hello, Run, SkipResult, StepResult, StepStart, Trace
 from .bootstrap import SPEC_VARIABLE
+from .cores import CORES
 from .forks import ForkedProcess, start_process
 from .launch import LaunchSpec
 
@@ -81,6 +79,10 @@ class _Starts:
 
 
 _STARTS = _Starts()
+
+SPARES = 2
+"""Spare processes kept under way for a run whose framework runs each step once per process: an
+experiment usually repeats a step at once, and the next soon after."""
 
 
 def processes_started() -> int:
@@ -118,11 +120,11 @@ class Replica:
         self.hello: Hello | None = None
         self.step: int | None = None
         self._restored: tuple[Path, int, dict[str, Any] | None] | None = None
-        self._pool = ThreadPoolExecutor(1)
-        self._spare: Future[Replica] | None = None
-        self._spare_step: int | None = None
-        self._starting: Replica | None = None
-        """The spare being started now (killed when the replica closes first)."""
+        self._pool = ThreadPoolExecutor(SPARES)
+        self._spares: list[tuple[Future[Replica], int]] = []
+        """The spares under way or ready, oldest first, each with the step it is replayed to."""
+        self._starting: set[Replica] = set()
+        """The spares being started now (killed when the replica closes first)."""
         self._spare_lock = threading.Lock()
         self._closing = False
         _STARTS.add()
@@ -138,7 +140,6 @@ class Replica:
                 environment.pop(name, None)
             else:
                 environment[name] = str(value)
-        environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep: replicas share the cores (see above)
         environment["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environment.get("PYTHONPATH")) if p)
         environment.update(self.listener.environment())
         environment[SPEC_VARIABLE] = json.dumps(self.spec.to_json())
@@ -167,11 +168,10 @@ class Replica:
         if self.step is not None and self.step < step:
             self.skip(step)
             return
-        spare = self._spare if self._spare is not None and self._spare_step is not None and self._spare_step <= step else None
-        self._spare = None
-        fresh = spare.result() if spare is not None else None
+        usable = next((i for i, (_, at) in enumerate(self._spares) if at <= step), None)
+        fresh = self._spares.pop(usable)[0].result() if usable is not None else None
         if fresh is None:
-            self._drop_spare()
+            self._drop_spares()
             fresh = self._prepared(step)
         elif fresh.step is not None and fresh.step < step:
             fresh.skip(step)
@@ -180,11 +180,12 @@ class Replica:
         self.prefetch(step)
 
     def prefetch(self, step: int) -> None:
-        """In a process that runs each step once, start a spare process in the background, restored
-        and replayed to ``step`` (no step before it will be repeated), unless one is under way."""
-        if self.reruns or self._restored is None or self._spare is not None or self._closing:
+        """In a process that runs each step once, start spare processes in the background, restored
+        and replayed to ``step`` (no step before it will be repeated), up to :data:`SPARES` under way."""
+        if self.reruns or self._restored is None or self._closing:
             return
-        self._spare, self._spare_step = self._pool.submit(self._prepared, step), step
+        while len(self._spares) < SPARES:
+            self._spares.append((self._pool.submit(self._prepared, step), step))
 
     def _adopt(self, fresh: Replica) -> None:
         """Take over a fresh replica's process and connection (this one's has ended)."""
@@ -203,7 +204,8 @@ class Replica:
         with self._spare_lock:
             if self._closing:
                 raise ReplicaFailed(f"replay of {self.label}: closed")
-            fresh = self._starting = type(self)(self.spec, self.label)
+            fresh = type(self)(self.spec, self.label)
+            self._starting.add(fresh)
         try:
             fresh.connect()
             path, first, environment = self._restored
@@ -216,16 +218,16 @@ class Replica:
             raise
         finally:
             with self._spare_lock:
-                self._starting = None
+                self._starting.discard(fresh)
         return fresh
 
-    def _drop_spare(self) -> None:
-        if self._spare is not None:
-            spare, self._spare = self._spare, None
+    def _drop_spares(self) -> None:
+        spares, self._spares = self._spares, []
+        for spare, _ in spares:
             spare.add_done_callback(_finish_spare)
-            with self._spare_lock:
-                if self._starting is not None and not spare.done():  # mid-start: nobody will take it
-                    self._starting._kill()
+        with self._spare_lock:
+            for starting in self._starting:  # mid-start: nobody will take it
+                starting._kill()
 
     # -- the connection --------------------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -249,8 +251,9 @@ class Replica:
         assert channel is not None, "connect() first"
         _log.debug("replay of %s: %s %s", self.label, op, args)
         try:
-            channel.send({"op": op, **args}, tree)
-            reply, payload = channel.receive_reply(self._check_alive, progress)
+            with contextlib.nullcontext() if op == "exit" else CORES.held():  # see cores.py
+                channel.send({"op": op, **args}, tree)
+                reply, payload = channel.receive_reply(self._check_alive, progress)
         except (ChannelClosed, OSError) as error:
             self.process.wait(timeout=30)
             raise ReplicaFailed(
@@ -353,7 +356,7 @@ class Replica:
         still starting is killed."""
         with self._spare_lock:
             self._closing = True
-        self._drop_spare()
+        self._drop_spares()
         self._pool.shutdown(wait=True)
         self._finish()
 
