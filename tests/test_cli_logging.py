@@ -17,7 +17,7 @@ def test_verbose_logs_the_processes_a_replay_starts_and_very_verbose_each_reques
         assert "started process" not in quiet.stderr
         verbose = runner.invoke(app, ["-v", "doctor", "bisect_repro.demo:build", "--steps", "1", "--json"])
         assert verbose.exit_code in (0, 1), verbose.output
-        assert "INFO bisect_repro.replay.replica: replay of bisect_repro.demo:build" in verbose.stderr
+        assert "INFO bisect_repro.replay.forks: replay of bisect_repro.demo:build" in verbose.stderr
         assert "started process" in verbose.stderr
         assert "DEBUG" not in verbose.stderr
         very = runner.invoke(app, ["-vv", "doctor", "bisect_repro.demo:build", "--steps", "1", "--json"])

@@ -23,6 +23,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "bisect_repro"
 FORBIDDEN_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "marshal", "shelve", "copyreg"}
 RECIPE_LOADER = "recipe.py"  # imports the user's recipe for `record`, by design; never on a read path
 SCRIPT_RUNNER = "script.py"  # runs the user's own script (recorded unchanged, and in a replaying process), by design; never on a read path
+FORK_SERVER = "forkserver.py"  # imports libraries by name, only those in forks.PRELOADED, before it forks replaying processes
+IMPORTERS = {RECIPE_LOADER, FORK_SERVER}
 
 
 def calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
@@ -53,7 +55,7 @@ def problems_in(source: str, file: str) -> list[str]:
             continue
         if names & FORBIDDEN_MODULES:
             problems.append(f"{file}:{node.lineno} imports {sorted(names & FORBIDDEN_MODULES)}")
-        if "importlib" in names and file != RECIPE_LOADER:
+        if "importlib" in names and file not in IMPORTERS:
             problems.append(f"{file}:{node.lineno} imports importlib")
         if "runpy" in names and file != SCRIPT_RUNNER:
             problems.append(f"{file}:{node.lineno} imports runpy")
@@ -65,7 +67,7 @@ def problems_in(source: str, file: str) -> list[str]:
             problems.append(f"{where} calls {name} with allow_pickle=True")
         if name in ("eval", "exec", "compile", "__import__"):
             problems.append(f"{where} calls {name}")
-        if (name.endswith("import_module") or name.endswith("exec_module")) and file != RECIPE_LOADER:
+        if (name.endswith("exec_module") and file != RECIPE_LOADER) or (name.endswith("import_module") and file not in IMPORTERS):
             problems.append(f"{where} calls {name}")
     return problems
 

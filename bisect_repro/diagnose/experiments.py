@@ -219,6 +219,8 @@ class StepAnalysis:
     def _full_traces(self) -> tuple[StepResult, StepResult, int | None]:
         """Full traces of the step in both runs, and the first entry where they differ (``None``: they agree)."""
         la, lb = self.divergence.light
+        if not self.ra.reruns and not self.divergence.parted_only:  # a framework's replay traced the lockstep in full already
+            return la, lb, first_difference(la.entries, lb.entries)
         for _ in range(RERUNS if not self.divergence.parted_only else 1):
             ta, tb = self.both(partial(self.ra.run, self.step, trace="full"), partial(self.rb.run, self.step, trace="full"))
             index = first_difference(ta.entries, tb.entries)

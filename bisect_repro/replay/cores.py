@@ -8,7 +8,8 @@ the Hugging Face example took 14 to 22 s so, against 8 s with its requests taken
 
 Design decision: every request to a replaying process (:meth:`~bisect_repro.replay.replica.Replica.request`)
 holds :data:`CORES` for its replica's threads while it runs; a request whose threads do not fit
-beside those under way waits. How the threads wait is left as it was recorded
+beside those under way waits, and a spare's (preparing for a repeat ahead of need) lets every
+waiting request of the replay itself go first. How the threads wait is left as it was recorded
 (``OMP_WAIT_POLICY`` is not set): a nondeterministic kernel's outcomes depend on the threads'
 timing, and a replay must reproduce the records as often as the recording would repeat itself.
 
@@ -34,15 +35,21 @@ class Cores:
     def __init__(self, total: int) -> None:
         self.total = max(1, total)
         self._free = self.total
+        self._urgent = 0  # urgent requests waiting
         self._changed = threading.Condition()
 
     @contextlib.contextmanager
-    def held(self, threads: int | None = None) -> Iterator[None]:
+    def held(self, threads: int | None = None, *, urgent: bool = True) -> Iterator[None]:
         """Hold cores for ``threads`` (``None``: as many as torch uses here; at most all of them)
-        while the block runs, waiting until they are free."""
+        while the block runs, waiting until they are free; a request that is not ``urgent`` (a
+        spare's, preparing ahead of need) also waits while an urgent one does."""
         need = min(self.total, max(1, threads if threads is not None else torch.get_num_threads()))
         with self._changed:
-            self._changed.wait_for(lambda: self._free >= need)
+            self._urgent += urgent
+            try:
+                self._changed.wait_for(lambda: self._free >= need and (urgent or not self._urgent))
+            finally:
+                self._urgent -= urgent
             self._free -= need
         try:
             yield

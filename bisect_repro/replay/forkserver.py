@@ -23,10 +23,15 @@ import sys
 import traceback
 from typing import Any
 
+from .forks import PRELOADED
+
 
 def _preload(modules: list[str]) -> None:
     for name in modules:
         module, _, attribute = name.partition(":")
+        if module.split(".")[0] not in PRELOADED:  # the controller asks for no other; nor is any other imported
+            print(f"fork server: {name} is not a library it preloads; not imported", file=sys.stderr)
+            continue
         try:
             loaded = importlib.import_module(module)
             if attribute:

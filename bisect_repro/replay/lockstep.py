@@ -28,8 +28,9 @@ always asked at once, since what they wait on is mostly other processes starting
 Where a framework runs each step once per process, each replica starts a spare process at once,
 restored and trained to the last equal snapshot (:meth:`~bisect_repro.replay.replica.Replica.prefetch`):
 no experiment repeats a step before it, and the first repeat then finds its process ready. Its
-steps are traced lightly too, as any run's: the divergent step's full trace is an experiment's, in
-the spares (a full trace of every step walked cost more than the one repeat it saved).
+steps are traced in full as they are walked: a step that runs once per process cannot be traced
+again in the same state, and a light trace (the batch, the loss, the state after) misses a
+difference that a loop with no optimizer only shows at its next step.
 
 Where the guarantees stop: the replay is only as exact as the recording: the steps between a
 checkpoint and the divergence are run again, so their cost is paid once more, and a
@@ -48,7 +49,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ..capture.trace import first_difference
-from ..serve.protocol import Fetched, StepResult
+from ..serve.protocol import Fetched, StepResult, Trace
 from ..store.run import Run
 from .launch import LaunchSpec
 from .ranked import start_replica
@@ -228,7 +229,8 @@ class Lockstep:
         for step in range(start, end + 1):
             self.progress("replaying", step + 1 - self.from_step, total)
             fetched = self.pair(self.replicas[0].fetch, self.replicas[1].fetch)
-            light = self.pair(*(partial(replica.run, step, trace="light", commit=True) for replica in self.replicas))
+            trace: Trace = "light" if self.replicas[0].reruns else "full"  # a step that runs once a process: traced in full at once
+            light = self.pair(*(partial(replica.run, step, trace=trace, commit=True) for replica in self.replicas))
             for which in (0, 1):
                 batch = fetched[which].batch or light[which].batch  # a framework's loop tells the batch only as it runs
                 self._check_record(which, step, fetched[which].order, batch, light[which].loss)

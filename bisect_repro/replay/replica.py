@@ -127,6 +127,7 @@ class Replica:
         """The spares being started now (killed when the replica closes first)."""
         self._spare_lock = threading.Lock()
         self._closing = False
+        self.spare = False  # a spare being prepared: its requests yield the cores to the replay's
         _STARTS.add()
         self._start()
 
@@ -205,6 +206,7 @@ class Replica:
             if self._closing:
                 raise ReplicaFailed(f"replay of {self.label}: closed")
             fresh = type(self)(self.spec, self.label)
+            fresh.spare = True
             self._starting.add(fresh)
         try:
             fresh.connect()
@@ -251,7 +253,7 @@ class Replica:
         assert channel is not None, "connect() first"
         _log.debug("replay of %s: %s %s", self.label, op, args)
         try:
-            with contextlib.nullcontext() if op == "exit" else CORES.held():  # see cores.py
+            with contextlib.nullcontext() if op == "exit" else CORES.held(urgent=not self.spare):  # see cores.py
                 channel.send({"op": op, **args}, tree)
                 reply, payload = channel.receive_reply(self._check_alive, progress)
         except (ChannelClosed, OSError) as error:

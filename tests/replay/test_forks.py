@@ -87,7 +87,8 @@ def torch_default_seed() -> int:
 
 @pytest.mark.slow
 def test_a_server_whose_imports_started_threads_starts_every_process_afresh(tmp_path: Path) -> None:
-    (tmp_path / "spinning.py").write_text("import torch\ntorch.ones(1 << 20).exp()  # an OpenMP team, which a fork would leave behind\n")
+    # a library it preloads, shadowed on the import path by one whose import runs a parallel op (an OpenMP team, which a fork leaves behind)
+    (tmp_path / "torchaudio.py").write_text("import torch\ntorch.ones(1 << 20).exp()\n")
     recipe = tmp_path / "reporting.py"
     recipe.write_text(REPORTING)
     environment = {**_environment(recipe, "x"), "PYTHONPATH": os.pathsep.join((ROOT, str(tmp_path))), "OMP_NUM_THREADS": "2"}
@@ -99,11 +100,23 @@ def test_a_server_whose_imports_started_threads_starts_every_process_afresh(tmp_
         return process
 
     with forking() as forks:
-        first = forks.start(environment, {SPEC_VARIABLE}, ["spinning"], str(tmp_path), tmp_path / "log", start_afresh)
+        first = forks.start(environment, {SPEC_VARIABLE}, ["torchaudio"], str(tmp_path), tmp_path / "log", start_afresh)
         assert first is not None and first.wait(timeout=120) == 7 and first.pid == fresh[0]
-        later = forks.start(environment, {SPEC_VARIABLE}, ["spinning"], str(tmp_path), tmp_path / "log", start_afresh)
+        later = forks.start(environment, {SPEC_VARIABLE}, ["torchaudio"], str(tmp_path), tmp_path / "log", start_afresh)
         assert later is None  # the server is known unfit: the caller starts its own process
     assert len(fresh) == 1
+
+
+@pytest.mark.slow
+def test_a_server_imports_no_module_but_the_libraries_it_preloads(tmp_path: Path) -> None:
+    (tmp_path / "planted.py").write_text("import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n")
+    recipe = tmp_path / "reporting.py"
+    recipe.write_text(REPORTING)
+    environment = {**_environment(recipe, "x"), "PYTHONPATH": os.pathsep.join((ROOT, str(tmp_path)))}
+    with forking() as forks:
+        copy = forks.start(environment, {SPEC_VARIABLE}, ["planted", "planted:x"], str(tmp_path), tmp_path / "log", _never)
+        assert copy is not None and copy.wait(timeout=120) == 2
+    assert not (tmp_path / "imported").exists()
 
 
 def test_a_copy_killed_before_it_was_forked_is_killed_when_it_is() -> None:
