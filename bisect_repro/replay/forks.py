@@ -162,6 +162,8 @@ class _Server:
         self._running: dict[int, ForkedProcess] = {}
         self.unfit: str | None = None
         """Why this server forks no more (``None``: it forks)."""
+        self.forked = 0
+        """The copies it has forked."""
         environment = {**environment, DEFER_VARIABLE: "1"}
         with open(self.log, "wb") as output:
             self.process = subprocess.Popen(
@@ -200,6 +202,7 @@ class _Server:
             report = json.loads(line)
             with self._lock:
                 if "forked" in report:
+                    self.forked += 1
                     child = self._waiting.pop(0)
                     self._running[int(report["forked"])] = child
                     child._forked(int(report["forked"]))
@@ -242,11 +245,18 @@ class ForkServers:
 
     def __init__(self) -> None:
         self._servers: dict[tuple[tuple[tuple[str, str], ...], tuple[str, ...]], _Server] = {}
+        self._started: list[_Server] = []
         self._lock = threading.Lock()
-        self.started = 0
+
+    @property
+    def started(self) -> int:
         """Fork servers started."""
-        self.forked = 0
-        """Replaying processes forked."""
+        return len(self._started)
+
+    @property
+    def forked(self) -> int:
+        """Replaying processes forked (not those started afresh where a server could not fork)."""
+        return sum(server.forked for server in self._started)
 
     def start(
         self,
@@ -266,12 +276,8 @@ class ForkServers:
             server = self._servers.get(key)
             if server is None:
                 server = self._servers[key] = _Server(shared, modules)
-                self.started += 1
-        child = server.fork(environment, cwd, log, fresh)
-        if child is not None:
-            with self._lock:
-                self.forked += 1
-        return child
+                self._started.append(server)
+        return server.fork(environment, cwd, log, fresh)
 
     def close(self) -> None:
         with self._lock:

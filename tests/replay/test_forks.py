@@ -104,6 +104,7 @@ def test_a_server_whose_imports_started_threads_starts_every_process_afresh(tmp_
         assert first is not None and first.wait(timeout=120) == 7 and first.pid == fresh[0]
         later = forks.start(environment, {SPEC_VARIABLE}, ["torchaudio"], str(tmp_path), tmp_path / "log", start_afresh)
         assert later is None  # the server is known unfit: the caller starts its own process
+        assert (forks.started, forks.forked) == (1, 0)
     assert len(fresh) == 1
 
 
