@@ -45,11 +45,11 @@ def _child(request: dict[str, Any], folder: str, reports: int) -> None:
     code = 1
     try:
         os.close(reports)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        output = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        os.close(output)
+        for path, flags, targets in ((os.devnull, os.O_RDONLY, (0,)), (request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, (1, 2))):
+            handle = os.open(path, flags, 0o600)
+            for target in targets:
+                os.dup2(handle, target)
+            os.close(handle)
         os.environ.clear()
         os.environ.update(request["environment"])
         sys.path[:] = [request["cwd"] if p and os.path.realpath(p) == os.path.realpath(folder) else p for p in sys.path]
@@ -87,8 +87,8 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _unfit(reports: int, why: str) -> None:
-    os.write(reports, (json.dumps({"unfit": why}) + "\n").encode())
+def _report(reports: int, message: dict[str, Any]) -> None:
+    os.write(reports, (json.dumps(message) + "\n").encode())
 
 
 def _serve(modules: list[str]) -> None:
@@ -101,17 +101,13 @@ def _serve(modules: list[str]) -> None:
 
     _preload(modules)
     if _threads() > threads:  # an import ran a parallel op: the copies would hang in their first
-        _unfit(reports, f"{_threads()} threads after the imports, not {threads}")
+        _report(reports, {"unfit": f"{_threads()} threads after the imports, not {threads}"})
         return
     folder = os.getcwd()
     children: set[int] = set()
     pending = b""
-
-    def report(message: dict[str, Any]) -> None:
-        os.write(reports, (json.dumps(message) + "\n").encode())
-
     if torch.cuda.is_initialized():  # a CUDA context does not survive fork
-        _unfit(reports, "an import initialised CUDA")
+        _report(reports, {"unfit": "an import initialised CUDA"})
         return
     while True:
         readable, _, _ = select.select([0], [], [], 0.05)
@@ -120,7 +116,7 @@ def _serve(modules: list[str]) -> None:
             if pid == 0:
                 break
             children.discard(pid)
-            report({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+            _report(reports, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
         if not readable:
             continue
         data = os.read(0, 1 << 16)
@@ -133,11 +129,13 @@ def _serve(modules: list[str]) -> None:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
+            sys.stdout.flush()  # nothing an import left in a buffer reaches a copy's output
+            sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
                 _child(request, folder, reports)
             children.add(pid)
-            report({"forked": pid})
+            _report(reports, {"forked": pid})
 
 
 if __name__ == "__main__":
