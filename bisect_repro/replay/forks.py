@@ -13,8 +13,8 @@ Design decisions:
 
 - **Forked before any work, never after.** A process that has run a multi-threaded torch op
   cannot be forked safely: GNU OpenMP's thread pool does not survive ``fork`` and the copy hangs
-  in its first parallel op. The server only imports (it has no OpenMP team and no CUDA context;
-  it refuses to fork once CUDA is initialised), so each copy builds its own, as a fresh process.
+  in its first parallel op. The server only imports, and forks nothing if its imports started a
+  thread (an OpenMP team) or initialised CUDA, so each copy builds its own, as a fresh process.
 - **One server per environment.** Variables read when a library loads (``OMP_NUM_THREADS``,
   ``PYTHONHASHSEED``, ``CUBLAS_WORKSPACE_CONFIG``) are the server's: a replica whose environment
   differs in anything but its connection gets another server (an experiment on a variable).
