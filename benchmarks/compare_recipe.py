@@ -39,15 +39,13 @@ def build(width: int = 512, depth: int = 3, batch: int = 64, diverge_at: int = 1
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     jitter = model[-2]
-    loss_fn = nn.functional.cross_entropy
+    trainee = Trainee.supervised(model, optimizer, loader, nn.functional.cross_entropy, scheduler=scheduler)
+    usual = trainee.step
+    assert usual is not None
 
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         jitter.active = scheduler.last_epoch >= diverge_at
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(batch[0]), batch[1])
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        return loss
+        return usual(batch)
 
-    return Trainee(model, optimizer, loader, step, scheduler=scheduler)
+    trainee.step = step
+    return trainee

@@ -50,19 +50,17 @@ def build(reseed_at: int = 170, batch: int = 32, width: int = 1024) -> Trainee:
     loader = DataLoader(TensorDataset(images, labels), batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    loss_fn = nn.functional.cross_entropy
+    trainee = Trainee.supervised(model, optimizer, loader, nn.functional.cross_entropy, scheduler=scheduler)
+    usual = trainee.step
+    assert usual is not None
 
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         if scheduler.last_epoch == reseed_at:
             torch.seed()  # the planted bug: torch's stream reseeded from entropy
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(batch[0]), batch[1])
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        return loss
+        return usual(batch)
 
-    return Trainee(model, optimizer, loader, step, scheduler=scheduler)
+    trainee.step = step
+    return trainee
 
 
 def main(argv: list[str] | None = None) -> None:
