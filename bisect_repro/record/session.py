@@ -319,8 +319,8 @@ class RecordingSession:
         tensors, placed = state.tensors_and_placements()  # placed: how each DTensor's local shard is laid out
         # Batch and state hashes travel to the host together, in one transfer per device; the
         # digests and the step records are made from them on the writer's thread.
-        self._hash_deferred()
-        self._batch_hashes.add({f"state:{name}": tensor for name, tensor in tensors.items()})  # batch names are "<step>:..."
+        deferred, self._deferred, self._deferred_bytes = self._deferred, {}, 0  # hashed with the state, in one call
+        self._batch_hashes.add(deferred | {f"state:{name}": tensor for name, tensor in tensors.items()})  # batch names are "<step>:..."
         lanes, self._batch_hashes = self._batch_hashes.fetch_lanes(), PendingHashes()
         pending, self._pending = self._pending, []
         losses = fetch_losses(pending)
