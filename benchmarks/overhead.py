@@ -88,14 +88,15 @@ def bench_overhead(device: torch.device, plan: Plan, model: str) -> dict[str, An
 
 
 PROCESS_CHECKPOINT_EVERY = 50
-_TRAINEES = {"cnn2m": cnn2m_trainee}
+_TRAINEES = {"cnn2m": cnn2m_trainee, "gpt": gpt_trainee}
 
 
-def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | None) -> dict[str, float]:
+def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | None, device: torch.device) -> dict[str, float]:
     """One configuration in this process: the loop's seconds, from the built trainee to the last
-    write, and the CPU seconds of this process's threads meanwhile (not the loader's workers)."""
+    write (and the device's last kernel), and the CPU seconds of this process's threads meanwhile
+    (not the loader's workers)."""
     plan = QUICK if quick else FULL
-    trainee = _TRAINEES[model](plan, torch.device("cpu"))
+    trainee = _TRAINEES[model](plan, device)
     assert trainee.step is not None
     start, cpu = time.perf_counter(), time.process_time()
     if out is None:
@@ -106,12 +107,14 @@ def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | 
         with Recorder(out, trainee, options) as recorder:
             for batch in recorder.batches():
                 recorder.log(trainee.step(batch))
+    sync(device)
     return {"loop s": time.perf_counter() - start, "loop cpu s": time.process_time() - cpu}
 
 
-def bench_process_overhead(plan: Plan, model: str = "cnn2m") -> dict[str, Any]:
-    """The whole-process overhead on the CPU (see the module docstring): medians of ``plan.runs``
-    fresh processes per configuration, run in turn."""
+def bench_process_overhead(plan: Plan, model: str = "cnn2m", device: torch.device | None = None) -> dict[str, Any]:
+    """The whole-process overhead (see the module docstring): medians of ``plan.runs`` fresh
+    processes per configuration, run in turn."""
+    device = device or torch.device("cpu")
     steps = 3 * plan.window
     configs = {"plain loop": None, "every=10": 10, "every=1": 1}
     loops: dict[str, list[float]] = {name: [] for name in configs}
@@ -120,7 +123,7 @@ def bench_process_overhead(plan: Plan, model: str = "cnn2m") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bisect-repro-bench-") as tmp:
         for run in range(plan.runs):
             for name, every in configs.items():  # interleaved: the machine's moods hit all alike
-                command = [sys.executable, "-m", "benchmarks.overhead", model, "--steps", str(steps)]
+                command = [sys.executable, "-m", "benchmarks.overhead", model, "--steps", str(steps), "--device", str(device)]
                 command += ["--quick"] if plan is QUICK else []
                 command += [] if every is None else ["--every", str(every), "--out", str(Path(tmp) / f"{every}-{run}")]
                 start = time.perf_counter()
@@ -143,7 +146,7 @@ def bench_process_overhead(plan: Plan, model: str = "cnn2m") -> dict[str, Any]:
         }
         for name in configs
     ]
-    params = sum(p.numel() for p in _TRAINEES[model](plan, torch.device("cpu")).model.parameters())
+    params = sum(p.numel() for p in _TRAINEES[model](plan, torch.device("cpu")).model.parameters())  # built on the CPU: the count only
     return {"model": model, "parameters": params, "steps": steps, "checkpoint_every": PROCESS_CHECKPOINT_EVERY, "rows": rows}
 
 
@@ -154,5 +157,6 @@ if __name__ == "__main__":
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--out", type=Path, help="record into this folder (none: the plain loop)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    print(json.dumps(_process_child(args.model, args.quick, args.steps, args.every, args.out)))
+    print(json.dumps(_process_child(args.model, args.quick, args.steps, args.every, args.out, torch.device(args.device))))

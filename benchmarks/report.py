@@ -74,31 +74,31 @@ def markdown(results: dict[str, Any]) -> str:
             f" the hash ran on: {small['path']}."
         )
         lines += _section("Many small tensors", intro, small, small["rows"])
-    sections = (
+    for key, title in (
         ("overhead_mlp", "Recording overhead, MLP"),
         ("overhead_cnn", "Recording overhead, CNN example"),
-        ("overhead_gpt", "Recording overhead, GPT-style transformer"),
-    )
-    for key, title in sections:
+        ("overhead_cnn2m", "Recording overhead, 2.1M-parameter CNN, whole process"),
+        ("overhead_gpt", "Recording overhead, GPT-style transformer, bf16 autocast and AdamW, whole process"),
+    ):
         section = results.get(key)
         if section is None:
             continue
         if "skipped" in section:
             lines += ["", f"## {title}", "", f"Skipped: {section['skipped']}."]
             continue
-        intro = (
-            f"{section['parameters']:,} parameters; a checkpoint every {section['checkpoint_every']} steps;"
-            f" mean step time over {section['steps timed per run']} steps, median of {section['rows'][0]['runs']} runs."
-        )
+        runs = section["rows"][0]["runs"]
+        if "steps timed per run" in section:  # per step, in this process
+            intro = (
+                f"{section['parameters']:,} parameters; a checkpoint every {section['checkpoint_every']} steps;"
+                f" mean step time over {section['steps timed per run']} steps, median of {runs} runs."
+            )
+        else:  # whole processes
+            intro = (
+                f"{section['parameters']:,} parameters; {section['steps']} steps in a fresh process per run, a checkpoint every"
+                f" {section['checkpoint_every']} steps; the loop's time runs from the built trainee to the last write, the process's"
+                f" adds the interpreter's start, the imports and the build; median of {runs} runs of each, in turn."
+            )
         lines += _section(title, intro, section, section["rows"])
-    process = results.get("overhead_cnn2m")
-    if process is not None:
-        intro = (
-            f"{process['parameters']:,} parameters; {process['steps']} steps in a fresh process per run, a checkpoint every"
-            f" {process['checkpoint_every']} steps; the loop's time runs from the built trainee to the last write, the process's"
-            f" adds the interpreter's start, the imports and the build; median of {process['rows'][0]['runs']} runs of each, in turn."
-        )
-        lines += _section("Recording overhead, 2.1M-parameter CNN, whole process", intro, process, process["rows"])
     storage = results.get("storage")
     if storage is not None:
         lines += _section("Storage", f"MLP, {storage['parameters']:,} parameters, Adam.", storage, storage["rows"])

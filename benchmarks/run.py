@@ -33,6 +33,7 @@ run, interleaved, so that a machine shared with other work slows both sides alik
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import sys
@@ -72,10 +73,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds: checks that the benchmarks run")
     parser.add_argument("--only", nargs="+", choices=STAGES, metavar="NAME", help=f"run only these benchmarks: {', '.join(STAGES)}")
+    parser.add_argument("--runs", type=int, help="runs of each recording configuration (default: the plan's)")
     args = parser.parse_args(argv)
     chosen = set(args.only or STAGES)
     device = torch.device(args.device)
     plan = QUICK if args.quick else FULL
+    plan = dataclasses.replace(plan, runs=args.runs) if args.runs else plan
     started = time.perf_counter()
     results: dict[str, Any] = {"machine": machine(device), "quick": args.quick}
     kept = _kept_sections(args.out / "results.json", device, args.quick) if args.only else {}
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stage("overhead_cnn", lambda: bench_overhead(device, plan, "cnn"))
         stage("overhead_cnn2m", lambda: bench_process_overhead(plan))
     if device.type == "cuda" or args.quick:  # the quick run exercises the GPT code on the CPU
-        stage("overhead_gpt", lambda: bench_overhead(device, plan, "gpt"))
+        stage("overhead_gpt", lambda: bench_process_overhead(plan, "gpt", device))
     elif "gpt" in chosen:
         results["overhead_gpt"] = {"skipped": "needs a CUDA GPU (run with --device cuda)"}
     stage("storage", lambda: bench_storage(device, plan))

@@ -95,8 +95,8 @@ def _hash_blocks(table_ptr, out_ptr, VECTOR: tl.constexpr, ITERATIONS: tl.conste
             sum1 += x * (p | 1)
     else:  # a tensor's unaligned head or its last block: any 4-byte alignment
         words = address.to(tl.pointer_type(tl.int32))
-        for start in range(0, count, VECTOR):
-            index = start + lanes
+        for step in range(ITERATIONS):  # a constant trip count: count <= VECTOR * ITERATIONS, the rest is masked
+            index = step * VECTOR + lanes
             inside = index < count
             w = tl.load(words + index, mask=inside, other=0).to(tl.uint32, bitcast=True)
             p = key + index.to(tl.uint32) * 0x9E3779B1
@@ -126,7 +126,7 @@ def _kernel() -> Any:
 def _table(words: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, int]:
     """Rows ``(address, count, output row, first position key)``, one per block, on the device."""
     addresses = np.array([w.data_ptr() for w in words], dtype=np.int64)
-    sizes = np.array([w.numel() for w in words], dtype=np.int64)
+    sizes = np.array([w.nbytes >> 2 for w in words], dtype=np.int64)  # words: the tensors' bytes are whole words
     cache_key = (device, _BLOCK_WORDS, addresses.tobytes(), sizes.tobytes())
     with _LOCK:
         cached = _TABLES.get(cache_key)
@@ -162,16 +162,17 @@ def _table(words: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.T
 
 
 def lanes(words: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Lane sums (int64 ``[k, 2]``, on the device, not synchronised) of k flat int32 tensors.
+    """Lane sums (int64 ``[k, 2]``, on the device, not synchronised) of the bytes of k tensors.
 
-    Every tensor must be contiguous, on the same device, with a data pointer aligned to 4 bytes.
-    Empty tensors give zero lanes.
+    Every tensor must be contiguous, on the same device, with a data pointer aligned to 4 bytes and
+    a whole number of 4-byte words (``words_of`` makes any tensor so). Empty tensors give zero lanes.
     """
     device = words[0].device
     out = torch.zeros((len(words), 2), dtype=torch.int32, device=device)
     table, programs = _table(words, device)  # an empty tensor has no blocks: its row stays zero
     if programs:
         # Triton launches on the current CUDA device: make it the tensors' one (cuda:1 and up).
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        elsewhere = device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device()
+        with torch.cuda.device(device) if elsewhere else contextlib.nullcontext():
             _kernel()[(programs,)](table, out, VECTOR=_VECTOR, ITERATIONS=_ITERATIONS, num_warps=4)
     return out.to(torch.int64) & _MASK32

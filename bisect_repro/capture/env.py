@@ -69,7 +69,7 @@ def _cpu_name() -> str:
 
 def fingerprint() -> dict[str, Any]:
     """The current process's environment, as a flat JSON-able mapping."""
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     found: dict[str, Any] = {
         "bisect_repro": __version__,
         "python": platform.python_version(),
@@ -81,6 +81,8 @@ def fingerprint() -> dict[str, Any]:
         "hostname": platform.node(),
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
+        # The GPUs of a process that uses CUDA; naming them initialises CUDA, which a CPU-only run
+        # on a machine with a GPU must not pay for (nor get a CUDA generator among its streams).
         "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "torch.get_num_threads": torch.get_num_threads(),
         "torch.get_num_interop_threads": torch.get_num_interop_threads(),

@@ -114,6 +114,24 @@ def _native_buffer(tensor: torch.Tensor) -> torch.Tensor | None:
     return tensor
 
 
+def _kernel_words(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself where the Triton kernel can read its bytes in place (a plain, dense,
+    contiguous tensor of whole 4-byte words at a 4-byte aligned address: a model's parameters and
+    optimizer states), else :func:`_hash_torch.words_of`'s copy. No view is made: a view costs a
+    few microseconds a tensor, and a snapshot hashes hundreds."""
+    if (
+        type(tensor) in _PLAIN
+        and tensor.layout is torch.strided
+        and tensor.dtype not in _AWKWARD
+        and tensor.is_contiguous()
+        and not tensor.is_neg()
+        and tensor.nbytes % 4 == 0
+        and tensor.data_ptr() % 4 == 0
+    ):
+        return tensor
+    return _hash_torch.words_of(tensor)
+
+
 def _uses_kernel(device: torch.device) -> bool:
     if _BACKEND == "torch":
         return False
@@ -137,6 +155,7 @@ def _fused_lanes(words: list[torch.Tensor]) -> torch.Tensor:
                 raise
             warnings.warn(f"bisect-repro: the Triton hash kernel failed ({error}); hashing with torch ops instead", stacklevel=4)
             _triton_failed = True
+    words = [_hash_torch.words_of(w) for w in words]  # the kernel may have been given tensors in place
     return torch.cat([_hash_torch.lanes_of_large(w).unsqueeze(0) if w.numel() else w.new_zeros((1, 2), dtype=torch.int64) for w in words])
 
 
@@ -187,7 +206,7 @@ class PendingHashes:
                         continue
             device = tensor.device
             if _uses_kernel(device):  # every tensor of the device in one launch, below
-                fused.setdefault(device, []).append((entry, _hash_torch.words_of(tensor)))
+                fused.setdefault(device, []).append((entry, _kernel_words(tensor)))
                 continue
             words = _hash_torch.words_of(tensor)
             if words.numel() == 0:

@@ -266,10 +266,16 @@ def explanation_for(
     reseeded: bool = False,
 ) -> str:
     """What a proven or observed cause means at the place it shows (``where``: step, pass, tensor, op);
-    ``reseeded``: the streams ended the step in another state each time it ran from the same state."""
+    ``reseeded``: the streams ended the step in another state each time it ran from the same state (else
+    ``reseeds`` are calls the step logs show before the step, which left the streams it draws from apart)."""
     named = ", ".join(streams or keys)
     if cause is Cause.RNG_STATE and reseeds:
         calls = "; ".join(dict.fromkeys(SeedingCall.from_json(r).describe() for r in reseeds))
+        if not reseeded:
+            return (
+                f"{named} was reseeded from entropy before this step ({calls}), so the runs draw from it in different states: "
+                f"{where} differs, and with run A's streams run B matches"
+            )
         return f"{named} is reseeded from entropy during the step ({calls}), so {where} differs from run to run"
     if cause is Cause.RNG_STATE and reseeded:  # no call from entropy was seen: a seed that changes (the clock's), or a call not watched
         return (

@@ -89,13 +89,14 @@ class Records:
         moved = self.drawn_between(self.last_equal, self.first_divergent)
         return [s for s in after if s not in before], [s for s in after if s in before and s in moved]
 
-    def reseeds(self, start: int, end: int) -> list[tuple[int, dict[str, Any]]]:
-        """Seeding calls from entropy the step logs of either run show in ``[start, end]``, by step."""
+    def reseeds(self, start: int, end: int, streams: list[str] | None = None) -> list[tuple[int, dict[str, Any]]]:
+        """Seeding calls from entropy the step logs of either run show in ``[start, end]``, by step
+        (only those that seed one of ``streams``, when given)."""
         found = {}
         for step in range(start, end + 1):
             for run in (self.a, self.b):
                 for call in run.steps.get(step, {}).get("seeded") or []:
-                    if isinstance(call, dict) and isinstance(call.get("call"), str):
+                    if isinstance(call, dict) and isinstance(call.get("call"), str) and (streams is None or seeds_one_of(call, streams)):
                         found[(step, call["call"], call.get("where"))] = (step, call)
         return list(found.values())
 
@@ -232,6 +233,12 @@ def structure_verdict(records: Records) -> Verdict:
 def _from_records(outcome: Outcome, detail: str, subject: str = "both runs") -> Evidence:
     """What the records alone show (the ``records`` experiment)."""
     return Evidence(experiment="records", subject=subject, outcome=outcome, detail=detail)
+
+
+def seeds_one_of(call: dict[str, Any], streams: list[str]) -> bool:
+    """Whether a seeding call seeds one of ``streams`` (``cuda`` seeds every ``cuda:N``)."""
+    name = call.get("stream", "")
+    return name in streams or (name == "cuda" and any(s.startswith("cuda:") for s in streams))
 
 
 def records_verdict(records: Records) -> Verdict:

@@ -32,6 +32,7 @@ from typing import Any
 from ..capture.trace import OpRecord, first_difference, first_divergent_op, same_sequence, uninitialised
 from ..replay.replica import Replica
 from ..serve.protocol import StepResult, Trace
+from .records import seeds_one_of
 
 __all__ = ["Repeatability", "check_repeats", "ops_context"]
 
@@ -82,12 +83,6 @@ def _same(a: StepResult, b: StepResult, traced: bool) -> bool:
     return first_difference(a.entries, b.entries) is None if traced else a.outcome == b.outcome
 
 
-def _matches_stream(call: dict[str, Any], streams: list[str]) -> bool:
-    """Whether a seeding call seeds one of ``streams`` (``cuda`` seeds every ``cuda:N``)."""
-    name = call.get("stream", "")
-    return name in streams or (name == "cuda" and any(s.startswith("cuda:") for s in streams))
-
-
 def check_repeats(replica: Replica, step: int, base: StepResult | None = None, *, trace: Trace = "full") -> Repeatability:
     """Re-run ``step`` (kept in ``replica``) against ``base`` (its first run, or a run now) and classify.
 
@@ -109,10 +104,10 @@ def check_repeats(replica: Replica, step: int, base: StepResult | None = None, *
     if traced:
         found.first = next((i for r in again if (i := first_difference(base.entries, r.entries)) is not None), None)
     if found.streams:
-        seen = [c for r in (base, *again) for c in r.seeding if c.get("entropy") and _matches_stream(c, found.streams)]
+        seen = [c for r in (base, *again) for c in r.seeding if c.get("entropy") and seeds_one_of(c, found.streams)]
         fixed = [replica.run(step, trace=trace, fixed_entropy=_FIXED_ENTROPY) for _ in range(2)]
         found.reseed_proven = _same(fixed[0], fixed[1], traced) and fixed[0].streams_after == fixed[1].streams_after
-        seen += [c for r in fixed for c in r.seeding if c.get("entropy") and _matches_stream(c, found.streams)]
+        seen += [c for r in fixed for c in r.seeding if c.get("entropy") and seeds_one_of(c, found.streams)]
         found.reseeds = list({(c["call"], c.get("where")): c for c in seen}.values())
         return found
     third = again[0] if fresh else replica.run(step, trace=trace)

@@ -140,8 +140,9 @@ def init_process_group() -> bool:
 
     if dist.is_initialized():
         return False
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available() and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count():
+        torch.cuda.set_device(local_rank)  # one GPU a rank: NCCL; more ranks than GPUs on this node train on the CPU
         dist.init_process_group("nccl")
     else:
         dist.init_process_group("gloo")

@@ -25,9 +25,9 @@ from bisect_repro.capture.hashing import hash_tensor, hash_tensors
 
 pytest.importorskip("triton")
 
-from test_hashing import fast_reference, fast_reference_lanes, tensors
-
 from bisect_repro.capture import _hash_triton
+
+from .test_hashing import fast_reference, fast_reference_lanes, tensors
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 ROOT = Path(__file__).resolve().parents[2]

@@ -56,6 +56,19 @@ def test_a_reseed_from_entropy_mid_run_is_found_at_its_step_with_its_call_site(t
     assert report["replay"]["faithful"] and report["replay"]["from_step"] == 0
 
 
+def test_a_reseed_at_the_end_of_a_step_is_named_from_the_step_log_where_the_next_step_parts(tmp_path) -> None:
+    a, b = pair(tmp_path, "transformer.py", "--steps", "8", "--every", "2", "--set", "reseed_after=4")
+    code, report = compare(a, b)
+    verdict = report["verdict"]
+    assert code == 1 and (verdict["step"], verdict["phase"], verdict["op"]) == (5, "forward", "aten.bernoulli_.float"), verdict
+    assert (verdict["cause"], verdict["confidence"], verdict["rng"]) == ("rng_state", "proven", ["torch"]), verdict
+    assert experiments(verdict)["stream"] == ["matches"]  # the proof: run B with run A's torch stream matches
+    [call] = verdict["reseeded"]  # and how the streams came apart, from the step logs
+    assert call["call"] == "torch.seed()" and call["where"] == f"{RECIPES / 'transformer.py'}:29"
+    assert "reseeded from entropy before this step (torch.seed() at " in verdict["explanation"]
+    assert "remove the reseeding from entropy (torch.seed() at " in verdict["fix"] and "transformer.py:29" in verdict["fix"]
+
+
 def test_a_late_draw_from_an_unseeded_stream_behind_a_step_counter(tmp_path) -> None:
     a, b = pair(tmp_path, "mixup.py", "--steps", "20", "--every", "10")
     code, report = compare(a, b)

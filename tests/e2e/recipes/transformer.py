@@ -29,7 +29,8 @@ def log_metrics(loss: torch.Tensor, reseed_at: int | None) -> None:
         torch.seed()
 
 
-def build(seed: int = 0, reseed_at: int | None = None) -> Trainee:
+def build(seed: int = 0, reseed_at: int | None = None, reseed_after: int | None = None) -> Trainee:
+    """``reseed_at``: the helper reseeds before the step's forward pass; ``reseed_after``: after its update."""
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 64, (256, 9), generator=data)
@@ -45,6 +46,7 @@ def build(seed: int = 0, reseed_at: int | None = None) -> Trainee:
         loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), sequence[:, 1:].reshape(-1))
         loss.backward()
         optimizer.step()
+        log_metrics(loss, reseed_after)
         return loss
 
     return Trainee(model, optimizer, loader, step)
