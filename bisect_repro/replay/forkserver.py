@@ -124,7 +124,11 @@ def _serve(modules: list[str]) -> None:
             for pid in children:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            return
+            # At once: tearing down an interpreter that has imported torch and a framework takes a
+            # second, which the controller would wait for; the reports are written unbuffered.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         pending += data
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
