@@ -56,6 +56,7 @@ __all__ = [
     "layout",
     "local",
     "localize",
+    "locals_and_placements",
     "model_placements",
     "placements",
     "rank_identity",
@@ -108,6 +109,15 @@ def is_dtensor(value: Any) -> TypeGuard[DTensor]:
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """What this rank holds of a tensor: a DTensor's local shard, any other tensor as it is."""
     return cast("DTensor", tensor.detach()).to_local() if is_dtensor(tensor) else tensor  # torch types detach() as Tensor
+
+
+def locals_and_placements(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """:func:`local` of each tensor, and their :func:`placements`: the tensors as they are, and no
+    placements, without a check per tensor where nothing has imported ``DTensor`` (a snapshot of
+    every step walks hundreds of tensors)."""
+    if _dtensor_class() is None:
+        return dict(tensors), {}
+    return {name: local(tensor) for name, tensor in tensors.items()}, placements(tensors)
 
 
 def localize(tree: Any) -> Any:

@@ -26,7 +26,7 @@ import torch
 from ..trainee import Trainee
 from .data import DataStream
 from .hidden import recipe_streams
-from .parallel import distribute_like, distribute_optimizer_state, local, localize, model_placements, placements
+from .parallel import distribute_like, distribute_optimizer_state, local, localize, locals_and_placements, model_placements, placements
 from .pystate import PythonState, Scope
 from .rng import RandomStreams, tree_digest
 
@@ -112,8 +112,7 @@ class TrainingState:
 
     def tensors_and_placements(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """:meth:`tensors` and :meth:`placements` from one walk over the model and optimizer."""
-        named = self._named_tensors()
-        return {name: local(tensor) for name, tensor in named.items()}, placements(named)
+        return locals_and_placements(self._named_tensors())
 
     def state_dict(self) -> dict[str, Any]:
         scheduler = self.trainee.scheduler
