@@ -142,8 +142,8 @@ def init_process_group() -> bool:
         return False
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available() and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count():
-        torch.cuda.set_device(local_rank)  # one GPU a rank: NCCL; more ranks than GPUs on this node train on the CPU
-        dist.init_process_group("nccl")
+        torch.cuda.set_device(local_rank)  # one GPU a rank; more ranks than GPUs on this node train on the CPU
+        dist.init_process_group("cpu:gloo,cuda:nccl")  # NCCL for CUDA tensors, gloo for a model left on the CPU
     else:
         dist.init_process_group("gloo")
     return True

@@ -190,7 +190,8 @@ def _bounded_world(run: Run) -> None:
     distributed = run.meta.distributed
     if distributed is None:
         return
-    limit = torch.cuda.device_count() if distributed.backend == "nccl" else 4 * (os.cpu_count() or 1)
+    nccl = "nccl" in (distributed.backend or "")  # "nccl", or "cpu:gloo,cuda:nccl"
+    limit = torch.cuda.device_count() if nccl else 4 * (os.cpu_count() or 1)
     if distributed.world_size > limit:
         raise ReplayUnavailable(
             f"{run.path}: was recorded on {distributed.world_size} ranks, more than this machine runs ({limit}); "
