@@ -173,20 +173,20 @@ class Replica:
         fresh = self._spares.pop(usable)[0].result() if usable is not None else None
         if fresh is None:
             self._drop_spares()
-            fresh = self._prepared(step)
-        elif fresh.step is not None and fresh.step < step:
+            fresh = self._prepared(step, spare=False)
+        fresh.spare = False  # taken: the replay waits on it now
+        if fresh.step is not None and fresh.step < step:
             fresh.skip(step)
         self._finish()
         self._adopt(fresh)
         self.prefetch(step)
 
     def prefetch(self, step: int) -> None:
-        """In a process that runs each step once, start spare processes in the background, restored
-        and replayed to ``step`` (no step before it will be repeated), up to :data:`SPARES` under way."""
+        """Where each step runs once a process, start up to :data:`SPARES` spare processes, replayed to ``step``."""
         if self.reruns or self._restored is None or self._closing:
             return
         while len(self._spares) < SPARES:
-            self._spares.append((self._pool.submit(self._prepared, step), step))
+            self._spares.append((self._pool.submit(self._prepared, step, spare=True), step))
 
     def _adopt(self, fresh: Replica) -> None:
         """Take over a fresh replica's process and connection (this one's has ended)."""
@@ -199,14 +199,14 @@ class Replica:
             fresh.step,
         )
 
-    def _prepared(self, step: int) -> Replica:
-        """A fresh process of this run, restored and replayed to the start of ``step``."""
+    def _prepared(self, step: int, *, spare: bool) -> Replica:
+        """A fresh process of this run, restored and replayed to the start of ``step`` (``spare``: ahead of need)."""
         assert self._restored is not None, "restore() first"
         with self._spare_lock:
             if self._closing:
                 raise ReplicaFailed(f"replay of {self.label}: closed")
             fresh = type(self)(self.spec, self.label)
-            fresh.spare = True
+            fresh.spare = spare
             self._starting.add(fresh)
         try:
             fresh.connect()
