@@ -6,7 +6,8 @@
   ``window``; step 0 (the first checkpoint, and the warm-up) and the final close are outside it.
 - :func:`bench_process_overhead`, whole process: each configuration (the plain loop, every=10,
   every=1; a checkpoint every 50 steps) runs ``3 * window`` steps in a fresh process of its own
-  (``python -m benchmarks.overhead``), plain and recorded in turn. The loop's time runs from the
+  (``python -m benchmarks.overhead``), plain and recorded in turn, in rounds; a ratio is the median
+  of the rounds' own ratios (each round's plain loop is its baseline). The loop's time runs from the
   built trainee to the end of the last write (``close()`` waits for the writer): the recorder's
   start, every snapshot and checkpoint and the final drain are inside it; the process's time adds
   the interpreter's start, the imports and building the trainee, which both sides pay alike. The
@@ -112,17 +113,22 @@ def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | 
 
 
 def bench_process_overhead(plan: Plan, model: str = "cnn2m", device: torch.device | None = None) -> dict[str, Any]:
-    """The whole-process overhead (see the module docstring): medians of ``plan.runs`` fresh
-    processes per configuration, run in turn."""
+    """The whole-process overhead (see the module docstring), over ``plan.runs`` rounds: each round
+    runs every configuration once in a fresh process, starting one configuration later in the order
+    than the round before (no configuration always runs first, or right after another); each
+    ratio is the median over rounds of the round's own ratio (paired: a configuration against the
+    plain loop of the same round, a minute apart at most), with the rounds' lowest and highest."""
     device = device or torch.device("cpu")
     steps = 3 * plan.window
     configs = {"plain loop": None, "every=10": 10, "every=1": 1}
+    names = list(configs)
     loops: dict[str, list[float]] = {name: [] for name in configs}
     cpus: dict[str, list[float]] = {name: [] for name in configs}
     processes: dict[str, list[float]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory(prefix="bisect-repro-bench-") as tmp:
         for run in range(plan.runs):
-            for name, every in configs.items():  # interleaved: the machine's moods hit all alike
+            for name in names[run % len(names) :] + names[: run % len(names)]:
+                every = configs[name]
                 command = [sys.executable, "-m", "benchmarks.overhead", model, "--steps", str(steps), "--device", str(device)]
                 command += ["--quick"] if plan is QUICK else []
                 command += [] if every is None else ["--every", str(every), "--out", str(Path(tmp) / f"{every}-{run}")]
@@ -132,20 +138,24 @@ def bench_process_overhead(plan: Plan, model: str = "cnn2m", device: torch.devic
                 measured = json.loads(done.stdout.splitlines()[-1])
                 loops[name].append(measured["loop s"])
                 cpus[name].append(measured["loop cpu s"])
-    base_loop, base_cpu = statistics.median(loops["plain loop"]), statistics.median(cpus["plain loop"])
-    base_process = statistics.median(processes["plain loop"])
-    rows = [
-        {
+
+    def paired(samples: dict[str, list[float]], name: str) -> list[float]:
+        return sorted(a / b for a, b in zip(samples[name], samples["plain loop"], strict=True))
+
+    rows = []
+    for name in configs:
+        process_ratios = paired(processes, name)
+        rows.append({
             "configuration": name,
             "step ms": statistics.median(loops[name]) / steps * 1e3,
-            "loop overhead": statistics.median(loops[name]) / base_loop,
-            "loop CPU overhead": statistics.median(cpus[name]) / base_cpu,
+            "loop overhead": statistics.median(paired(loops, name)),
+            "loop CPU overhead": statistics.median(paired(cpus, name)),
             "process s": statistics.median(processes[name]),
-            "process overhead": statistics.median(processes[name]) / base_process,
+            "process s, lowest to highest": f"{min(processes[name]):.2f} to {max(processes[name]):.2f}",
+            "process overhead": statistics.median(process_ratios),
+            "process overhead, rounds' lowest to highest": f"{process_ratios[0]:.3f} to {process_ratios[-1]:.3f}",
             "runs": plan.runs,
-        }
-        for name in configs
-    ]
+        })  # fmt: skip
     params = sum(p.numel() for p in _TRAINEES[model](plan, torch.device("cpu")).model.parameters())  # built on the CPU: the count only
     return {"model": model, "parameters": params, "steps": steps, "checkpoint_every": PROCESS_CHECKPOINT_EVERY, "rows": rows}
 

@@ -96,7 +96,8 @@ def markdown(results: dict[str, Any]) -> str:
             intro = (
                 f"{section['parameters']:,} parameters; {section['steps']} steps in a fresh process per run, a checkpoint every"
                 f" {section['checkpoint_every']} steps; the loop's time runs from the built trainee to the last write, the process's"
-                f" adds the interpreter's start, the imports and the build; median of {runs} runs of each, in turn."
+                f" adds the interpreter's start, the imports and the build; {runs} rounds, each running every configuration"
+                " once, in a rotating order; each overhead is the median over rounds of the round's own ratio to its plain loop."
             )
         lines += _section(title, intro, section, section["rows"])
     storage = results.get("storage")

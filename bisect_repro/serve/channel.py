@@ -108,7 +108,7 @@ class Channel:
     def send(self, header: dict[str, Any], tree: Any = None) -> None:
         payload = b""
         if tree is not None:
-            payload, raw_size = codec.encode(tree, level=1)
+            payload, raw_size = codec.encode(tree)
             header = {**header, "raw_size": raw_size}
         text = json.dumps(header, allow_nan=True).encode()
         self.sock.sendall(_FRAME.pack(len(text), len(payload)) + text + payload)

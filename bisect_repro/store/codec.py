@@ -109,9 +109,9 @@ def _flatten(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
             return {k: _flatten(v, tensors, f"{where}.{k}") for k, v in tree.items()}
         return {"__dict__": [[_flatten(k, tensors, where), _flatten(v, tensors, f"{where}.{k}")] for k, v in tree.items()]}
     if isinstance(tree, tuple):
-        return {"__tuple__": [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(tree)]}
+        return {"__tuple__": _flatten_items(tree, tensors, where)}
     if isinstance(tree, list):
-        return [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(tree)]
+        return _flatten_items(tree, tensors, where)
     if isinstance(tree, torch.dtype):
         return {"__dtype__": str(tree).removeprefix("torch.")}
     if isinstance(tree, (np.integer, np.floating, np.bool_)):
@@ -122,6 +122,14 @@ def _flatten(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         f"{where}: a {type(tree).__name__} cannot be stored without pickle; "
         "keep state dicts to tensors, arrays, numbers, strings, lists, tuples and dicts"
     )
+
+
+def _flatten_items(items: list[Any] | tuple[Any, ...], tensors: dict[str, torch.Tensor], where: str) -> list[Any]:
+    """The items of a list or tuple, flattened; a sequence of plain ints (a Python random state
+    is 625 of them, in every snapshot) as it is, without a call per item."""
+    if all(type(v) is int for v in items):
+        return list(items)
+    return [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(items)]
 
 
 def _unflatten(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -169,9 +177,23 @@ def prepare(tree: Any) -> Prepared:
 
 
 LEVEL = 1
-"""The zstandard level of every file: on float32 weights and optimizer state level 1 compresses as
-well as level 3 (about 0.92 of the raw bytes) in two thirds of the time, which the writer's thread
-takes from the cores training runs on."""
+"""The zstandard level of a file that is mostly structure (a snapshot: digests, stream states,
+the data position), which compresses several times over at any level."""
+TENSOR_LEVEL = -1
+"""The level of a file that is mostly tensor bytes (a checkpoint: weights, optimizer state).
+Measured on a 2M-parameter CNN's 17 MB checkpoint, on one core: level 1 writes 0.927 of the raw
+bytes at 0.86 GB/s, level -1 writes 0.995 at 3.3 GB/s. Trained float32 values barely compress,
+and the writer's thread takes its core from the training's threads, so a checkpoint is stored
+almost as it is (zeros and repeated values still shrink at this level)."""
+TENSOR_BYTES = 1 << 20
+"""A file with at least this many tensor bytes is written at :data:`TENSOR_LEVEL`."""
+
+
+def level_of(prepared: Prepared) -> int:
+    """The zstandard level for a prepared tree: :data:`TENSOR_LEVEL` for one that is mostly tensor bytes."""
+    return TENSOR_LEVEL if prepared.nbytes - len(prepared.skeleton) >= TENSOR_BYTES else LEVEL
+
+
 _COMPRESSORS = threading.local()  # one compressor per thread and level: a new one costs a context allocation
 
 
@@ -185,16 +207,16 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     return found
 
 
-def encode_prepared(prepared: Prepared, *, level: int = LEVEL) -> tuple[bytes, int]:
-    """The compressed file for a prepared tree, and its uncompressed size.
+def encode_prepared(prepared: Prepared, *, level: int | None = None) -> tuple[bytes, int]:
+    """The compressed file for a prepared tree (at ``level``, by default :func:`level_of` it), and its uncompressed size.
 
     The bytes are those of a fresh compressor: a compressor reused on one thread (one-shot
     ``compress`` calls) keeps no history from one file to the next."""
     raw = save_safetensors(prepared.tensors, metadata={"bisect_repro": prepared.skeleton})
-    return _compressor(level).compress(raw), len(raw)
+    return _compressor(level_of(prepared) if level is None else level).compress(raw), len(raw)
 
 
-def encode(tree: Any, *, level: int = LEVEL) -> tuple[bytes, int]:
+def encode(tree: Any, *, level: int | None = None) -> tuple[bytes, int]:
     """The compressed file for a state tree, and its uncompressed size."""
     return encode_prepared(prepare(tree), level=level)
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,4 +118,17 @@ def test_a_reused_compressor_writes_the_bytes_of_a_fresh_one() -> None:
     for tree in trees:  # each after the others on this thread: no history carries over between files
         data, raw_size = codec.encode(tree)
         raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_size)
-        assert data == zstandard.ZstdCompressor(level=codec.LEVEL).compress(raw)
+        assert data == zstandard.ZstdCompressor(level=codec.level_of(codec.prepare(tree))).compress(raw)
+
+
+def test_tensor_heavy_files_take_the_fast_level_and_read_back() -> None:
+    big = {"w": torch.randn(400_000), "zeros": torch.zeros(300_000), "step": 3}
+    small = {"hashes": {f"layer{i}": "ab" * 16 for i in range(50)}, "w": torch.randn(100)}
+    assert codec.level_of(codec.prepare(big)) == codec.TENSOR_LEVEL
+    assert codec.level_of(codec.prepare(small)) == codec.LEVEL
+    data, raw_size = codec.encode(big)
+    raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_size)
+    assert data == zstandard.ZstdCompressor(level=codec.TENSOR_LEVEL).compress(raw)
+    assert len(data) < raw_size - 1_000_000  # the zeros still shrink at the fast level
+    back = codec.decode(data, Path("f"), raw_size=raw_size, digest=codec.checksum(data))
+    assert torch.equal(back["w"], big["w"]) and torch.equal(back["zeros"], big["zeros"]) and back["step"] == 3
