@@ -16,9 +16,11 @@ recording run A, of the compare, their ratio, the replaying processes the compar
 - ``lightning``, ``hf``: ``examples/lightning_train.py`` and ``examples/hf_train.py``, run B with
   ``--reseed-at 7`` (20 steps; each skipped when its framework is not installed).
 
-Writes ``compare_late.json`` into ``--out`` with the load average before and after each case.
-Where it stops: one measurement per case (a compare is seconds to a minute); on a machine shared
-with other work, read the ratios with the load beside them.
+Writes ``compare_late.json`` into ``--out`` with the load average before and after each case (a
+case not run keeps its row from an earlier run there).
+With ``--repeat N`` each case runs N rounds (record A, record B, compare) and reports the medians,
+the median of the rounds' own ratios and the lowest and highest of them. Where it stops: on a
+machine shared with other work, read the ratios with the load beside them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,24 +71,32 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path) -> dict[str, Any]:
-    """Record both runs (run A timed), compare them (timed): one row."""
+def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path, repeat: int = 1) -> dict[str, Any]:
+    """Record both runs (run A timed), compare them (timed), ``repeat`` times in turn: one row of
+    medians (each compare against the recording of its own round)."""
     row: dict[str, Any] = {"case": name, "load before": _load()}
-    runs = []
-    for label, command in zip("ab", commands, strict=True):
-        out = folder / f"{name}-{label}"
-        seconds, done = _timed([part.replace("{out}", str(out)) for part in command], folder)
-        if done.returncode != 0:
-            raise RuntimeError(f"recording {name} {label} failed: {done.stderr[-2000:]}")
-        if label == "a":
-            row["record s"] = round(seconds, 2)
-        runs.append(str(out))
-    seconds, done = _timed([CLI, "compare", "--json", *runs], folder)
-    result = json.loads(done.stdout)
+    records, compares, result = [], [], {}
+    for round_ in range(repeat):
+        runs = []
+        for label, command in zip("ab", commands, strict=True):
+            out = folder / f"{name}-{round_}-{label}"
+            seconds, done = _timed([part.replace("{out}", str(out)) for part in command], folder)
+            if done.returncode != 0:
+                raise RuntimeError(f"recording {name} {label} failed: {done.stderr[-2000:]}")
+            if label == "a":
+                records.append(seconds)
+            runs.append(str(out))
+        seconds, done = _timed([CLI, "compare", "--json", *runs], folder)
+        compares.append(seconds)
+        result = json.loads(done.stdout)
     verdict, replay = result.get("verdict") or {}, result["replay"]
+    ratios = sorted(c / r for c, r in zip(compares, records, strict=True))
     row.update({
-        "compare s": round(seconds, 2),
-        "compare / record": round(seconds / row["record s"], 2),
+        "record s": round(statistics.median(records), 2),
+        "compare s": round(statistics.median(compares), 2),
+        "compare / record": round(statistics.median(ratios), 2),
+        "rounds": repeat,
+        "compare / record, lowest to highest": [round(ratios[0], 2), round(ratios[-1], 2)],
         "processes": replay.get("processes"),
         "forked": replay.get("forked"),
         "replayed steps": replay.get("replayed_steps"),
@@ -99,6 +110,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for compare_late.json")
     parser.add_argument("--only", nargs="+", choices=("recipe", "loop", "script", "lightning", "hf"), metavar="CASE")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of each case (record A, record B, compare); medians")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -109,10 +121,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             if needs is not None and importlib.util.find_spec(needs) is None:
                 print(f"{name}: skipped ({needs} is not installed)")
                 continue
-            row = run_case(name, (a, b), Path(tmp))
+            row = run_case(name, (a, b), Path(tmp), args.repeat)
             print(json.dumps(row))
             rows.append(row)
-    (args.out / "compare_late.json").write_text(json.dumps(rows, indent=2) + "\n")
+    path = args.out / "compare_late.json"
+    try:  # a case not run this time keeps its earlier row
+        earlier = [row for row in json.loads(path.read_text()) if row.get("case") not in {r["case"] for r in rows}]
+    except (OSError, ValueError):
+        earlier = []
+    order = list(_cases())
+    rows = sorted(earlier + rows, key=lambda row: order.index(row["case"]) if row.get("case") in order else len(order))
+    path.write_text(json.dumps(rows, indent=2) + "\n")
     return rows
 
 
