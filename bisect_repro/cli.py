@@ -15,6 +15,7 @@ and HTML reports render the objects, and only ``--json`` turns them into JSON (`
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import logging
 import sys
@@ -352,7 +353,13 @@ def doctor_command(
 
 
 def main() -> None:
-    app()
+    """The console script. When the command is done, the objects alive are frozen out of the
+    garbage collector (:func:`gc.freeze`): the interpreter's exit then skips collecting torch's
+    and the records' objects, about 0.4 s of a core here; ``atexit`` handlers still run."""
+    try:
+        app()
+    finally:
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -136,8 +136,8 @@ class Lockstep:
             raise
 
     def close(self) -> None:
-        for replica in self.replicas:
-            replica.close()
+        """End both replicas, at once: each waits for its own process (and spares) to exit."""
+        both(self.replicas[0].close, self.replicas[1].close)
 
     def pair(self, first: Callable[[], T], second: Callable[[], T]) -> tuple[T, T]:
         """A request to each replica: at once, unless both train on more torch threads than this
