@@ -26,6 +26,10 @@ Design decisions:
   streams are drawn again from the OS (a fresh interpreter's are; CUDA's start in the copy), and
   its working directory, import path, environment and output are a fresh replica's.
 - **Exit codes are true**: the server reaps its copies and reports each exit code.
+- **The imports' objects are frozen out of the garbage collector** (:func:`gc.freeze`) before the
+  first fork. A copy's collections would walk every object torch and the framework made, and
+  each page walked is copied: four copies of the Hugging Face example's server took 0.65 s to
+  connect side by side, 0.2 s frozen, and its compare 8.9 s against 7.2 s.
 
 Where the guarantees stop: the salt of ``str`` hashes is fixed when Python starts, so copies of
 one server share it where ``PYTHONHASHSEED`` is unset (fresh processes would each draw one): a
