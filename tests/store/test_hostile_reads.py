@@ -25,6 +25,7 @@ import zstandard
 from rich.console import Console
 from typer.testing import CliRunner
 
+from bisect_repro import cli
 from bisect_repro.cli import app
 from bisect_repro.diagnose.compare import compare
 from bisect_repro.report.safe import safe_text
@@ -81,6 +82,13 @@ def no_hang() -> Iterator[None]:
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(autouse=True)
+def wide_output(monkeypatch) -> None:
+    """The CLI's reports 200 columns wide, whatever ``COLUMNS`` was when the CLI was imported (its
+    console reads it then: a machine that sets ``COLUMNS=80`` cut these tables)."""
+    monkeypatch.setattr(cli, "stdout", Console(width=200))
 
 
 def invoke(*args: object):
