@@ -21,7 +21,7 @@ from bisect_repro.replay.forks import ForkedProcess, forking, preloads, servers
 ROOT = str(Path(__file__).resolve().parents[2])
 
 REPORTING = """
-import json, os, random
+import gc, json, os, random
 import numpy as np
 import torch
 from bisect_repro.capture import vml
@@ -30,7 +30,8 @@ from bisect_repro.errors import BisectReproError
 def build():
     print(json.dumps({"python": random.random(), "numpy": float(np.random.rand()), "torch": torch.initial_seed(),
                       "variable": os.environ.get("FORKED_VALUE"), "cwd": os.getcwd(), "settled": vml.settled,
-                      "mkl": torch.backends.mkl.is_available(), "sum": float(torch.ones(1 << 16).sqrt().sum())}))
+                      "mkl": torch.backends.mkl.is_available(), "sum": float(torch.ones(1 << 16).sqrt().sum()),
+                      "frozen": gc.get_freeze_count()}))
     raise BisectReproError("reported; stopping here")
 """
 
@@ -78,6 +79,7 @@ def test_copies_start_as_fresh_processes_and_their_exit_codes_are_reported(tmp_p
     assert reports[0]["sum"] == reports[1]["sum"] == float(1 << 16)  # and torch computes on threads of its own (no hang)
     if reports[0]["mkl"]:
         assert all(int(str(r["settled"])) > 0 for r in reports)  # MKL's first call made in the copy
+    assert all(int(str(r["frozen"])) > 10_000 for r in reports)  # the server's imports, out of the copies' collections
 
 
 def torch_default_seed() -> int:
