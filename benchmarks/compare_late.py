@@ -19,7 +19,8 @@ recording run A, of the compare, their ratio, the replaying processes the compar
 Writes ``compare_late.json`` into ``--out`` with the load average before and after each case (a
 case not run keeps its row from an earlier run there).
 With ``--repeat N`` each case runs N rounds (record A, record B, compare) and reports the medians,
-the median of the rounds' own ratios and the lowest and highest of them. Where it stops: on a
+the median of the rounds' own ratios and the lowest and highest of them, the last round's verdict
+(and every round's, where they disagree). Where it stops: on a
 machine shared with other work, read the ratios with the load beside them.
 """
 
@@ -75,7 +76,7 @@ def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path, rep
     """Record both runs (run A timed), compare them (timed), ``repeat`` times in turn: one row of
     medians (each compare against the recording of its own round)."""
     row: dict[str, Any] = {"case": name, "load before": _load()}
-    records, compares, result = [], [], {}
+    records, compares, verdicts, result = [], [], [], {}
     for round_ in range(repeat):
         runs = []
         for label, command in zip("ab", commands, strict=True):
@@ -89,7 +90,8 @@ def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path, rep
         seconds, done = _timed([CLI, "compare", "--json", *runs], folder)
         compares.append(seconds)
         result = json.loads(done.stdout)
-    verdict, replay = result.get("verdict") or {}, result["replay"]
+        verdicts.append([(result.get("verdict") or {}).get(k) for k in ("step", "phase", "layer", "cause", "confidence")])
+    replay = result["replay"]
     ratios = sorted(c / r for c, r in zip(compares, records, strict=True))
     row.update({
         "record s": round(statistics.median(records), 2),
@@ -100,7 +102,8 @@ def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path, rep
         "processes": replay.get("processes"),
         "forked": replay.get("forked"),
         "replayed steps": replay.get("replayed_steps"),
-        "verdict": [verdict.get(k) for k in ("step", "phase", "layer", "cause", "confidence")],
+        "verdict": verdicts[-1],
+        **({} if all(v == verdicts[-1] for v in verdicts) else {"verdicts, by round": verdicts}),  # a round that disagreed
         "load after": _load(),
     })  # fmt: skip
     return row
