@@ -114,20 +114,24 @@ def _native_buffer(tensor: torch.Tensor) -> torch.Tensor | None:
     return tensor
 
 
-def _kernel_words(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor itself where the Triton kernel can read its bytes in place (a plain, dense,
-    contiguous tensor of whole 4-byte words at a 4-byte aligned address: a model's parameters and
-    optimizer states), else :func:`_hash_torch.words_of`'s copy. No view is made: a view costs a
-    few microseconds a tensor, and a snapshot hashes hundreds."""
-    if (
+def _in_place(tensor: torch.Tensor) -> bool:
+    """Whether a tensor's bytes are its values where they lie: a plain tensor or parameter, dense,
+    contiguous, of an ordinary dtype, not a lazy negation (a model's parameters and optimizer
+    states). A few attribute reads: a snapshot asks it of hundreds of tensors."""
+    return (
         type(tensor) in _PLAIN
         and tensor.layout is torch.strided
         and tensor.dtype not in _AWKWARD
         and tensor.is_contiguous()
         and not tensor.is_neg()
-        and tensor.nbytes % 4 == 0
-        and tensor.data_ptr() % 4 == 0
-    ):
+    )
+
+
+def _kernel_words(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself where the Triton kernel can read its bytes in place (:func:`_in_place`, of
+    whole 4-byte words at a 4-byte aligned address), else :func:`_hash_torch.words_of`'s copy. No
+    view is made: a view costs a few microseconds a tensor, and a snapshot hashes hundreds."""
+    if _in_place(tensor) and tensor.nbytes % 4 == 0 and tensor.data_ptr() % 4 == 0:
         return tensor
     return _hash_torch.words_of(tensor)
 
@@ -186,7 +190,6 @@ class PendingHashes:
         buffers: list[torch.Tensor] = []  # kept alive until the kernel returns
         pointers: list[int] = []
         sizes: list[int] = []
-        strided = torch.strided
         for name, value in tensors.items():
             tensor = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
             dtype = tensor.dtype
@@ -196,8 +199,7 @@ class PendingHashes:
                 if not looked_up:
                     native, looked_up = _native_kernel(), True
                 if native is not None:
-                    plain = type(tensor) in _PLAIN and dtype not in _AWKWARD and tensor.layout is strided
-                    buffer = tensor if plain and tensor.is_contiguous() and not tensor.is_neg() else _native_buffer(tensor)
+                    buffer = tensor if _in_place(tensor) else _native_buffer(tensor)
                     if buffer is not None:
                         native_entries.append(entry)
                         buffers.append(buffer)
