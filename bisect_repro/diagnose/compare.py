@@ -22,7 +22,7 @@ refused (:class:`RunMismatchError`), except with ``replay=False``, which compare
 have; the replay runs only the recorded world size.
 
 ``compare`` returns a :class:`~bisect_repro.diagnose.verdict.CompareResult`; its ``to_json()`` is
-the ``bisect-repro/compare/2`` object documented in the README. ``announce`` is called with what
+the ``bisect-repro/compare/2`` object documented in docs/json.md. ``announce`` is called with what
 will be executed before anything is; ``replay=False`` executes nothing. A run that this user did
 not record here (its launch claim is not signed with this user's key, see
 :mod:`bisect_repro.replay.launch`) is replayed only when ``consent`` agrees; otherwise the verdict

@@ -5,7 +5,7 @@ A :class:`Verdict` names a cause only with the experiments that showed it: its `
 :class:`Evidence` item), ``inferred`` when only the records speak for it, and ``unexplained``
 when the experiments ran and none accounted for the difference.
 
-The JSON form is the ``bisect-repro/compare/2`` object documented in the README; version 2 added
+The JSON form is the ``bisect-repro/compare/2`` object documented in docs/json.md; version 2 added
 ``confidence``, ``evidence``, ``reseeded``, ``config_keys``, ``environment_keys``, ``rank`` and
 ``histogram`` to the verdict, ``parted`` to the replay, ``layers`` to the timeline and
 ``ops_context`` to the result, and the cause ``hidden_state``; ``ranks`` (one
