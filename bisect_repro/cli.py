@@ -355,7 +355,7 @@ def doctor_command(
 def main() -> None:
     """The console script. When the command is done, the objects alive are frozen out of the
     garbage collector (:func:`gc.freeze`): the interpreter's exit then skips collecting torch's
-    and the records' objects, about 0.4 s of a core here; ``atexit`` handlers still run."""
+    and the records' objects; ``atexit`` handlers still run."""
     try:
         app()
     finally:

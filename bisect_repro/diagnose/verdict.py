@@ -5,18 +5,12 @@ A :class:`Verdict` names a cause only with the experiments that showed it: its `
 :class:`Evidence` item), ``inferred`` when only the records speak for it, and ``unexplained``
 when the experiments ran and none accounted for the difference.
 
-The JSON form is the ``bisect-repro/compare/2`` object documented in docs/json.md; version 2 added
-``confidence``, ``evidence``, ``reseeded``, ``config_keys``, ``environment_keys``, ``rank`` and
-``histogram`` to the verdict, ``parted`` to the replay, ``layers`` to the timeline and
-``ops_context`` to the result, and the cause ``hidden_state``; ``ranks`` (one
-:class:`RankResult` per rank compared, one for a single process), ``unused_streams`` and the
-replay's ``processes`` (how many replaying processes were started) and ``forked`` (how many of
-them were forked from a fork server) came later, within version 2.
+The JSON form is the ``bisect-repro/compare/2`` object documented in docs/json.md.
 Each ``to_json`` names its keys one by one, with every enumeration
 (:class:`~bisect_repro.diagnose.causes.Cause`, :class:`Confidence`, :class:`Outcome`) written as
 its value: a field added to a class reaches the JSON only when it is added there.
-``CompareResult.from_json`` reads such an object back (a key that version 2 added later, absent
-from an older object, takes its default).
+``CompareResult.from_json`` reads such an object back (a key absent from the object takes its
+default).
 """
 
 from __future__ import annotations

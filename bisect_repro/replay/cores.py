@@ -3,8 +3,8 @@
 A replaying process trains on torch's OpenMP threads, and an OpenMP thread that has nothing to do
 spins for a while before it sleeps. Two replaying processes whose teams together outnumber the
 cores (two runs of two threads each on two cores, or a run and the spare processes started for
-its next repeats) each spin on cores the other needs: measured on a 2-core machine, a compare of
-the Hugging Face example took 14 to 22 s so, against 8 s with its requests taken in turn.
+its next repeats) each spin on cores the other needs, and both run slower than one after the
+other (figures in benchmarks/NOTES.md).
 
 Design decision: every request to a replaying process (:meth:`~bisect_repro.replay.replica.Replica.request`)
 holds :data:`CORES` for its replica's threads while it runs; a request whose threads do not fit

@@ -1,7 +1,7 @@
 """Replaying processes forked from one that has already imported torch and the run's framework.
 
-Starting a replaying process is mostly starting Python and importing: torch alone takes about
-2 s of a core, Lightning about 4 s more, and a framework's run repeats a step in a fresh process
+Starting a replaying process is mostly starting Python and importing torch and the run's
+framework (seconds of a core each), and a framework's run repeats a step in a fresh process
 (see :mod:`bisect_repro.replay.replica`), so a compare may start ten. Inside :func:`forking`, a
 :class:`~bisect_repro.replay.replica.Replica` instead asks a fork server for its process: a
 ``python -m bisect_repro.replay.forkserver`` started once per environment, which imports torch,
