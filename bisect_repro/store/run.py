@@ -94,11 +94,20 @@ class FileEntry:
     bytes: int
     raw_bytes: int
     checksum: str
+    mac: str | None = field(default=None, compare=False)
+    """This user's MAC over the line and the run's signature (:mod:`bisect_repro.store.signing`); ``None``: unsigned."""
+
+    def line(self) -> dict[str, Any]:
+        """The index line as signed: every field but the MAC."""
+        fields = ("kind", "step", "file", "bytes", "raw_bytes", "checksum")
+        return {name: getattr(self, name) for name in fields}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> FileEntry:
         """An index line, checked field by field; ``ValueError`` names what is wrong."""
         entry = cls(**record)
+        if entry.mac is not None and not isinstance(entry.mac, str):
+            raise ValueError(f"mac {entry.mac!r} is not text")
         if entry.kind not in _KINDS:
             raise ValueError(f"unknown kind {entry.kind!r}")
         for name in ("step", "bytes", "raw_bytes"):
