@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..store.trust import provenance
 from ..store.run import Run
+from ..store.trust import provenance
 from .drift import RankDrift, rank_drift
 
 __all__ = ["SCHEMA", "RankStatus", "RunSummary", "run_summary"]

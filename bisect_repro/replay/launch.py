@@ -289,7 +289,8 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     variables = _replayed(recorded_variables(meta.environment), run)
     cwd = launch.cwd if launch is not None and launch.cwd and Path(launch.cwd).is_absolute() and _quietly(Path(launch.cwd).is_dir) else None
     _bounded_world(run)  # refused before anything starts; the ranks are set by on_ranks
-    common: dict[str, Any] = {"cwd": cwd, "variables": variables, "signed": provenance(run).yours, "auto": launch is not None and launch.auto}
+    auto = launch is not None and launch.auto
+    common: dict[str, Any] = {"cwd": cwd, "variables": variables, "signed": provenance(run).yours, "auto": auto}
     if meta.target:
         if code is None or code.kind is not CodeKind.RECIPE:
             code = None

@@ -24,8 +24,8 @@ from bisect_repro.cli import app
 from bisect_repro.errors import BisectReproError, RecordingError, RunLockedError
 from bisect_repro.record.recipe import build
 from bisect_repro.record.recorder import RecordingWarning
-from bisect_repro.store.anchor import Folder
 from bisect_repro.store import writer as store
+from bisect_repro.store.anchor import Folder
 
 runner = CliRunner()
 OPTIONS = {"steps": 12, "every": 2, "checkpoint_every": 4}
