@@ -209,11 +209,12 @@ class Lockstep:
 
     def _bounded(self, end: int) -> None:
         """Refuse a span the step logs do not hold: every step replayed is a step both runs logged."""
+        start = self.from_step or 0
         for which, run in enumerate(self.runs):
-            logged = sum(1 for step in run.steps if self.from_step <= step <= end)
-            if logged < end + 1 - self.from_step:
+            logged = sum(1 for step in run.steps if start <= step <= end)
+            if logged < end + 1 - start:
                 raise ReplayUnavailable(
-                    f"run {'AB'[which]}: the replay would train steps {self.from_step} to {end}, of which its step log holds "
+                    f"run {'AB'[which]}: the replay would train steps {start} to {end}, of which its step log holds "
                     f"{logged}; the run was edited or partly copied; the verdict is from the records alone"
                 )
 

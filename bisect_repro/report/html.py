@@ -93,7 +93,7 @@ def _a_float(item: Any) -> bool:
 
 def _finite(losses: Losses) -> tuple[list[tuple[int, float]], int]:
     """The finite losses in step order, and how many were missing or not finite."""
-    points = [(int(step), float(loss)) for step, loss in sorted(losses.items()) if _a_float(loss)]
+    points = [(int(step), float(loss)) for step, loss in sorted(losses.items()) if loss is not None and _a_float(loss)]
     return points, len(losses) - len(points)
 
 
