@@ -28,6 +28,7 @@ from bisect_repro.capture.rng import RandomStreams
 from bisect_repro.cli import app
 from bisect_repro.diagnose.compare import compare
 from bisect_repro.errors import RecipeError
+from bisect_repro.replay.deadline import CEILING_S, FLOOR_S, SLOWER, Deadline, DeadlinePassed, allowance, guarded, step_seconds
 from bisect_repro.replay.launch import spec_for_run
 from bisect_repro.store import codec
 from bisect_repro.store.printable import html_text, printable
@@ -181,7 +182,7 @@ def test_a_recipe_swapped_after_its_hash_was_shown_never_runs(recorded, tmp_path
 
     def consent(foreign: Any) -> bool:
         shown.extend(spec.sha256 for _, spec in foreign)
-        source.write_bytes(f"open({str(ran)!r}, 'w').write('ran')\n".encode() + original)  # swapped while the user reads
+        source.write_bytes(original + f"\nopen({str(ran)!r}, 'w').write('ran')\n".encode())  # swapped while the user reads
         return True
 
     try:
@@ -263,7 +264,7 @@ def run_cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None)
 
 @pytest.mark.slow
 def test_step_numbers_from_a_run_drive_no_unbounded_loop(recorded, tmp_path) -> None:
-    a, b = copy(recorded, tmp_path, "a", "a"), copy(recorded, tmp_path, "b", "b")
+    a, b = copy(recorded, tmp_path, "a", "a"), copy(recorded, tmp_path, "a", "b")  # equal records up to the last step
     add_steps(a, 10**12)
     add_steps(b, 10**12, loss=2.0)
     found = run_cli("compare", str(a), str(b), "--no-replay", "--json", timeout=90)
@@ -346,3 +347,37 @@ def test_record_warns_in_one_line_when_the_key_cannot_sign(recorded, tmp_path, m
     assert result.exit_code == 0
     warned = [line for line in result.stderr.splitlines() if "signing.key" in line]
     assert len(warned) == 1 and "chmod 600" in warned[0] and "unsigned" in warned[0]
+
+
+# -- waits on a replaying process --------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_wait_on_a_replaying_process_ends_at_its_deadline() -> None:
+    clock = Clock()
+    seconds = allowance(0.5, 10)
+    assert seconds == max(FLOOR_S, SLOWER * 0.5 * 10)
+    deadline = Deadline("replay of A, 'skip'", seconds, 0.5, clock=clock)
+    wait, progress = guarded(deadline, lambda: None, None)
+    clock.now = seconds - 1
+    wait()  # not yet
+    progress(3)  # the process reports progress: the count starts again
+    clock.now = 2 * seconds - 2
+    wait()
+    clock.now = 2 * seconds
+    with pytest.raises(DeadlinePassed, match=r"replay of A, 'skip': no answer within \d+ s") as caught:
+        wait()
+    assert "\n" not in str(caught.value)
+
+
+def test_the_recorded_step_time_bounds_the_allowance(recorded) -> None:
+    seconds = step_seconds(Run.open(recorded / "a"))
+    assert seconds is not None and seconds >= 0
+    assert FLOOR_S <= allowance(seconds, 10**15) <= CEILING_S  # a step count from a run cannot make a wait endless

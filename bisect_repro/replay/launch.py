@@ -54,6 +54,7 @@ from ..store.meta import CodeKind, CodeRecord
 from ..store.printable import printable
 from ..store.run import Run
 from ..store.trust import provenance
+from .deadline import step_seconds
 
 __all__ = ["REPLAYED_VARIABLES", "Consent", "LaunchSpec", "ReplayUnavailable", "spec_for_recipe", "spec_for_run"]
 
@@ -104,6 +105,8 @@ class LaunchSpec:
     signed: bool = True
     """Whether this user recorded the run here (its launch claim carries this user's signature).
     A spec that is not signed runs only with the user's consent."""
+    step_seconds: float | None = None
+    """The recorded seconds a step took, which bound every wait on the replaying process (:mod:`bisect_repro.replay.deadline`)."""
     auto: bool = False
     """The script was recorded unchanged (``record -- python train.py``): the bootstrap installs
     the same hooks (:mod:`bisect_repro.record.autohooks`) before running it."""
@@ -291,6 +294,7 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     _bounded_world(run)  # refused before anything starts; the ranks are set by on_ranks
     auto = launch is not None and launch.auto
     common: dict[str, Any] = {"cwd": cwd, "variables": variables, "signed": provenance(run).yours, "auto": auto}
+    common["step_seconds"] = step_seconds(run)
     if meta.target:
         if code is None or code.kind is not CodeKind.RECIPE:
             code = None
