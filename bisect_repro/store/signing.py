@@ -11,6 +11,12 @@ machine (or one sharing the key) and replays with no flag; any other run (copied
 user, edited, unsigned) replays only with the user's consent, as ``weights_only`` and
 ``trust_remote_code`` decide elsewhere in this ecosystem.
 
+Each index line is signed too (:func:`line_signer`, :func:`verify_line`): a MAC over the line
+(a file's name, size and checksum) bound to the run's own signature and the rank, so that what a
+replay restores from a checkpoint is covered as the launch is (:mod:`bisect_repro.store.trust`).
+When no key can sign, :func:`key_problem` says why in one line with the fix, which ``record``
+prints as a warning.
+
 Design decisions:
 - A MAC, not a public-key signature: the only party that ever verifies is the one that signed.
 - The claim is canonical JSON (sorted keys, no spaces, ASCII) of values as a JSON reader sees

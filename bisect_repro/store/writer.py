@@ -16,8 +16,12 @@ See :mod:`bisect_repro.store.run` for the layout and the reader. Design decision
   behind (removing it would let a second writer lock a different inode). In a distributed run rank
   0 holds ``RUN/.lock`` and writes ``run.json`` and ``rank0/``; rank r joins it afterwards
   (:meth:`RunWriter.join`, once rank 0 has written ``run.json``) and holds ``rank{r}/.lock``.
-  Overwriting (``force``) takes each rank folder's lock before deleting it, and deletes
-  ``run.json`` last, so a run is never pulled from under a rank still writing it.
+  Overwriting (``force``) first proves the folder is a run of this tool and nothing else
+  (:mod:`bisect_repro.store.overwrite`), takes each rank folder's lock before deleting it, and
+  deletes ``run.json`` last, so a run is never pulled from under a rank still writing it.
+- Nothing outside the run is written, moved or deleted: every file is reached from descriptors
+  of the run folder and the rank folder, one name at a time, no link followed
+  (:mod:`bisect_repro.store.anchor`).
 - Resume (:meth:`RunWriter.resume`) goes back to the last readable checkpoint C: it keeps the
   index lines up to C and the step lines before C, rewriting each log atomically (index first: a
   crash in between leaves extra step lines, which a second resume drops). Nothing committed is
@@ -25,8 +29,10 @@ See :mod:`bisect_repro.store.run` for the layout and the reader. Design decision
   not reproducible may record different snapshots the second time, and the first ones are
   evidence.
 - ``run.json`` carries this user's signature over its launch claim (:mod:`bisect_repro.store.signing`),
-  so that ``compare`` replays the runs this user recorded with no flag and any other only with
-  consent. A resume rewrites ``run.json`` with the signature it had: it never signs a launch it
+  and every index line carries this user's MAC bound to that signature, so that ``compare``
+  replays the runs this user recorded, as written, with no flag and any other only with consent
+  (:mod:`bisect_repro.store.trust`). A resume rewrites ``run.json`` with the signature it had and
+  signs the lines it adds only when that signature is this user's: it never signs a launch it
   did not write.
 
 Where the guarantees stop: durability is what ``fsync`` gives on the file system (a network file
