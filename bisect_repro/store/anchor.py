@@ -76,7 +76,8 @@ class Folder:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(Exception):  # a folder never closed: its descriptor goes with it
+            self.close()
 
     def close(self) -> None:
         if getattr(self, "fd", -1) >= 0:
