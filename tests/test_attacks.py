@@ -103,6 +103,7 @@ def copy(recorded: Path, tmp_path: Path, name: str = "a", to: str = "run") -> Pa
 # -- links in a folder someone prepared --------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [".lock", ".run.json.tmp"])
 def test_a_link_in_a_prepared_folder_is_never_written_through(recorded, tmp_path, canary, name) -> None:
     prepared = tmp_path / "D"
@@ -336,6 +337,7 @@ def test_undecodable_bytes_are_shown_escaped(data: bytes) -> None:
 # -- signing -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_record_warns_in_one_line_when_the_key_cannot_sign(recorded, tmp_path, monkeypatch) -> None:
     config = tmp_path / "config"
     (config / "bisect-repro").mkdir(parents=True)
