@@ -42,6 +42,7 @@ from .record.script import is_interpreter, is_launcher, parse_command, record_sc
 from .record.torchrun import record_ranks
 from .replay.launch import Consent, LaunchSpec
 from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
+from .report.safe import safe_text
 from .report.text import render_comparison, render_doctor, render_summary
 from .store.printable import printable
 from .store.run import Run
@@ -113,7 +114,7 @@ Html = Annotated[Path | None, typer.Option("--html", help="Also write a self-con
 
 def _write_html(path: Path, document: str) -> None:
     write_html(path, document)
-    stderr.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    stderr.print(f"wrote {safe_text(path)}", highlight=False, soft_wrap=True)
 
 
 def _progress(console: Console, *, transient: bool = False) -> Progress:
@@ -197,7 +198,8 @@ def record_command(
     ]
     status = f" (incomplete: {', '.join(incomplete)})" if incomplete else ""
     where = f" on {run.world_size} ranks" if run.distributed else ""
-    console.print(f"wrote {out}{where}: {len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} checkpoints{status}")
+    counts = f"{len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} checkpoints"
+    console.print(f"wrote {safe_text(out)}{where}: {counts}{status}")
 
 
 @app.command("show")

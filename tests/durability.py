@@ -39,9 +39,10 @@ class DiskModel:
                 self.data[os.fstat(fd).st_ino] = path.read_bytes()
             self._event("fsync", path)
 
-        def recording_replace(source: Any, target: Any) -> None:
-            replace(source, target)
-            self._event("rename", Path(target))
+        def recording_replace(source: Any, target: Any, **folders: Any) -> None:
+            replace(source, target, **folders)
+            into = folders.get("dst_dir_fd")
+            self._event("rename", Path(os.readlink(f"/proc/self/fd/{into}")) / target if into is not None else Path(target))
 
         monkeypatch.setattr(os, "fsync", recording_fsync)
         monkeypatch.setattr(os, "replace", recording_replace)
@@ -106,11 +107,11 @@ def check_every_commit(monkeypatch: Any, model: DiskModel, start: int = 0) -> li
     written: list[list[dict[str, Any]]] = []
     append = commit.append_lines
 
-    def checked(path: Path, records: list[dict[str, Any]]) -> None:
-        if path.name == "index.jsonl":
-            committed_files_are_durable(model, path.parent, records, start)
+    def checked(folder: Any, name: str, records: list[dict[str, Any]]) -> None:
+        if name == "index.jsonl":
+            committed_files_are_durable(model, folder.path, records, start)
             written.append(records)
-        append(path, records)
+        append(folder, name, records)
 
     monkeypatch.setattr(commit, "append_lines", checked)
     return written

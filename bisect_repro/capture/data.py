@@ -178,10 +178,21 @@ class DataStream:
         # Even at the end of an epoch the epoch is fetched again: a sampler may draw once more as it
         # ends (RandomSampler draws a permutation for the remainder), at the next fetch, as it did.
         self.streams.load_state_dict(state["epoch_streams"])
-        for _ in range(target):
+        length = _length(self.loader)
+        if length is not None and target > length:
+            raise RecipeError(f"loader: the recorded position is batch {target} of an epoch of {length}; was the dataset changed?")
+        for _ in range(target):  # bounded by one epoch: a position past its end stops at the end
             self.next_batch()
-        if self.epoch != int(state["epoch"]):
-            raise RecipeError("loader: yields fewer batches than the recorded position; was the dataset changed?")
+            if self.epoch != int(state["epoch"]):
+                raise RecipeError("loader: yields fewer batches than the recorded position; was the dataset changed?")
+
+
+def _length(loader: Any) -> int | None:
+    """The batches in an epoch of ``loader``, when it says (``len``); ``None`` otherwise."""
+    try:
+        return len(loader)
+    except (TypeError, ValueError, NotImplementedError):
+        return None
 
 
 _SAMPLER_FIELDS = ("seed", "epoch", "rank", "num_replicas", "shuffle", "drop_last")

@@ -252,7 +252,9 @@ def _specs(records: Records, result: CompareResult, allow: _Allow) -> tuple[Laun
     if foreign and (allow.consent is None or not allow.consent(foreign)):
         names = " and ".join(f"run {label}" for label, _ in foreign)
         result.notes.append(
-            f"no replay: {names} {'was' if len(foreign) == 1 else 'were'} not recorded by you on this machine (no signature of yours), "
+            f"no replay: {names} {'was' if len(foreign) == 1 else 'were'} not recorded by you on this machine as "
+            f"{'it is' if len(foreign) == 1 else 'they are'} (no signature of yours, or a file edited since it was signed: "
+            "bisect-repro show names it), "
             "and a replay runs the code a run names; the verdict is from the records alone. To replay, read what would run "
             f"({'; '.join(f'run {label}: {spec.describe()}' for label, spec in foreign)}) and pass --trust, or answer yes at the prompt"
         )

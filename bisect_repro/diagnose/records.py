@@ -93,7 +93,8 @@ class Records:
         """Seeding calls from entropy the step logs of either run show in ``[start, end]``, by step
         (only those that seed one of ``streams``, when given)."""
         found = {}
-        for step in range(start, end + 1):
+        logged = sorted({step for run in (self.a, self.b) for step in run.steps if start <= step <= end})  # bounded by the logs
+        for step in logged:
             for run in (self.a, self.b):
                 for call in run.steps.get(step, {}).get("seeded") or []:
                     if isinstance(call, dict) and isinstance(call.get("call"), str) and (streams is None or seeds_one_of(call, streams)):

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..store import signing
 from ..store.run import Run
+from ..store.trust import provenance
 from .drift import RankDrift, rank_drift
 
 __all__ = ["SCHEMA", "RankStatus", "RunSummary", "run_summary"]
@@ -49,7 +49,7 @@ class RunSummary:
     options: dict[str, Any]
     """``run.json``'s ``options`` as recorded (``steps``, ``every``, ``checkpoint_every``, ...)."""
     recorded_by_you: bool
-    """Signed with this user's key on this machine: ``compare`` replays it without asking."""
+    """Signed with this user's key on this machine, every file as written: ``compare`` replays it without asking."""
     complete: bool
     steps_logged: int
     last_step: int | None
@@ -72,6 +72,8 @@ class RunSummary:
     """``run.json``'s ``distributed`` as recorded (``world_size``, ``layout``, ``backend``, ...); ``None`` for one process."""
     ranks: list[RankStatus] = field(default_factory=list)
     replicas: RankDrift | None = None
+    edited: list[str] = field(default_factory=list)
+    """Files of a run this user signed that no longer match their signed index lines."""
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -82,6 +84,7 @@ class RunSummary:
             "config": self.config,
             "options": self.options,
             "recorded_by_you": self.recorded_by_you,
+            "edited": self.edited,
             "complete": self.complete,
             "steps_logged": self.steps_logged,
             "last_step": self.last_step,
@@ -113,6 +116,8 @@ def run_summary(run: Run, *, verify: bool = False) -> RunSummary:
     """
     ranks = [run.open_rank(rank) for rank in range(run.world_size)] if run.distributed else [run]
     summary = _rank_summary(run, verify=verify)
+    found = provenance(run)
+    summary.recorded_by_you, summary.edited = found.yours, list(found.edited)
     for other in ranks[1:] if verify else []:
         _rank_summary(other, verify=True)
     if run.distributed:
@@ -148,7 +153,7 @@ def _rank_summary(run: Run, *, verify: bool) -> RunSummary:
         target=meta.target,
         config=meta.config,
         options=meta.raw.get("options") or {},
-        recorded_by_you=signing.verify(meta.raw),
+        recorded_by_you=False,
         complete=run.complete,
         steps_logged=len(run.steps),
         last_step=run.last_step,

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import RecipeError
 from ..trainee import Trainee
+from . import pinned
 
 __all__ = ["build", "module_file", "parse_settings", "recipe_file"]
 
@@ -73,7 +74,7 @@ def _load_module(target: str) -> ModuleType:
     folder = str(path.parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=pinned.loader(name, path))
     if spec is None or spec.loader is None:
         raise RecipeError(f"{path}: cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)

@@ -24,18 +24,21 @@ in the script.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import re
 import runpy
 import subprocess
 import sys
+import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BisectReproError
 from ..store.meta import CodeKind
+from . import pinned
 from .autohooks import AutoHooks
 from .options import RecordOptions
 from .torchrun import torchrun_command
@@ -131,7 +134,14 @@ def run_as_main(command: ScriptCommand) -> None:
         return
     path = command.path or ""
     sys.path.insert(0, str(Path(path).parent))
-    runpy.run_path(path, run_name="__main__")
+    verified = pinned.code(path)  # a replay: the checked bytes, read once
+    if verified is None:
+        runpy.run_path(path, run_name="__main__")
+        return
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__file__": path, "__builtins__": builtins, "__cached__": None})
+    sys.modules["__main__"] = main
+    exec(verified, main.__dict__)
 
 
 def record_script(command: ScriptCommand, out: Path, options: RecordOptions) -> int:

@@ -123,8 +123,10 @@ def record_ranks(
             error = _first_error(reports, nproc)
             if error is not None:
                 raise BisectReproError(error)
-            kept = Path(tempfile.gettempdir()) / f"bisect-repro-torchrun-{os.getpid()}.log"
-            shutil.copyfile(log, kept)
+            handle, name = tempfile.mkstemp(prefix="bisect-repro-torchrun-", suffix=".log")  # a new file: never through a link
+            with os.fdopen(handle, "wb") as copy, open(log, "rb") as source:
+                shutil.copyfileobj(source, copy)
+            kept = Path(name)
             raise RecordingError(f"{out}: a rank failed (torchrun exited with code {process.returncode}); see its output in {kept}")
         if on_progress is not None:
             on_progress(committed.count())

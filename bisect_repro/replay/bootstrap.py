@@ -27,7 +27,8 @@ directory is imported: :func:`_isolate` drops that folder from ``sys.path``, the
 recorded working directory (``"cwd"``). The code then runs from the file the controller checked
 (``"path"``, see :mod:`bisect_repro.replay.launch`): a script by its path, a module from its
 ``"root"`` once the module name is seen to resolve to that file, a recipe only if its function
-is a Python function of that file.
+is a Python function of that file; and that file runs only from bytes whose SHA-256 is the one
+the controller checked and announced (``"sha256"``, :mod:`bisect_repro.record.pinned`).
 
 Where the guarantees stop: code that runs before the Recorder is built runs as in the recording
 (downloads, prints); a script that never reaches ``Recorder.batches()`` exits with code 3.
@@ -48,6 +49,7 @@ import torch
 from ..errors import BisectReproError
 from ..record.autohooks import AutoHooks
 from ..record.options import RecordOptions
+from ..record.pinned import pin
 from ..record.recipe import build, module_file
 from ..record.recorder import Recorder
 from ..record.script import ScriptCommand, run_as_main
@@ -118,6 +120,8 @@ def main() -> None:
     _rank_log()
     spec = json.loads(os.environ[SPEC_VARIABLE])
     _isolate(spec)
+    if spec.get("path") and spec.get("sha256"):
+        pin(spec["path"], spec["sha256"])  # what runs is the bytes whose hash was checked and shown
     _seed(spec.get("seeds") or {})
     watch_process()  # before the code runs: its seeding and thread count while it builds are seen too
     try:

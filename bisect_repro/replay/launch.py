@@ -7,8 +7,10 @@ turns that into a :class:`LaunchSpec`; a recipe built here without a run (``doct
 
 The trust model. A run directory never decides what code runs:
 
-- **Consent.** A spec is ``signed`` when the run's launch claim carries this user's signature
-  (:mod:`bisect_repro.store.signing`): the user recorded it here, and it replays with no flag. Any
+- **Consent.** A spec is ``signed`` when the run's launch claim carries this user's signature and
+  every file a replay restores (its checkpoints, module globals and data position included) is
+  named by an index line this user signed (:mod:`bisect_repro.store.trust`): the user recorded it
+  here, as it is, and it replays with no flag. Any
   other run replays only when the user agrees (``compare --trust``, or yes at the prompt that
   shows :meth:`LaunchSpec.announcement`); without consent the verdict comes from the records.
 - **Validation, even with consent** (:func:`spec_for_run` raises :class:`ReplayUnavailable`):
@@ -23,7 +25,9 @@ The trust model. A run directory never decides what code runs:
   a distributed run's world size must fit this machine (four gloo ranks a core, one NCCL rank a
   GPU). The recorded interpreter is never used: the replay runs this one.
 - **The announcement** (:meth:`LaunchSpec.announcement`) names the file that runs, its hash, the
-  working directory and every variable set, with control characters escaped.
+  working directory and every variable set, with control characters escaped. The hash travels to
+  the bootstrap, which runs only bytes with that hash (:mod:`bisect_repro.replay.pinned`): a file
+  swapped after the announcement is refused, never run.
 
 Where the guarantees stop: only the main file (or recipe file) is hashed, not what it imports;
 consent to replay a run is consent to run that file with those arguments.
@@ -49,7 +53,8 @@ from ..record.recipe import recipe_file
 from ..store.meta import CodeKind, CodeRecord
 from ..store.printable import printable
 from ..store.run import Run
-from ..store.signing import verify
+from ..store.trust import provenance
+from .deadline import step_seconds
 
 __all__ = ["REPLAYED_VARIABLES", "Consent", "LaunchSpec", "ReplayUnavailable", "spec_for_recipe", "spec_for_run"]
 
@@ -100,6 +105,8 @@ class LaunchSpec:
     signed: bool = True
     """Whether this user recorded the run here (its launch claim carries this user's signature).
     A spec that is not signed runs only with the user's consent."""
+    step_seconds: float | None = None
+    """The recorded seconds a step took, which bound every wait on the replaying process (:mod:`bisect_repro.replay.deadline`)."""
     auto: bool = False
     """The script was recorded unchanged (``record -- python train.py``): the bootstrap installs
     the same hooks (:mod:`bisect_repro.record.autohooks`) before running it."""
@@ -121,6 +128,7 @@ class LaunchSpec:
             "seeds": self.seeds,
             "world_size": self.world_size,
             "auto": self.auto,
+            "sha256": self.sha256,
         }
 
     def describe(self) -> str:
@@ -284,7 +292,9 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     variables = _replayed(recorded_variables(meta.environment), run)
     cwd = launch.cwd if launch is not None and launch.cwd and Path(launch.cwd).is_absolute() and _quietly(Path(launch.cwd).is_dir) else None
     _bounded_world(run)  # refused before anything starts; the ranks are set by on_ranks
-    common: dict[str, Any] = {"cwd": cwd, "variables": variables, "signed": verify(meta.raw), "auto": launch is not None and launch.auto}
+    auto = launch is not None and launch.auto
+    common: dict[str, Any] = {"cwd": cwd, "variables": variables, "signed": provenance(run).yours, "auto": auto}
+    common["step_seconds"] = step_seconds(run)
     if meta.target:
         if code is None or code.kind is not CodeKind.RECIPE:
             code = None

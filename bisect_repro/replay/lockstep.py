@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 from ..capture.trace import first_difference
 from ..serve.protocol import Fetched, StepResult, Trace
 from ..store.run import Run
-from .launch import LaunchSpec
+from .launch import LaunchSpec, ReplayUnavailable
 from .ranked import start_replica
 from .replica import Replica
 
@@ -207,11 +207,23 @@ class Lockstep:
             found = self._walk(first, min(first), end)
         return found
 
+    def _bounded(self, end: int) -> None:
+        """Refuse a span the step logs do not hold: every step replayed is a step both runs logged."""
+        start = self.from_step or 0
+        for which, run in enumerate(self.runs):
+            logged = sum(1 for step in run.steps if start <= step <= end)
+            if logged < end + 1 - start:
+                raise ReplayUnavailable(
+                    f"run {'AB'[which]}: the replay would train steps {start} to {end}, of which its step log holds "
+                    f"{logged}; the run was edited or partly copied; the verdict is from the records alone"
+                )
+
     def _walk(self, checkpoints: tuple[int, int], last_equal: int, end: int) -> Divergence | None:
         _log.info(
             "replaying from the checkpoints at steps %d/%d, untraced to step %d, then step by step to %d", *checkpoints, last_equal, end
         )
         self.from_step = min(checkpoints)
+        self._bounded(end)
         self._restore(checkpoints)
         for replica in self.replicas:  # a framework's run repeats a step in a fresh process: have one ready
             replica.prefetch(last_equal)

@@ -10,10 +10,9 @@ share a random stream, a setting or a module global, and environment variables r
 the listener's private folder, never in the recorded working directory, so that nothing there is
 imported; the bootstrap moves to that directory once the import path is fixed.
 
-Requests and replies are the types of :mod:`bisect_repro.serve.protocol`. A distributed run's
-replica is a :class:`~bisect_repro.replay.ranked.RankedReplica`: all its ranks under ``torchrun``,
-stepped together, replying for one rank; :func:`~bisect_repro.replay.ranked.start_replica` makes
-the one a :class:`LaunchSpec` needs.
+A distributed run's replica is a :class:`~bisect_repro.replay.ranked.RankedReplica` (all its
+ranks under ``torchrun``, replying for one rank; :func:`~bisect_repro.replay.ranked.start_replica`).
+Every wait on a reply has a deadline proportional to the recorded step time (:mod:`~bisect_repro.replay.deadline`).
 
 Inside :func:`~bisect_repro.replay.forks.forking` (``compare`` replays inside it), a replica's
 process is forked from a fork server that has already imported torch and what the code imports,
@@ -28,9 +27,8 @@ or before the one it is taken for and trains on to it. A spare nobody takes is k
 replica closes, even mid-start (its process cost CPU, never a result). Every process started is
 counted (:func:`processes_started`), which compare reports.
 
-Where the guarantees stop: the replica's output (the script's prints) goes to a log file, whose
-last lines are quoted when the process dies; a replica that never connects (the script fails, or
-never builds a Recorder) is reported the same way.
+Where the guarantees stop: the replica's output goes to a log file, whose last lines are quoted
+when the process dies or never connects (the script fails, or never builds a Recorder).
 """
 
 from __future__ import annotations
@@ -51,6 +49,7 @@ from ..serve.channel import Channel, ChannelClosed, Listener
 from ..serve.protocol import Description, Fetch, Fetched, Hello, Run, SkipResult, StepResult, StepStart, Trace
 from .bootstrap import SPEC_VARIABLE
 from .cores import CORES
+from .deadline import Deadline, DeadlinePassed, allowance, guarded
 from .forks import ForkedProcess, start_process
 from .launch import LaunchSpec
 
@@ -111,8 +110,7 @@ class Replica:
     """One replaying process (see the module docstring). Start several, then :meth:`connect` each."""
 
     process: subprocess.Popen[bytes] | ForkedProcess
-    """The replaying process: started afresh, or forked from a fork server (inside
-    :func:`~bisect_repro.replay.forks.forking`)."""
+    """The replaying process: started afresh, or forked from a fork server (inside ``forking()``)."""
 
     def __init__(self, spec: LaunchSpec, label: str) -> None:
         self.spec, self.label = spec, label
@@ -121,10 +119,8 @@ class Replica:
         self.step: int | None = None
         self._restored: tuple[Path, int, dict[str, Any] | None] | None = None
         self._pool = ThreadPoolExecutor(SPARES)
-        self._spares: list[tuple[Future[Replica], int]] = []
-        """The spares under way or ready, oldest first, each with the step it is replayed to."""
-        self._starting: set[Replica] = set()
-        """The spares being started now (killed when the replica closes first)."""
+        self._spares: list[tuple[Future[Replica], int]] = []  # under way or ready, oldest first, with their steps
+        self._starting: set[Replica] = set()  # being started now (killed when the replica closes first)
         self._spare_lock = threading.Lock()
         self._closing = False
         self.spare = False  # a spare being prepared: its requests yield the cores to the replay's
@@ -252,10 +248,15 @@ class Replica:
         channel = self.channel
         assert channel is not None, "connect() first"
         _log.debug("replay of %s: %s %s", self.label, op, args)
+        steps = args["until"] - (self.step or 0) if isinstance(args.get("until"), int) else 1
+        deadline = Deadline(f"replay of {self.label}, {op!r}", allowance(self.spec.step_seconds, steps), self.spec.step_seconds)
         try:
             with contextlib.nullcontext() if op == "exit" else CORES.held(urgent=not self.spare):  # see cores.py
                 channel.send({"op": op, **args}, tree)
-                reply, payload = channel.receive_reply(self._check_alive, progress)
+                reply, payload = channel.receive_reply(*guarded(deadline, self._check_alive, progress))
+        except DeadlinePassed as error:
+            self.process.kill()
+            raise ReplicaFailed(str(error)) from None
         except (ChannelClosed, OSError) as error:
             self.process.wait(timeout=30)
             raise ReplicaFailed(
@@ -266,7 +267,6 @@ class Replica:
             raise ReplicaFailed(f"replay of {self.label}: {reply['error']}")
         return reply, payload
 
-    # -- requests ------------------------------------------------------------------------------
     def restore(self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False) -> None:
         """Load a run's checkpoint and recorded settings; ``rebuilt``: keep the hyperparameters the
         code was built with (another config), not the checkpoint's. A framework's run restores only

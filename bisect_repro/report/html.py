@@ -67,7 +67,7 @@ def check_html_path(path: Path) -> None:
 def write_html(path: Path, text: str) -> None:
     check_html_path(path)
     try:
-        path.write_text(text, encoding="utf-8")
+        path.write_text(text, encoding="utf-8", errors="backslashreplace")
     except OSError as error:
         raise BisectReproError(f"{path}: cannot write the report ({error.strerror or error}); give another path") from None
 
@@ -81,9 +81,19 @@ def _span(steps: Sequence[Any]) -> str:
     return f", at steps {value(steps[0])} to {value(steps[-1])}" if len(steps) > 1 else f", at step {value(steps[0])}" if steps else ""
 
 
+def _a_float(item: Any) -> bool:
+    """Whether ``item`` is a number that is a finite float (an integer past the floats is not)."""
+    if isinstance(item, bool) or not isinstance(item, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(item))
+    except OverflowError:
+        return False
+
+
 def _finite(losses: Losses) -> tuple[list[tuple[int, float]], int]:
     """The finite losses in step order, and how many were missing or not finite."""
-    points = [(int(step), float(loss)) for step, loss in sorted(losses.items()) if isinstance(loss, (int, float)) and math.isfinite(loss)]
+    points = [(int(step), float(loss)) for step, loss in sorted(losses.items()) if loss is not None and _a_float(loss)]
     return points, len(losses) - len(points)
 
 
@@ -237,7 +247,7 @@ def _difference(verdict: Verdict | None) -> str:
         for key, count in histogram.items():
             try:
                 counts.append((float(key), str(key), int(count)))
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 continue
         body += '<p class="small muted">|a &minus; b| over the differing elements, by power of ten:</p>'
         body += bars([(label, count) for _, label, count in sorted(counts)], title="histogram of |a - b|")

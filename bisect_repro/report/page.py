@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from html import escape
 from typing import Any
+
+from ..store.printable import html_text
 
 __all__ = ["badge", "document", "esc", "key_values", "section", "table", "value"]
 
@@ -79,7 +80,8 @@ _POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-ac
 
 
 def esc(text: object) -> str:
-    return escape(str(text))
+    """Text for the page: :func:`bisect_repro.store.printable.html_text` (control, surrogate, format characters escaped)."""
+    return html_text(text)
 
 
 def value(item: Any) -> str:

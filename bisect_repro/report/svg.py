@@ -18,13 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from html import escape
+
+from ..store.printable import html_text
 
 __all__ = ["Cell", "Series", "bars", "downsample", "heatmap", "line_chart"]
 
 
 def _e(value: object) -> str:
-    return escape(str(value))
+    return html_text(value)
 
 
 def _n(value: float) -> str:

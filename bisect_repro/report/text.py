@@ -34,6 +34,15 @@ def _short(values: list[int], limit: int = 12) -> str:
     return ", ".join(map(str, values[: limit // 2])) + ", ..., " + ", ".join(map(str, values[-limit // 2 :]))
 
 
+def _recorded_by(summary: RunSummary) -> str:
+    if summary.recorded_by_you:
+        return "you, on this machine: compare replays it"
+    if summary.edited:
+        files = safe_text(", ".join(summary.edited[:3]) + (f" and {len(summary.edited) - 3} more" if len(summary.edited) > 3 else ""))
+        return f"[yellow]you, but edited since[/] ({files} no longer as signed): compare replays it only with your consent (--trust)"
+    return "[yellow]someone else, or edited since[/]: compare replays it only with your consent (--trust)"
+
+
 def render_summary(summary: RunSummary, console: Console) -> None:
     status = "[green]complete[/]" if summary.complete else f"[yellow]incomplete[/] (last complete step {summary.last_step})"
     console.print(f"[bold]{safe_text(summary.path)}[/]  {status}")
@@ -45,12 +54,7 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         "options",
         safe_text(f"steps={options.get('steps')} every={options.get('every')} checkpoint_every={options.get('checkpoint_every')}"),
     )
-    table.add_row(
-        "recorded by",
-        "you, on this machine: compare replays it"
-        if summary.recorded_by_you
-        else "[yellow]someone else, or edited since[/]: compare replays it only with your consent (--trust)",
-    )
+    table.add_row("recorded by", _recorded_by(summary))
     table.add_row("steps logged", str(summary.steps_logged))
     table.add_row("snapshots", f"{len(summary.snapshots)}: {_short(summary.snapshots)}  ({summary.snapshot_bytes:,} bytes)")
     table.add_row("checkpoints", f"{len(summary.checkpoints)}: {_short(summary.checkpoints)}  ({summary.checkpoint_bytes:,} bytes)")

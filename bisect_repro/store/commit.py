@@ -32,13 +32,13 @@ index line always could; an index append cut short leaves a torn last line, whic
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from . import codec
-from .durable import append_lines, discard, fsync_dir, lines, write_temporary
+from .anchor import Folder
+from .durable import append_lines, lines, write_temporary
 from .run import FileEntry, file_name
 
 __all__ = ["Commit", "GroupCommitError", "commit_group"]
@@ -70,61 +70,71 @@ class _Staged:
 
     step: int
     line: dict[str, Any]
-    temporary: Path | None = None
-    final: Path | None = None
+    folder: Folder | None = None
+    temporary: str | None = None
+    final: str | None = None
 
 
-def commit_group(rank: Path, commits: Sequence[Commit]) -> None:
-    """Commit ``commits`` (in step order) into the rank folder ``rank``; see the module docstring."""
+def commit_group(rank: Folder, commits: Sequence[Commit], sign: Callable[[dict[str, Any]], dict[str, Any]] = dict) -> None:
+    """Commit ``commits`` (in step order) into the rank folder ``rank``; see the module docstring.
+    ``sign`` turns each index line into the line written (this user's MAC added)."""
     staged: list[_Staged] = []
     failed: tuple[int, BaseException] | None = None
-    with open(rank / "steps.jsonl", "ab") as log:
-        for commit in commits:  # 1. step lines, and files under their temporary names
+    folders: dict[str, Folder] = {}
+    try:
+        with rank.appending("steps.jsonl") as log:
+            for commit in commits:  # 1. step lines, and files under their temporary names
+                try:
+                    log.write(lines(commit.steps))
+                    for kind, prepared in commit.files:
+                        staged.append(_stage(rank, folders, kind, commit.step, prepared))
+                except BaseException as error:
+                    failed = (commit.step, error)
+                    break
+                if commit.end:
+                    staged.append(_Staged(commit.step, {"kind": "end", "step": commit.step}))
             try:
-                log.write(lines(commit.steps))
-                for kind, prepared in commit.files:
-                    staged.append(_stage(rank, kind, commit.step, prepared))
-            except BaseException as error:
-                failed = (commit.step, error)
-                break
-            if commit.end:
-                staged.append(_Staged(commit.step, {"kind": "end", "step": commit.step}))
-        try:
-            log.flush()  # a failed commit's step lines too, as a commit one at a time writes them
-        except BaseException:
-            _discard_all(staged)
-            raise
-        for number, item in enumerate(staged):  # 2. files into place, in order
-            if item.temporary is None or item.final is None:
-                continue
-            try:
-                os.replace(item.temporary, item.final)
-            except BaseException as error:
-                _discard_all(staged[number:])
-                failed, staged = (item.step, error), staged[:number]
-                break
-        if staged:
-            try:
-                os.fsync(log.fileno())  # 3. the step lines and the new names durable ...
-                for folder in dict.fromkeys(item.final.parent for item in staged if item.final is not None):
-                    fsync_dir(folder)
-                append_lines(rank / "index.jsonl", [item.line for item in staged])  # 4. ... before the index lines
-            except BaseException as error:
-                raise GroupCommitError(staged[0].step, None) from error
+                log.flush()  # a failed commit's step lines too, as a commit one at a time writes them
+            except BaseException:
+                _discard_all(staged)
+                raise
+            for number, item in enumerate(staged):  # 2. files into place, in order
+                if item.folder is None or item.temporary is None or item.final is None:
+                    continue
+                try:
+                    item.folder.replace(item.temporary, item.final)
+                except BaseException as error:
+                    _discard_all(staged[number:])
+                    failed, staged = (item.step, error), staged[:number]
+                    break
+            if staged:
+                try:
+                    os.fsync(log.fileno())  # 3. the step lines and the new names durable ...
+                    for folder in dict.fromkeys(item.folder for item in staged if item.folder is not None):
+                        folder.fsync()
+                    append_lines(rank, "index.jsonl", [sign(item.line) for item in staged])  # 4. ... before the index lines
+                except BaseException as error:
+                    raise GroupCommitError(staged[0].step, None) from error
+    finally:
+        for folder in folders.values():
+            folder.close()
     if failed is not None:
         failed_step, cause = failed
         raise GroupCommitError(failed_step, staged[-1].step if staged else None) from cause
 
 
-def _stage(rank: Path, kind: str, step: int, prepared: codec.Prepared) -> _Staged:
+def _stage(rank: Folder, folders: dict[str, Folder], kind: str, step: int, prepared: codec.Prepared) -> _Staged:
     data, raw_size = codec.encode_prepared(prepared)
     name = file_name(kind, step)
-    temporary = write_temporary(rank / name, data)
+    where, _, base = name.rpartition("/")
+    if where not in folders:
+        folders[where] = rank.sub(where)
+    temporary = write_temporary(folders[where], base, data)
     entry = FileEntry(kind, step, name, len(data), raw_size, codec.checksum(data))
-    return _Staged(step, entry.__dict__, temporary, rank / name)
+    return _Staged(step, entry.line(), folders[where], temporary, base)
 
 
 def _discard_all(staged: list[_Staged]) -> None:
     for item in staged:
-        if item.temporary is not None:
-            discard(item.temporary)
+        if item.folder is not None and item.temporary is not None:
+            item.folder.discard(item.temporary)

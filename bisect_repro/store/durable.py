@@ -1,9 +1,12 @@
-"""Durable files: whole files written atomically, and fsynced appends of JSON lines.
+"""Durable files: whole files written atomically, and fsynced appends of JSON lines, inside a run.
 
-Design decisions: a whole file is written to a temporary name beside it (``.NAME.tmp``), fsynced,
-then renamed into place, and the folder is fsynced, so that no file is ever visible under its
-final name half-written; a failed write removes its temporary file, so that a full disk is not
-made fuller. A log is appended to with one write of whole lines and fsynced.
+Design decisions: every file is named by one component in a :class:`~bisect_repro.store.anchor.Folder`
+of the run, so nothing is written through a link or outside the run. A whole file is written to
+a new temporary name beside it (``.NAME.tmp``, created ``O_EXCL``: a leftover of a crash, or a
+link someone placed there, is removed as a name, never written through), fsynced, then renamed
+into place, and the folder is fsynced, so that no file is ever visible under its final name
+half-written; a failed write removes its temporary file, so that a full disk is not made fuller.
+A log is appended to with one write of whole lines and fsynced.
 
 Where the guarantees stop: durability is what ``fsync`` gives on the file system; an append cut
 short by a crash can leave a torn last line, which the reader (:mod:`bisect_repro.store.run`) skips.
@@ -11,61 +14,46 @@ short by a crash can leave a torn last line, which the reader (:mod:`bisect_repr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from pathlib import Path
 from typing import Any
 
-__all__ = ["append_lines", "discard", "fsync_dir", "lines", "write_atomic", "write_temporary"]
+from .anchor import Folder
+
+__all__ = ["append_lines", "lines", "temporary_name", "write_atomic", "write_temporary"]
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def temporary_name(name: str) -> str:
+    return f".{name}.tmp"
 
 
-def write_temporary(path: Path, data: bytes) -> Path:
-    """``data`` in ``path``'s temporary name, fsynced; removed again if that fails."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except BaseException:
-        discard(temporary)
-        raise
+def write_temporary(folder: Folder, name: str, data: bytes) -> str:
+    """``data`` under ``name``'s temporary name in ``folder``, fsynced; removed again if that fails."""
+    temporary = temporary_name(name)
+    folder.discard(temporary)  # a leftover of a crash, or anything placed there: removed, never written through
+    folder.create(temporary, data)
     return temporary
 
 
-def discard(temporary: Path) -> None:
-    with contextlib.suppress(OSError):
-        temporary.unlink()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` holds either the old or the new bytes."""
-    temporary = write_temporary(path, data)
+def write_atomic(folder: Folder, name: str, data: bytes) -> None:
+    """Write ``data`` to ``folder``'s ``name`` so that it holds either the old or the new bytes."""
+    temporary = write_temporary(folder, name, data)
     try:
-        os.replace(temporary, path)
+        folder.replace(temporary, name)
     except BaseException:
-        discard(temporary)
+        folder.discard(temporary)
         raise
-    fsync_dir(path.parent)
+    folder.fsync()
 
 
 def lines(records: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, allow_nan=True) + "\n" for r in records).encode()
 
 
-def append_lines(path: Path, records: list[dict[str, Any]]) -> None:
+def append_lines(folder: Folder, name: str, records: list[dict[str, Any]]) -> None:
     if not records:
         return
-    with open(path, "ab") as handle:
+    with folder.appending(name) as handle:
         handle.write(lines(records))
         handle.flush()
         os.fsync(handle.fileno())

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,9 @@ _META_NODES = 2_000_000
 _LINE_CAP = 1024 * 1024
 _LINE_NODES = 65_536
 _KINDS = ("snapshot", "checkpoint")
+MAX_STEP = 2**53
+"""The largest step a run may name: every step is exact as a float, and no loop over steps is unbounded."""
+_LARGEST_FLOAT = int(sys.float_info.max)
 _HEX = re.compile(r"[0-9a-f]+")
 
 
@@ -94,17 +98,26 @@ class FileEntry:
     bytes: int
     raw_bytes: int
     checksum: str
+    mac: str | None = field(default=None, compare=False)
+    """This user's MAC over the line and the run's signature (:mod:`bisect_repro.store.signing`); ``None``: unsigned."""
+
+    def line(self) -> dict[str, Any]:
+        """The index line as signed: every field but the MAC."""
+        fields = ("kind", "step", "file", "bytes", "raw_bytes", "checksum")
+        return {name: getattr(self, name) for name in fields}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> FileEntry:
         """An index line, checked field by field; ``ValueError`` names what is wrong."""
         entry = cls(**record)
+        if entry.mac is not None and not isinstance(entry.mac, str):
+            raise ValueError(f"mac {entry.mac!r} is not text")
         if entry.kind not in _KINDS:
             raise ValueError(f"unknown kind {entry.kind!r}")
         for name in ("step", "bytes", "raw_bytes"):
             value = getattr(entry, name)
-            if type(value) is not int or value < 0:
-                raise ValueError(f"{name} {value!r} is not a count")
+            if type(value) is not int or not 0 <= value <= MAX_STEP:
+                raise ValueError(f"{name} {value!r:.40} is not a count")
         if entry.file != file_name(entry.kind, entry.step):  # never a path out of the run
             raise ValueError(f"file {entry.file!r} is not the name of a {entry.kind} at step {entry.step}")
         if not isinstance(entry.checksum, str) or not _HEX.fullmatch(entry.checksum):
@@ -160,11 +173,13 @@ def _check_step_line(record: dict[str, Any]) -> int:
     null, ``order`` and ``batch`` text or null, ``seeded`` a list of seeding calls (``call``,
     ``stream``, ``where`` text, ``entropy`` true or false). ``ValueError`` names the first bad field."""
     step = record["step"]
-    if type(step) is not int or step < 0:
-        raise ValueError(f"step {step!r} is not a step number")
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        raise ValueError(f"step {step!r:.40} is not a step number (0 to {MAX_STEP})")
     loss = record.get("loss")
     if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float))):
-        raise ValueError(f"step {step}: loss {loss!r} is not a number")
+        raise ValueError(f"step {step}: loss {loss!r:.40} is not a number")
+    if isinstance(loss, int) and abs(loss) > _LARGEST_FLOAT:
+        raise ValueError(f"step {step}: loss {str(loss)[:20]}... is larger than any float")
     for key in ("order", "batch"):
         if record.get(key) is not None and not isinstance(record[key], str):
             raise ValueError(f"step {step}: {key} {record[key]!r} is not a digest")

@@ -11,6 +11,12 @@ machine (or one sharing the key) and replays with no flag; any other run (copied
 user, edited, unsigned) replays only with the user's consent, as ``weights_only`` and
 ``trust_remote_code`` decide elsewhere in this ecosystem.
 
+Each index line is signed too (:func:`line_signer`, :func:`verify_line`): a MAC over the line
+(a file's name, size and checksum) bound to the run's own signature and the rank, so that what a
+replay restores from a checkpoint is covered as the launch is (:mod:`bisect_repro.store.trust`).
+When no key can sign, :func:`key_problem` says why in one line with the fix, which ``record``
+prints as a warning.
+
 Design decisions:
 - A MAC, not a public-key signature: the only party that ever verifies is the one that signed.
 - The claim is canonical JSON (sorted keys, no spaces, ASCII) of values as a JSON reader sees
@@ -33,11 +39,11 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["key_path", "launch_claim", "sign", "verify"]
+__all__ = ["key_path", "key_problem", "launch_claim", "line_mac", "line_signer", "sign", "verify", "verify_line"]
 
 _KEY_BYTES = 32
 _CLAIM_KEYS = ("target", "config", "launch", "distributed")
@@ -101,6 +107,57 @@ def _create_key(path: Path) -> bytes | None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
     return key
+
+
+def key_problem() -> str | None:
+    """Why this user's key cannot sign (one line with the fix), or ``None`` when it can."""
+    path = key_path()
+    if not path.exists() and not path.is_symlink():
+        return None if _create_key(path) is not None else f"{path}: cannot be created; make its folder writable by you"
+    if _read_key(path) is not None:
+        return None
+    try:
+        info = os.lstat(path)
+    except OSError as error:
+        return f"{path}: cannot be read ({error.strerror}); fix its permissions (chmod 600)"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path}: is not a regular file; remove it, and a new key is made on the next record"
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return f"{path}: is not yours; remove it, and a new key is made on the next record"
+    if info.st_mode & 0o077:
+        return f"{path}: can be read by others (mode {stat.S_IMODE(info.st_mode):o}); run chmod 600 on it (or remove it for a new key)"
+    return f"{path}: is not a key; remove it, and a new key is made on the next record"
+
+
+def _line_claim(run_mac: str, rank: int, line: Mapping[str, Any]) -> bytes:
+    claim = {"run": run_mac, "rank": rank, "line": {k: v for k, v in line.items() if k != "mac"}}
+    return json.dumps(claim, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True).encode()
+
+
+def line_mac(key: bytes, run_mac: str, rank: int, line: Mapping[str, Any]) -> str:
+    """The MAC of one index line of rank ``rank``, bound to the run's own signature ``run_mac``."""
+    return hmac.new(key, b"bisect-repro index line\0" + _line_claim(run_mac, rank, line), hashlib.sha256).hexdigest()
+
+
+def line_signer(meta: Mapping[str, Any], rank: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """What adds this user's MAC to each index line a writer of ``meta``'s run writes: the identity
+    (no MAC) unless ``meta`` carries this user's valid signature, so that no line of a run this
+    user did not sign is ever signed."""
+    key = _read_key(key_path())
+    signature = meta.get("signature")
+    if key is None or not verify(meta):
+        return dict
+    run_mac = signature["mac"]  # type: ignore[index]  # verify() checked it
+    return lambda line: {**line, "mac": line_mac(key, run_mac, rank, line)}
+
+
+def verify_line(meta: Mapping[str, Any], rank: int, line: Mapping[str, Any], mac: object) -> bool:
+    """Whether ``mac`` is this user's MAC over ``line`` of rank ``rank`` of the run ``meta`` describes."""
+    key = _read_key(key_path())
+    signature = meta.get("signature")
+    if key is None or not isinstance(mac, str) or not isinstance(signature, dict) or not isinstance(signature.get("mac"), str):
+        return False
+    return hmac.compare_digest(line_mac(key, signature["mac"], rank, line), mac)
 
 
 def _key_id(key: bytes) -> str:

@@ -16,8 +16,12 @@ See :mod:`bisect_repro.store.run` for the layout and the reader. Design decision
   behind (removing it would let a second writer lock a different inode). In a distributed run rank
   0 holds ``RUN/.lock`` and writes ``run.json`` and ``rank0/``; rank r joins it afterwards
   (:meth:`RunWriter.join`, once rank 0 has written ``run.json``) and holds ``rank{r}/.lock``.
-  Overwriting (``force``) takes each rank folder's lock before deleting it, and deletes
-  ``run.json`` last, so a run is never pulled from under a rank still writing it.
+  Overwriting (``force``) first proves the folder is a run of this tool and nothing else
+  (:mod:`bisect_repro.store.overwrite`), takes each rank folder's lock before deleting it, and
+  deletes ``run.json`` last, so a run is never pulled from under a rank still writing it.
+- Nothing outside the run is written, moved or deleted: every file is reached from descriptors
+  of the run folder and the rank folder, one name at a time, no link followed
+  (:mod:`bisect_repro.store.anchor`).
 - Resume (:meth:`RunWriter.resume`) goes back to the last readable checkpoint C: it keeps the
   index lines up to C and the step lines before C, rewriting each log atomically (index first: a
   crash in between leaves extra step lines, which a second resume drops). Nothing committed is
@@ -25,8 +29,10 @@ See :mod:`bisect_repro.store.run` for the layout and the reader. Design decision
   not reproducible may record different snapshots the second time, and the first ones are
   evidence.
 - ``run.json`` carries this user's signature over its launch claim (:mod:`bisect_repro.store.signing`),
-  so that ``compare`` replays the runs this user recorded with no flag and any other only with
-  consent. A resume rewrites ``run.json`` with the signature it had: it never signs a launch it
+  and every index line carries this user's MAC bound to that signature, so that ``compare``
+  replays the runs this user recorded, as written, with no flag and any other only with consent
+  (:mod:`bisect_repro.store.trust`). A resume rewrites ``run.json`` with the signature it had and
+  signs the lines it adds only when that signature is this user's: it never signs a launch it
   did not write.
 
 Where the guarantees stop: durability is what ``fsync`` gives on the file system (a network file
@@ -44,86 +50,36 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from ..errors import RecordingError, RunExistsError, RunFormatError, RunLockedError
-from . import codec, signing
+from ..errors import RecordingError, RecordingWarning, RunExistsError, RunFormatError
+from . import codec, files, signing
+from .anchor import Folder
 from .commit import Commit, commit_group
-from .durable import append_lines as _append_lines
-from .durable import fsync_dir as _fsync_dir
-from .durable import write_atomic
+from .durable import append_lines, write_atomic
+from .lock import RunLock
 from .meta import RunMeta
-from .run import _KINDS, _LOCK, _META, _RANK_META, DISTRIBUTED_FORMAT, FORMAT, FileEntry, Run, _log_lines, file_name, rank_folder
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not a POSIX system
-    fcntl = None  # type: ignore[assignment]
+from .overwrite import not_a_run, remove_contents_but_lock
+from .run import (
+    _KINDS,
+    _LOCK,
+    _META,
+    _META_CAP,
+    _RANK_META,
+    DISTRIBUTED_FORMAT,
+    FORMAT,
+    FileEntry,
+    Run,
+    _log_lines,
+    file_name,
+    rank_folder,
+)
 
 __all__ = ["RunLock", "RunWriter", "write_atomic"]
-
-
-class RunLock:
-    """``fcntl.flock`` on ``RUN/.lock``, with this process's PID written in the file."""
-
-    def __init__(self, run: Path) -> None:
-        self.path = run / _LOCK
-        self._handle: IO[bytes] | None = None
-        if fcntl is None:  # pragma: no cover - no advisory locks on this platform
-            return
-        handle = open(self.path, "a+b")  # noqa: SIM115 - held open for the writer's lifetime
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            raise RunLockedError(
-                f"{run}: another recorder ({self.holder()}) is writing this run; wait for it to finish, or record to another --out"
-            ) from None
-        except BaseException:
-            handle.close()
-            raise
-        handle.truncate(0)
-        handle.write(f"{os.getpid()}\n".encode())
-        handle.flush()
-        self._handle = handle
-
-    def holder(self) -> str:
-        try:
-            text = self.path.read_text(errors="replace").strip()
-        except OSError:
-            text = ""
-        return f"pid {text}" if text.isdigit() else "pid unknown"
-
-    def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()  # closing the descriptor releases the flock
-            self._handle = None
-
-
-def _remove_contents_but_lock(path: Path) -> None:
-    """Empty a run directory but its lock: only once every rank folder's lock is taken (refused
-    while a rank holds one), and ``run.json`` last, so that an interrupted overwrite leaves a run
-    that can be overwritten again."""
-    held: list[RunLock] = []
-    try:
-        for child in sorted(path.iterdir()):
-            if child.is_dir() and not child.is_symlink() and (child / _LOCK).exists():
-                held.append(RunLock(child))
-        for child in sorted(path.iterdir(), key=lambda child: child.name == _META):
-            if child.name == _LOCK:
-                continue
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-    finally:
-        for lock in held:
-            lock.release()
 
 
 def _recording_error(path: Path, doing: str, error: OSError) -> RecordingError:
@@ -132,16 +88,24 @@ def _recording_error(path: Path, doing: str, error: OSError) -> RecordingError:
     return RecordingError(f"{path}: cannot {doing}: {cause}{where}; check the path, its permissions and free space")
 
 
-def _signed_meta(meta: dict[str, Any]) -> bytes:
-    """``run.json``'s bytes: ``meta`` with its format and this user's signature over its launch
-    claim, computed on the values as a reader will see them (see :mod:`bisect_repro.store.signing`)."""
+def _signed_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """``run.json``'s content: ``meta`` with its format and this user's signature over its launch
+    claim, computed on the values as a reader will see them (see :mod:`bisect_repro.store.signing`);
+    when no key can sign, a one-line warning with the fix."""
     version = DISTRIBUTED_FORMAT if "distributed" in meta else FORMAT
-    written = json.loads(json.dumps({"format": version, **meta}))
+    written: dict[str, Any] = json.loads(json.dumps({"format": version, **meta}))
     written.pop("signature", None)
     signature = signing.sign(written)
     if signature is not None:
         written["signature"] = signature
-    return json.dumps(written, indent=2).encode()
+    else:
+        problem = signing.key_problem() or f"{signing.key_path()}: cannot be used"
+        warnings.warn(
+            f"{problem}; this run is recorded unsigned, and compare replays it only with your consent (--trust)",
+            RecordingWarning,
+            stacklevel=4,
+        )
+    return written
 
 
 @dataclass
@@ -155,14 +119,27 @@ class Resumed:
 
 
 class RunWriter:
-    """Writes one run directory (or one rank's folder of it), holding its lock; see the module docstring."""
+    """Writes one run directory (or one rank's folder of it), holding its lock; see the module docstring.
+
+    Every write goes through the descriptors of the run folder and the rank folder
+    (:mod:`bisect_repro.store.anchor`): nothing outside the run is written, moved or removed."""
 
     def __init__(self, path: Path | str, rank: int = 0) -> None:
         """A writer of ``path``'s folder for ``rank``, holding no lock yet: :meth:`create`,
         :meth:`join` and :meth:`resume` make the ones that write."""
         self.path = Path(path)
         self.rank = self.path / rank_folder(rank)
+        self._number = rank
         self._lock: RunLock | None = None
+        self._root: Folder | None = None
+        self._folder: Folder | None = None
+        self._sign: Callable[[dict[str, Any]], dict[str, Any]] = dict
+
+    @property
+    def folder(self) -> Folder:
+        """The rank folder's descriptor."""
+        assert self._folder is not None, "the writer is not open"
+        return self._folder
 
     @classmethod
     def create(cls, path: Path | str, meta: dict[str, Any], *, force: bool = False, rank_meta: dict[str, Any] | None = None) -> RunWriter:
@@ -171,22 +148,28 @@ class RunWriter:
         writer = cls(path)
         path = writer.path
         with writer._closed_on_error(path, "create the run"):
-            if path.exists() and any(c.name not in (_LOCK, f".{_META}.tmp") for c in path.iterdir()):
+            writer._root = root = Folder.open(path, create=True)
+            if any(name not in (_LOCK, f".{_META}.tmp") for name in root.names()):
                 if not force:
                     raise RunExistsError(
                         f"{path}: already exists; pass --force to overwrite it, --resume to continue it, or choose another --out"
                     )
-                if not (path / _META).exists():
-                    raise RunExistsError(f"{path}: not empty and not a bisect-repro run; refusing to overwrite it even with --force")
-                writer._lock = RunLock(path)  # before deleting anything: never pull a run from under its recorder
-                _remove_contents_but_lock(path)
+                refused = not_a_run(root)
+                if refused is not None:
+                    raise RunExistsError(
+                        f"{path}: not provably a bisect-repro run: {refused}; --force removes only a run, so nothing was removed; "
+                        "move the folder's files away or choose another --out"
+                    )
+                writer._lock = RunLock(root)  # before deleting anything: never pull a run from under its recorder
+                remove_contents_but_lock(root)
             else:
-                path.mkdir(parents=True, exist_ok=True)
-                writer._lock = RunLock(path)
+                writer._lock = RunLock(root)
             # run.json first: a directory killed before it holds only the lock file and counts as empty
-            write_atomic(path / _META, _signed_meta(meta))
+            written = _signed_meta(meta)
+            write_atomic(root, _META, json.dumps(written, indent=2).encode())
+            writer._sign = signing.line_signer(written, 0)
             writer._make_folder(rank_meta)
-            _fsync_dir(path)
+            root.fsync()
         return writer
 
     @contextlib.contextmanager
@@ -194,6 +177,9 @@ class RunWriter:
         """Release the lock if what the block does fails; a failure of the disk becomes a one-line RecordingError."""
         try:
             yield
+        except RecordingError:
+            self.close()
+            raise
         except OSError as error:
             self.close()
             raise _recording_error(path, doing, error) from error
@@ -202,14 +188,17 @@ class RunWriter:
             raise
 
     def _make_folder(self, rank_meta: dict[str, Any] | None) -> None:
-        self.rank.mkdir(exist_ok=True)
+        assert self._root is not None
+        if self._folder is None:
+            self._folder = self._root.sub(rank_folder(self._number), create=True)
+        folder = self._folder
         if rank_meta is not None:
-            write_atomic(self.rank / _RANK_META, json.dumps(rank_meta, indent=2).encode())
-        for folder in (self.rank / "snapshots", self.rank / "checkpoints"):
-            folder.mkdir(parents=True, exist_ok=True)
-        for log in (self.rank / "steps.jsonl", self.rank / "index.jsonl"):
-            log.touch()  # empty, so that the fsync below makes the logs' names durable before any line
-        _fsync_dir(self.rank)
+            write_atomic(folder, _RANK_META, json.dumps(rank_meta, indent=2).encode())
+        for name in ("snapshots", "checkpoints"):
+            folder.sub(name, create=True).close()
+        for log in ("steps.jsonl", "index.jsonl"):
+            os.close(folder.open_existing(log, os.O_RDONLY | os.O_CREAT))  # empty: the fsync below makes the names durable
+        folder.fsync()
 
     @classmethod
     def join(cls, path: Path | str, rank: int, rank_meta: dict[str, Any]) -> RunWriter:
@@ -220,12 +209,14 @@ class RunWriter:
             raise RecordingError(f"{path}: rank {rank} cannot join a run of world size {run.world_size}")
         writer = cls(path, rank)
         with writer._closed_on_error(writer.rank, "create the rank's folder"):
-            writer.rank.mkdir(exist_ok=True)
-            writer._lock = RunLock(writer.rank)
-            if any(c.name not in (_LOCK, f".{_RANK_META}.tmp") for c in writer.rank.iterdir()):
+            writer._root = Folder.open(path)
+            writer._folder = writer._root.sub(rank_folder(rank), create=True)
+            writer._lock = RunLock(writer._folder)
+            if any(name not in (_LOCK, f".{_RANK_META}.tmp") for name in writer._folder.names()):
                 raise RunExistsError(f"{writer.rank}: already holds records; record the run again with --force")
+            writer._sign = signing.line_signer(run.meta.raw, rank)
             writer._make_folder(rank_meta)
-            _fsync_dir(path)
+            writer._root.fsync()
         return writer
 
     @classmethod
@@ -236,7 +227,9 @@ class RunWriter:
         Run.open(path, rank)  # a missing or foreign directory gets the reader's error, before anything is created
         writer = cls(path, rank)
         with writer._closed_on_error(path, "resume the run"):
-            writer._lock = RunLock(path if rank == 0 else writer.rank)
+            writer._root = Folder.open(path)
+            writer._folder = writer._root.sub(rank_folder(rank))
+            writer._lock = RunLock(writer._root if rank == 0 else writer._folder)
             resumed = writer._go_back(rank, at)
         return writer, resumed
 
@@ -256,10 +249,11 @@ class RunWriter:
         if checkpoint is None:
             where = f"at step {at}" if at is not None else "to resume from"
             raise RecordingError(f"{self.path}: no readable checkpoint {where}; record it again with --force")
+        self._sign = signing.line_signer(run.meta.raw, rank)
         keep_index: list[bytes] = []
         drop_index: list[bytes] = []
         named: set[str] = set()
-        for raw, record in _log_lines(self.rank / "index.jsonl"):
+        for raw, record in _log_lines(self.rank / "index.jsonl", self.path):
             if record.get("kind") in _KINDS and record["step"] <= step:  # Run.open checked every field
                 keep_index.append(raw)
                 named.add(record["file"])
@@ -267,52 +261,65 @@ class RunWriter:
                 drop_index.append(raw)
         keep_steps: list[bytes] = []
         drop_steps: list[bytes] = []
-        for raw, record in _log_lines(self.rank / "steps.jsonl"):
+        for raw, record in _log_lines(self.rank / "steps.jsonl", self.path):
             (keep_steps if record["step"] < step else drop_steps).append(raw)
-        strays = [
-            f
-            for folder in ("snapshots", "checkpoints")
-            if (self.rank / folder).is_dir()
-            for f in sorted((self.rank / folder).iterdir())
-            if f"{folder}/{f.name}" not in named
-        ]
-        superseded = None
-        if drop_index or drop_steps or strays:
-            superseded = self._superseded_folder()
-            write_atomic(superseded / "index.jsonl", b"".join(drop_index))
-            write_atomic(superseded / "steps.jsonl", b"".join(drop_steps))
-        # Index first: once it is rewritten, the dropped files are no longer part of the run.
-        write_atomic(self.rank / "index.jsonl", b"".join(keep_index))
-        write_atomic(self.rank / "steps.jsonl", b"".join(keep_steps))
-        for stray in strays:
-            if stray.name.endswith(".tmp"):  # never complete under its own name
-                stray.unlink()
-            else:
-                assert superseded is not None
-                (superseded / stray.parent.name).mkdir(exist_ok=True)
-                os.replace(stray, superseded / stray.parent.name / stray.name)
-        for folder in ("snapshots", "checkpoints"):
-            (self.rank / folder).mkdir(exist_ok=True)
-            _fsync_dir(self.rank / folder)
-        return Resumed(step, checkpoint, run.meta, superseded)
+        folders: dict[str, Folder] = {}
+        try:
+            for name in ("snapshots", "checkpoints"):
+                folders[name] = self.folder.sub(name, create=True)
+            strays = [(name, f) for name, folder in folders.items() for f in folder.names() if f"{name}/{f}" not in named]
+            moved = [(folders[name], name, f) for name, f in strays]
+            superseded = self._supersede(drop_index, drop_steps) if drop_index or drop_steps or strays else None
+            try:
+                # Index first: once it is rewritten, the dropped files are no longer part of the run.
+                write_atomic(self.folder, "index.jsonl", b"".join(keep_index))
+                write_atomic(self.folder, "steps.jsonl", b"".join(keep_steps))
+                if superseded is not None:
+                    self._move_strays(superseded, moved)
+            finally:
+                if superseded is not None:
+                    superseded.close()
+            for folder in folders.values():
+                folder.fsync()
+        finally:
+            for folder in folders.values():
+                folder.close()
+        return Resumed(step, checkpoint, run.meta, None if superseded is None else superseded.path)
 
-    def _superseded_folder(self) -> Path:
-        root = self.rank / "superseded"
-        root.mkdir(exist_ok=True)
-        number = 1 + max((int(m.group(1)) for c in root.iterdir() if (m := re.fullmatch(r"resume-(\d+)", c.name))), default=0)
-        folder = root / f"resume-{number:03d}"
-        folder.mkdir()
-        _fsync_dir(root)
+    def _supersede(self, drop_index: list[bytes], drop_steps: list[bytes]) -> Folder:
+        """A new ``superseded/resume-NNN/`` holding the dropped log lines (its files are moved in afterwards)."""
+        with self.folder.sub("superseded", create=True) as root:
+            number = 1 + max((int(m.group(1)) for name in root.names() if (m := re.fullmatch(r"resume-(\d+)", name))), default=0)
+            os.mkdir(f"resume-{number:03d}", 0o777, dir_fd=root.fd)  # new: an existing name is an error
+            folder = root.sub(f"resume-{number:03d}")
+            root.fsync()
+        try:
+            write_atomic(folder, "index.jsonl", b"".join(drop_index))
+            write_atomic(folder, "steps.jsonl", b"".join(drop_steps))
+        except BaseException:
+            folder.close()
+            raise
         return folder
+
+    def _move_strays(self, superseded: Folder, strays: list[tuple[Folder, str, str]]) -> None:
+        """Files no kept index line names: a temporary removed (never complete under its own name), the rest moved."""
+        for folder, kind, name in strays:
+            if name.endswith(".tmp"):
+                folder.remove(name)
+            else:
+                with superseded.sub(kind, create=True) as into:
+                    folder.replace(name, name, into)
+                    into.fsync()
 
     def update_meta(self, changes: dict[str, Any]) -> None:
         """Rewrite ``run.json`` atomically with some keys changed."""
-        meta = json.loads((self.path / _META).read_bytes())
+        assert self._root is not None
+        meta = json.loads(files.read_file(self.path, _META, _META_CAP, "run metadata"))
         meta.update(changes)
-        write_atomic(self.path / _META, json.dumps(meta, indent=2).encode())
+        write_atomic(self._root, _META, json.dumps(meta, indent=2).encode())
 
     def append_steps(self, records: list[dict[str, Any]]) -> None:
-        _append_lines(self.rank / "steps.jsonl", records)
+        append_lines(self.folder, "steps.jsonl", records)
 
     def commit(self, kind: str, step: int, tree: Any) -> FileEntry:
         """Write a snapshot or checkpoint file, then the index line that makes it visible."""
@@ -322,9 +329,11 @@ class RunWriter:
         """:meth:`commit` for a tree already taken apart (on another thread) by :func:`codec.prepare`."""
         data, raw_size = codec.encode_prepared(prepared)
         name = file_name(kind, step)
-        write_atomic(self.rank / name, data)
+        where, _, base = name.rpartition("/")
+        with self.folder.sub(where) as folder:
+            write_atomic(folder, base, data)
         entry = FileEntry(kind, step, name, len(data), raw_size, codec.checksum(data))
-        _append_lines(self.rank / "index.jsonl", [entry.__dict__])
+        append_lines(self.folder, "index.jsonl", [self._sign(entry.line())])
         return entry
 
     def commit_group(self, commits: Sequence[Commit]) -> None:
@@ -332,13 +341,17 @@ class RunWriter:
 
         Raises :class:`GroupCommitError` (from the cause) when a write fails, after committing
         everything before the failed one."""
-        commit_group(self.rank, commits)
+        commit_group(self.folder, commits, self._sign)
 
     def finish(self, step: int) -> None:
-        _append_lines(self.rank / "index.jsonl", [{"kind": "end", "step": step}])
+        append_lines(self.folder, "index.jsonl", [self._sign({"kind": "end", "step": step})])
 
     def close(self) -> None:
-        """Release the lock; the directory stays as it is."""
+        """Release the lock and the folders' descriptors; the directory stays as it is."""
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        for folder in (self._folder, self._root):
+            if folder is not None:
+                folder.close()
+        self._folder = self._root = None

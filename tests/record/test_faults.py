@@ -24,8 +24,8 @@ from bisect_repro.cli import app
 from bisect_repro.errors import BisectReproError, RecordingError, RunLockedError
 from bisect_repro.record.recipe import build
 from bisect_repro.record.recorder import RecordingWarning
-from bisect_repro.store import commit, durable
 from bisect_repro.store import writer as store
+from bisect_repro.store.anchor import Folder
 
 runner = CliRunner()
 OPTIONS = {"steps": 12, "every": 2, "checkpoint_every": 4}
@@ -50,18 +50,19 @@ def mlp(examples):
 
 
 def fail_on(monkeypatch, fragment: str, error: OSError, *, after: int = 0) -> list[str]:
-    """Make ``open`` for writing in the store fail for paths containing ``fragment``, after ``after`` such opens."""
+    """Make opening for writing in the store fail for paths containing ``fragment``, after ``after`` such opens."""
     seen: list[str] = []
+    opening = Folder._open
 
-    def failing_open(path, mode="r", *args, **kwargs):
-        if fragment in str(path) and set(mode) & set("wa"):
-            seen.append(str(path))
+    def failing_open(self, name, flags, *args, **kwargs):
+        path = str(self.path / name)
+        if fragment in path and flags & (os.O_WRONLY | os.O_RDWR):
+            seen.append(path)
             if len(seen) > after:
                 raise error
-        return open(path, mode, *args, **kwargs)
+        return opening(self, name, flags, *args, **kwargs)
 
-    for module in (durable, commit):
-        monkeypatch.setattr(module, "open", failing_open, raising=False)
+    monkeypatch.setattr(Folder, "_open", failing_open)
     return seen
 
 
@@ -147,10 +148,10 @@ def test_a_rename_that_fails_leaves_no_file_under_its_final_name(examples, tmp_p
     trainee, _ = mlp(examples)
     replace = os.replace
 
-    def failing_replace(source, target):
+    def failing_replace(source, target, **folders):
         if "step-00000010" in str(target):
             raise enospc(str(target))
-        return replace(source, target)
+        return replace(source, target, **folders)
 
     monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(RecordingError, match="No space left"):

@@ -85,10 +85,10 @@ def test_resume_after_a_crash_during_resume(examples, tmp_path, whole, monkeypat
     interrupted_run(examples, tmp_path / "r", 20)
     atomic = store.write_atomic
 
-    def crash_on_steps(path, data):
-        if path.name == "steps.jsonl" and path.parent.name == "rank0":
+    def crash_on_steps(folder, name, data):
+        if name == "steps.jsonl" and folder.path.name == "rank0":
             raise KeyboardInterrupt  # killed after the index was rewritten, before the step log was
-        return atomic(path, data)
+        return atomic(folder, name, data)
 
     monkeypatch.setattr(store, "write_atomic", crash_on_steps)
     with pytest.raises(KeyboardInterrupt):
@@ -116,10 +116,10 @@ def test_a_write_failure_while_resuming_leaves_the_run_as_it_was(examples, tmp_p
     index = (tmp_path / "r" / "rank0" / "index.jsonl").read_bytes()
     replace = os.replace
 
-    def full(source, target):
-        if str(target).endswith("rank0/index.jsonl"):
+    def full(source, target, **folders):
+        if str(target) == "index.jsonl":
             raise OSError(28, "No space left on device", str(target))
-        return replace(source, target)
+        return replace(source, target, **folders)
 
     monkeypatch.setattr(os, "replace", full)
     with pytest.raises(RecordingError, match="cannot resume the run: No space left on device") as caught:

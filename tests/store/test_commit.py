@@ -105,10 +105,10 @@ def test_a_file_that_cannot_be_written_commits_what_came_before_it_and_nothing_a
     writer = RunWriter.create(tmp_path / "r", {"target": "t", "config": {}})
     write = group.write_temporary
 
-    def failing(path: Path, data: bytes) -> Path:
-        if path.name == "step-00000002.st.zst" and path.parent.name == "checkpoints":
-            raise enospc(path)
-        return write(path, data)
+    def failing(folder, name: str, data: bytes) -> str:
+        if name == "step-00000002.st.zst" and folder.path.name == "checkpoints":
+            raise enospc(folder.path / name)
+        return write(folder, name, data)
 
     monkeypatch.setattr(group, "write_temporary", failing)
     check_every_commit(monkeypatch, model)
@@ -127,10 +127,10 @@ def test_a_rename_that_fails_commits_the_files_before_it(tmp_path, monkeypatch) 
     writer = RunWriter.create(tmp_path / "r", {"target": "t", "config": {}})
     replace = os.replace
 
-    def failing(source: object, target: object) -> None:
+    def failing(source: object, target: object, **folders: int) -> None:
         if Path(str(target)).name == "step-00000003.st.zst":
             raise enospc(target)
-        replace(source, target)
+        replace(source, target, **folders)
 
     monkeypatch.setattr(os, "replace", failing)
     check_every_commit(monkeypatch, model)
