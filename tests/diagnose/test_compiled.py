@@ -83,7 +83,12 @@ SPEC = LaunchSpec(kind="recipe", target="/code/train.py:build", config={"compile
         ([INDUCTOR], [INDUCTOR], None, None),  # both compiled: compiled runs compare as any two runs
         ([], [INDUCTOR], 1, None),
         ([INDUCTOR], [], 0, None),
-        ([], [CompileCall("Block", "tvm", "{}", True)], 1, "run B compiles Block with backend 'tvm', which the compiler bisector does not walk"),
+        (
+            [],
+            [CompileCall("Block", "tvm", "{}", True)],
+            1,
+            "run B compiles Block with backend 'tvm', which the compiler bisector does not walk",
+        ),
         (
             [],
             [CompileCall("step", "inductor", "{}", False, "a function compiled on its own")],

@@ -25,7 +25,7 @@ class Block(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
-def build(seed: int = 0, compile: bool = False) -> Trainee:  # noqa: A002 - the setting's name on the command line
+def build(seed: int = 0, compile: bool = False) -> Trainee:
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(64, 8, 16, generator=data), torch.randn(64, 8, 16, generator=data)
