@@ -40,23 +40,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return eager, *(record(target, root / name, "--steps", "2", "--set", "compile=true") for name in ("b", "c"))  # type: ignore[return-value]
 
 
-def _step_zero(build: Any, compiled: bool) -> list[torch.Tensor]:
-    trainee = build(compile=compiled)
+def _step_zero(build: Any, compiled: bool, settings: dict[str, Any]) -> list[torch.Tensor]:
+    trainee = build(compile=compiled, **settings)
     trainee.step(next(iter(trainee.loader)))
     return [p.detach().clone() for p in trainee.model.parameters()]
 
 
-def _by_hand() -> BisectionResult | None:
+def _by_hand(**settings: Any) -> BisectionResult | None:
     """PyTorch's bisector on step 0 of the recipe, judged by the parameters after it."""
     spec = importlib.util.spec_from_file_location("compiled_block_by_hand", RECIPE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    eager = _step_zero(module.build, compiled=False)
+    eager = _step_zero(module.build, False, settings)
 
     def passes() -> bool:
         torch._dynamo.reset()
-        return all(torch.equal(x, y) for x, y in zip(eager, _step_zero(module.build, compiled=True), strict=True))
+        return all(torch.equal(x, y) for x, y in zip(eager, _step_zero(module.build, True, settings), strict=True))
 
     assert not passes()  # compiled, the step differs from eager's
     try:
@@ -97,3 +97,14 @@ def test_two_compiled_runs_with_the_same_settings_are_identical(runs: tuple[Path
     _, b, c = runs
     code, report = compare(b, c)
     assert code == 0 and report["identical"] and report["compile_bisect"] is None
+
+
+@pytest.mark.cuda
+def test_on_cuda_with_bf16_autocast_compare_finds_the_stage_found_by_hand(tmp_path: Path) -> None:
+    target, settings = f"{RECIPE}:build", ("--set", "device=cuda", "--set", "bf16=true")
+    a = record(target, tmp_path / "a", "--steps", "2", *settings)
+    b = record(target, tmp_path / "b", "--steps", "2", *settings, "--set", "compile=true")
+    code, report = compare(a, b)
+    found, hand = report["compile_bisect"], _by_hand(device="cuda", bf16=True)
+    assert code == 1 and report["verdict"]["step"] == 0 and hand is not None
+    assert (found["backend"], found["subsystem"], found["bisect_number"]) == (hand.backend, hand.subsystem, hand.bisect_number)

@@ -1,7 +1,8 @@
 """A tiny Transformer block (layer norm, attention by hand, GELU feed-forward), trained eager or,
 with ``compile=true``, under ``torch.compile`` (Inductor on the CPU). Compiled, Inductor fuses the
 layer norm and the GELU into its own C++ loops, whose rounding differs from eager's in the last
-bits: the runs part at the first step."""
+bits: the runs part at the first step. ``device="cuda", bf16=true`` trains on the GPU under bfloat16
+autocast instead."""
 
 from __future__ import annotations
 
@@ -25,18 +26,20 @@ class Block(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
-def build(seed: int = 0, compile: bool = False) -> Trainee:
+def build(seed: int = 0, compile: bool = False, device: str = "cpu", bf16: bool = False) -> Trainee:
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(64, 8, 16, generator=data), torch.randn(64, 8, 16, generator=data)
     loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(seed))
-    model = Block()
+    model = Block().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     forward = torch.compile(model) if compile else model
 
     def step(batch: list[torch.Tensor]) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.mse_loss(forward(batch[0]), batch[1])
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+            outputs = forward(batch[0].to(device))
+        loss = nn.functional.mse_loss(outputs.float(), batch[1].to(device))
         loss.backward()
         optimizer.step()
         return loss
