@@ -290,7 +290,7 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
             entropy = analysis.unrecorded_data  # a run that draws its data from entropy parts from its records there
             result.ops_context = analysis.ops_context
             result.notes += analysis.notes
-            result.compile_bisect = compile_bisect((a, b), lockstep.replicas, specs, divergence, checkpoints)
+            result.compile_bisect = compile_bisect((a, b), lockstep.replicas, specs, divergence, checkpoints, verdict.cause)
             if result.compile_bisect is not None:
                 verdict.evidence.append(Evidence(**result.compile_bisect.evidence()))
                 verdict.fix = "; ".join(filter(None, (verdict.fix, result.compile_bisect.fix)))

@@ -41,8 +41,9 @@ from ..replay.replica import Replica, ReplicaFailed
 from ..serve.protocol import StepResult
 from ..store.meta import CodeKind
 from ..store.run import Run
+from .causes import Cause
 
-__all__ = ["FIXES", "CompileBisect", "bisect_compiled", "compile_bisect", "compiled_side", "fix_for_stage"]
+__all__ = ["BISECTED_CAUSES", "FIXES", "CompileBisect", "bisect_compiled", "compile_bisect", "compiled_side", "fix_for_stage"]
 
 BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition", "aot_eager_decomp_partition_crossref", "inductor")
 
@@ -55,7 +56,10 @@ def _switch(what: str, setting: str, inductor: bool = True) -> str:
 
 
 FIXES: dict[tuple[str, str | None], str] = {
-    ("eager", None): f"Dynamo's graph capture alone changes the numbers: {_OUT}",
+    ("eager", None): (
+        "the step differs from the eager run's even when Dynamo alone captures it (backend 'eager'): the difference is most likely "
+        f"not the compiler's (another setting, or an eager run that does not repeat); if it is Dynamo's, {_OUT}"
+    ),
     ("aot_eager", None): f"AOTAutograd's tracing changes the numbers: compile with backend='eager', or {_OUT}",
     ("aot_eager_decomp_partition", "aot_eager_decomp_partition_cse"): _switch(
         "AOTAutograd's common-subexpression elimination", "torch._functorch.config.cse = False", inductor=False
@@ -144,6 +148,12 @@ def _detail(debug_info: str | None) -> str:
         overload = text.split("overload='", 1)[1].split("'", 1)[0] if "overload='" in text else ""
         return f"{op}.{overload}" if overload else op
     return text
+
+
+BISECTED_CAUSES = frozenset({Cause.CONFIG, Cause.ENVIRONMENT, Cause.UNKNOWN})
+"""The verdicts a compiler can explain: a setting (the compile flag), or nothing found. A step that
+differs for a random stream, the data, hidden state or a nondeterministic op is not bisected:
+every trial would differ for that reason."""
 
 
 def compiled_side(calls: tuple[list[CompileCall], list[CompileCall]]) -> tuple[int | None, str | None]:
@@ -238,11 +248,15 @@ def compile_bisect(
     specs: tuple[LaunchSpec, LaunchSpec],
     divergence: Divergence,
     checkpoints: tuple[int, int],
+    cause: Cause,
     *,
     start: Callable[[LaunchSpec, str], Replica] = start_replica,
 ) -> CompileBisect | None:
-    """The compiler bisection of the divergent step, where exactly one run compiled (``None``
-    otherwise); a fresh replica of the compiled run runs the trials."""
+    """The compiler bisection of the divergent step, where exactly one run compiled and the
+    verdict's ``cause`` is one a compiler can explain (``None`` otherwise); a fresh replica of the
+    compiled run runs the trials."""
+    if cause not in BISECTED_CAUSES:
+        return None
     try:
         calls = (replicas[0].compiled(), replicas[1].compiled())
     except ReplicaFailed:

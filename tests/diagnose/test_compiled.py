@@ -13,6 +13,7 @@ from torch._inductor.compiler_bisector import CompilerBisector, subsystem_call_c
 
 from bisect_repro.capture.compiled import CompileCall
 from bisect_repro.capture.trace import TraceEntry
+from bisect_repro.diagnose.causes import Cause
 from bisect_repro.diagnose.compiled import FIXES, CompileBisect, bisect_compiled, compile_bisect, compiled_side, fix_for_stage
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.lockstep import Divergence
@@ -144,9 +145,15 @@ def test_only_a_run_compiled_on_one_side_is_bisected() -> None:
         started.append(label)
         return compiled_
 
-    found = compile_bisect(_runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), start=start)  # type: ignore[arg-type]
+    found = compile_bisect(_runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), Cause.CONFIG, start=start)  # type: ignore[arg-type]
     assert isinstance(found, CompileBisect) and found.run == "B" and found.subsystem == "lowerings"
     assert started == ["run B, compiled again by the compiler bisector"]
+
+    def bisected(cause: Cause) -> bool:
+        return compile_bisect(_runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), cause, start=start) is not None
+
+    # a random stream, the data, hidden state, a nondeterministic op: every trial would differ for that reason
+    assert [c for c in Cause if bisected(c)] == [Cause.ENVIRONMENT, Cause.CONFIG, Cause.UNKNOWN]
     eager.calls = [INDUCTOR]
-    assert compile_bisect(_runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), start=start) is None
+    assert not bisected(Cause.CONFIG)
     assert CompileBisect(**found.to_json()) == found
