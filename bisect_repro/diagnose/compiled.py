@@ -127,7 +127,7 @@ class CompileBisect:
         if self.subsystem is not None:
             where += f", subsystem {self.subsystem}"
             if self.bisect_number is not None and self.subsystem in _BISECTED:
-                where += f" (application {self.bisect_number}" + (f": {self.debug_info}" if self.debug_info else "") + ")"
+                where += f" (application {self.bisect_number}" + (f": {_detail(self.debug_info)}" if self.debug_info else "") + ")"
         return f"compiler bisection of step {self.step} ({self.trials} trials): the numbers change at {where}; {self.fix}"
 
 

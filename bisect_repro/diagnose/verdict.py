@@ -268,7 +268,7 @@ class CompareResult:
         return cls(
             **_known(cls, found, but=("verdict", "replay", "timeline", "ranks", "compile_bisect")),
             verdict=Verdict.from_json(verdict) if verdict else None,
-            compile_bisect=CompileBisect(**found["compile_bisect"]) if found.get("compile_bisect") else None,
+            compile_bisect=CompileBisect(**_known(CompileBisect, found["compile_bisect"])) if found.get("compile_bisect") else None,
             replay=ReplayInfo.from_json(found.get("replay") or {}),
             timeline=[TimelineRow.from_json(row) for row in found.get("timeline") or []],
             ranks=[RankResult.from_json(rank) for rank in found.get("ranks") or []],
