@@ -3,6 +3,9 @@
 :func:`watch_compile` wraps ``torch.compile`` (``nn.Module.compile`` calls it too) before the
 code runs: each call is noted as a :class:`CompileCall` (what was compiled, the backend, the mode,
 the options) and its result is returned unchanged, so the code computes what it would unwatched.
+Dynamo is told to guard on module hooks, so that a step traced with hooks (see
+:mod:`bisect_repro.capture.trace`) fires them in a compiled model too (by default Dynamo keeps
+running the code it compiled before the hooks were added, and the trace misses every forward).
 
 :func:`recompile` clears Dynamo's caches and compiles every noted module again, in place, through
 ``torch.compile`` as the code called it: the object the code holds (the ``OptimizedModule`` it
@@ -121,6 +124,9 @@ def watch_compile() -> None:
     global _original
     if _original is not None:
         return
+    # Dynamo then guards on module hooks: a traced step (hooks added) compiles with them and fires
+    # them, an untraced one runs the code compiled without them, as the recording did.
+    torch._dynamo.config.skip_nnmodule_hook_guards = False
     _original = original = torch.compile
 
     @functools.wraps(original)

@@ -3,6 +3,8 @@ the ``eager`` backend, which compiles nothing but Dynamo's graph, so the tests s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from torch import nn
@@ -11,11 +13,14 @@ from bisect_repro.capture import compiled
 
 
 @pytest.fixture
-def watched(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch, "compile", torch.compile)  # the watch's wrapper is undone after the test
+def watched(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(torch, "compile", torch.compile)  # the watch's wrapper and setting are undone after the test
     monkeypatch.setattr(compiled, "_original", None)
     monkeypatch.setattr(compiled, "_noted", [])
-    compiled.watch_compile()
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=True):
+        compiled.watch_compile()
+        yield
+    torch._dynamo.reset()
 
 
 def _graphs() -> int:
@@ -64,3 +69,15 @@ def test_the_decorator_form_is_noted(watched: None) -> None:
 
     assert torch.equal(double(torch.ones(2)), torch.full((2,), 2.0))
     assert [c.backend for c in compiled.calls()] == ["eager"]
+
+
+def test_hooks_added_after_a_compiled_call_fire(watched: None) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    held = torch.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    held(x)  # compiled without hooks, as a replay's untraced steps run it
+    seen: list[torch.Tensor] = []
+    handle = model[0].register_forward_hook(lambda module, args, output: seen.append(output.detach().clone()))
+    held(x)
+    handle.remove()
+    assert len(seen) == 1 and torch.equal(seen[0], model[0](x))

@@ -69,7 +69,7 @@ def test_compare_bisects_the_compiler_to_the_stage_found_by_hand(runs: tuple[Pat
     a, b, _ = runs
     code, report = compare(a, b)
     verdict, found = report["verdict"], report["compile_bisect"]
-    assert code == 1 and (verdict["step"], verdict["phase"], verdict["layer"]) == (0, "forward", "norm")
+    assert code == 1 and (verdict["step"], verdict["phase"], verdict["layer"], verdict["tensor"]) == (0, "forward", "norm", "norm.output")
     assert verdict["cause"] == "config" and verdict["config_keys"] == ["compile"]
     hand = _by_hand()
     assert hand is not None
