@@ -60,8 +60,10 @@ class CompileCall:
 @dataclass
 class _Noted:
     call: CompileCall
-    again: Callable[[], None] | None
-    """Compiles the same object again in place (``None``: it cannot be)."""
+    again: Callable[[dict[str, Any]], None] | None
+    """Compiles the same object again in place, with these arguments (``None``: it cannot be)."""
+    kwargs: dict[str, Any]
+    """The arguments the code gave."""
 
 
 _noted: list[_Noted] = []
@@ -73,17 +75,20 @@ def _settings(kwargs: dict[str, Any]) -> str:
     return json.dumps(kept, sort_keys=True, default=repr)
 
 
-def _again(target: Any, result: Any, kwargs: dict[str, Any]) -> Callable[[], None] | None:
-    """How to compile ``target`` again so that the object the code holds uses the new compilation."""
+def _compile(target: Any, kwargs: dict[str, Any]) -> Any:
     assert _original is not None
-    compile_ = _original
+    return _original(target, **kwargs)
+
+
+def _again(target: Any, result: Any) -> Callable[[dict[str, Any]], None] | None:
+    """How to compile ``target`` again so that the object the code holds uses the new compilation."""
     if isinstance(result, torch._dynamo.eval_frame.OptimizedModule):
         held = weakref.ref(result)
 
-        def module_again() -> None:
+        def module_again(kwargs: dict[str, Any]) -> None:
             module = held()
             if module is not None:
-                fresh = compile_(module._orig_mod, **kwargs)
+                fresh = _compile(module._orig_mod, kwargs)
                 module.dynamo_ctx = fresh.dynamo_ctx
                 module._initialize()
 
@@ -92,10 +97,10 @@ def _again(target: Any, result: Any, kwargs: dict[str, Any]) -> Callable[[], Non
     if isinstance(owner, torch.nn.Module) and getattr(target, "__func__", None) is torch.nn.Module._call_impl:
         held_owner = weakref.ref(owner)
 
-        def method_again() -> None:
+        def method_again(kwargs: dict[str, Any]) -> None:
             module = held_owner()
             if module is not None:
-                module._compiled_call_impl = compile_(module._call_impl, **kwargs)
+                module._compiled_call_impl = _compile(module._call_impl, kwargs)
 
         return method_again
     return None
@@ -113,10 +118,10 @@ def _name(target: Any) -> str:
 def _note(target: Any, result: Any, kwargs: dict[str, Any]) -> None:
     backend = kwargs.get("backend", "inductor")
     named = isinstance(backend, str)
-    again = _again(target, result, kwargs) if named else None
+    again = _again(target, result) if named else None
     why = "" if again is not None else ("a function compiled on its own" if named else "its backend is a callable")
     name = backend if named else str(getattr(backend, "__name__", type(backend).__name__))
-    _noted.append(_Noted(CompileCall(_name(target), name, _settings(kwargs), again is not None, why), again))
+    _noted.append(_Noted(CompileCall(_name(target), name, _settings(kwargs), again is not None, why), again, kwargs))
 
 
 def watch_compile() -> None:
@@ -145,12 +150,14 @@ def calls() -> list[CompileCall]:
     return [noted.call for noted in _noted]
 
 
-def recompile() -> None:
-    """Clear Dynamo's caches and compile every noted object again, in place."""
+def recompile(*, inductor: bool = True) -> None:
+    """Clear Dynamo's caches and compile every noted object again, in place; with ``inductor``
+    false (another backend is tried), without Inductor's ``mode`` and ``options``."""
     torch._dynamo.reset()
     for noted in _noted:
         if noted.again is not None:
-            noted.again()
+            dropped = () if inductor else ("mode", "options")
+            noted.again({k: v for k, v in noted.kwargs.items() if k not in dropped})
 
 
 def bisect_trial(folder: str) -> None:
@@ -161,4 +168,4 @@ def bisect_trial(folder: str) -> None:
     compiler_bisector.CompilerBisector.in_process_cache = folder
     compiler_bisector.CompilerBisector.bisection_enabled = True
     compiler_bisector.subsystem_call_counter.clear()
-    recompile()
+    recompile(inductor=compiler_bisector.CompilerBisector.get_backend() in (None, "inductor"))

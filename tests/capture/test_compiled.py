@@ -81,3 +81,13 @@ def test_hooks_added_after_a_compiled_call_fire(watched: None) -> None:
     held(x)
     handle.remove()
     assert len(seen) == 1 and torch.equal(seen[0], model[0](x))
+
+
+def test_another_backend_is_tried_without_inductors_mode_and_options(watched: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = nn.Linear(2, 2)
+    model.compile(mode="max-autotune", dynamic=False)
+    given: list[dict] = []
+    monkeypatch.setattr(compiled, "_original", lambda target, **kwargs: given.append(kwargs))
+    compiled.recompile(inductor=False)
+    compiled.recompile()
+    assert given == [{"dynamic": False}, {"mode": "max-autotune", "dynamic": False}]
