@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from bisect_repro import Trainee
 from bisect_repro.capture import compiled
 
 
@@ -91,3 +92,10 @@ def test_another_backend_is_tried_without_inductors_mode_and_options(watched: No
     compiled.recompile(inductor=False)
     compiled.recompile()
     assert given == [{"dynamic": False}, {"mode": "max-autotune", "dynamic": False}]
+
+
+def test_a_trainee_holds_the_module_torch_compile_wrapped() -> None:
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainee = Trainee(torch.compile(torch.compile(model, backend="eager"), backend="eager"), optimizer, [])
+    assert trainee.model is model and [n for n, _ in trainee.model.named_parameters()] == ["weight", "bias"]

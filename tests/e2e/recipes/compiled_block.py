@@ -33,12 +33,12 @@ def build(seed: int = 0, compile: bool = False, device: str = "cpu", bf16: bool 
     loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(seed))
     model = Block().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    forward = torch.compile(model) if compile else model
+    model = torch.compile(model) if compile else model  # the Trainee names the module it wraps
 
     def step(batch: list[torch.Tensor]) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
-            outputs = forward(batch[0].to(device))
+            outputs = model(batch[0].to(device))
         loss = nn.functional.mse_loss(outputs.float(), batch[1].to(device))
         loss.backward()
         optimizer.step()
