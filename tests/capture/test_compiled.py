@@ -97,5 +97,5 @@ def test_another_backend_is_tried_without_inductors_mode_and_options(watched: No
 def test_a_trainee_holds_the_module_torch_compile_wrapped() -> None:
     model = nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainee = Trainee(torch.compile(torch.compile(model, backend="eager"), backend="eager"), optimizer, [])
+    trainee = Trainee(torch.compile(model, backend="eager"), optimizer, [])
     assert trainee.model is model and [n for n, _ in trainee.model.named_parameters()] == ["weight", "bias"]
