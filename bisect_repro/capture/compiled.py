@@ -80,19 +80,28 @@ def _compile(target: Any, kwargs: dict[str, Any]) -> Any:
     return _original(target, **kwargs)
 
 
+def _late_forward(module: torch._dynamo.eval_frame.OptimizedModule) -> Callable[[dict[str, Any]], None]:
+    """Make ``module.forward`` look up its compiled forward at each call, so that a compilation made
+    while a call is under way (a framework's step starts in a forward hook) serves that very call."""
+    current = {"forward": module.forward}
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return current["forward"](*args, **kwargs)
+
+    module.forward = forward
+    held = weakref.ref(module)
+
+    def module_again(kwargs: dict[str, Any]) -> None:
+        if (wrapper := held()) is not None:
+            current["forward"] = _compile(wrapper._orig_mod, kwargs).forward
+
+    return module_again
+
+
 def _again(target: Any, result: Any) -> Callable[[dict[str, Any]], None] | None:
     """How to compile ``target`` again so that the object the code holds uses the new compilation."""
-    if isinstance(result, torch._dynamo.eval_frame.OptimizedModule):
-        held = weakref.ref(result)
-
-        def module_again(kwargs: dict[str, Any]) -> None:
-            module = held()
-            if module is not None:
-                fresh = _compile(module._orig_mod, kwargs)
-                module.dynamo_ctx = fresh.dynamo_ctx
-                module._initialize()
-
-        return module_again
+    if isinstance(result, torch._dynamo.eval_frame.OptimizedModule) and not hasattr(result._orig_mod, "_initialize_hook"):
+        return _late_forward(result)
     owner = getattr(target, "__self__", None)
     if isinstance(owner, torch.nn.Module) and getattr(target, "__func__", None) is torch.nn.Module._call_impl:
         held_owner = weakref.ref(owner)
