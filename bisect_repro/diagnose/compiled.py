@@ -210,7 +210,11 @@ def bisect_compiled(
     def passes() -> bool:
         result.trials += 1
         trial = replica.run(step, trace="light", compile_bisect=folder)
-        return first_difference(reference.entries, trial.entries) is None
+        index = first_difference(reference.entries, trial.entries)
+        if index is not None:  # said among what the bisector prints, where it decided
+            entries = trial.entries if index < len(trial.entries) else reference.entries
+            print(f"trial {result.trials}: step {step} differs from the eager run's at {entries[index].tensor}")
+        return index is None
 
     from torch._inductor.compiler_bisector import CompilerBisector
 
