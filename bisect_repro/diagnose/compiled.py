@@ -268,6 +268,11 @@ def compile_bisect(
     side, why = compiled_side(calls)
     if side is None:
         return None
+    if why is None and not replicas[side].reruns:
+        why = (
+            f"run {'AB'[side]} is replayed from its own start, one process per step run (a framework's loop, or a script "
+            "recorded unchanged), where a compiled step run again does not yet reproduce it; record it with the Recorder to bisect it"
+        )
     if why is not None:
         return CompileBisect(run="AB"[side], step=divergence.step, unavailable=why)
     with start(specs[side], f"run {'AB'[side]}, compiled again by the compiler bisector") as replica:

@@ -35,6 +35,7 @@ class CompilerReplica:
 
     def __init__(self, bad: int | None = 7, fails: bool = False) -> None:
         self.bad, self.fails, self.calls = bad, fails, [INDUCTOR]
+        self.reruns = True
         self.trials: list[str | None] = []
 
     def compiled(self) -> list[CompileCall]:
@@ -154,6 +155,9 @@ def test_only_a_run_compiled_on_one_side_is_bisected() -> None:
 
     # a random stream, the data, hidden state, a nondeterministic op: every trial would differ for that reason
     assert [c for c in Cause if bisected(c)] == [Cause.ENVIRONMENT, Cause.CONFIG, Cause.UNKNOWN]
+    compiled_.reruns = False  # a framework's replay, or a script's recorded unchanged
+    unsupported = compile_bisect(_runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), Cause.CONFIG, start=start)
+    assert unsupported is not None and unsupported.backend is None and "record it with the Recorder" in (unsupported.unavailable or "")
     eager.calls = [INDUCTOR]
     assert not bisected(Cause.CONFIG)
     assert CompileBisect(**found.to_json()) == found
