@@ -8,6 +8,7 @@ one, ``replay`` rebuilds one. A recipe is a function that builds everything and 
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
@@ -51,7 +52,9 @@ class Trainee:
     """Everything bisect-repro needs to run, record and replay a training."""
 
     model: torch.nn.Module
-    """The model; its parameters and buffers are hashed by ``named_parameters`` names."""
+    """The model; its parameters and buffers are hashed by ``named_parameters`` names. A model
+    wrapped by ``torch.compile`` is held as the module it wraps (its names, not ``_orig_mod.``
+    ones, so that a compiled run compares with an eager one); the step calls what it calls."""
     optimizer: torch.optim.Optimizer | None
     """The optimizer whose ``step`` the step function calls; its state is hashed per parameter.
     ``None`` for a loop that updates the weights itself (``p.data.add_(p.grad, alpha=-lr)``): the
@@ -115,6 +118,7 @@ class Trainee:
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
             raise RecipeError(f"Trainee: model is a {type(self.model).__name__}, expected a torch.nn.Module")
+        self.model = _uncompiled(self.model)
         if self.optimizer is None:
             self.optimizer = NoOptimizer(self.model.parameters())
         if not isinstance(self.optimizer, torch.optim.Optimizer):
@@ -133,3 +137,11 @@ class Trainee:
                 raise RecipeError(f"Trainee: state[{name!r}] is a {type(value).__name__} without state_dict/load_state_dict")
         if self.step is not None and not callable(self.step):
             raise RecipeError("Trainee: step must be callable as step(batch) -> loss")
+
+
+def _uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module ``torch.compile`` wrapped (it holds the same parameters), or ``model`` itself."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing was compiled
+    if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+        return _uncompiled(model._orig_mod)
+    return model

@@ -43,6 +43,7 @@ from ..replay.lockstep import Lockstep, Parted
 from ..replay.replica import ReplicaFailed, processes_started
 from ..store.run import Run
 from .causes import Cause, fix_for
+from .compiled import compile_bisect
 from .difference import difference_stats
 from .experiments import StepAnalysis
 from .rebuild import streams_deciding_init
@@ -291,6 +292,10 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
             entropy = analysis.unrecorded_data  # a run that draws its data from entropy parts from its records there
             result.ops_context = analysis.ops_context
             result.notes += analysis.notes
+            result.compile_bisect = compile_bisect((a, b), lockstep.replicas, specs, divergence, checkpoints, verdict.cause)
+            if result.compile_bisect is not None:
+                verdict.evidence.append(Evidence(**result.compile_bisect.evidence()))
+                verdict.fix = "; ".join(filter(None, (verdict.fix, result.compile_bisect.fix)))
         info.parted = [p.to_json() for p in lockstep.parted]
         result.notes += lockstep.notes
         if divergence is None and lockstep.parted:

@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from .causes import Cause
+from .compiled import CompileBisect
 
 __all__ = ["SCHEMA", "CompareResult", "Confidence", "Evidence", "Outcome", "RankResult", "ReplayInfo", "TimelineRow", "Verdict"]
 
@@ -237,6 +238,8 @@ class CompareResult:
     unused_streams: list[str] = field(default_factory=list)
     """Random streams that differ between the runs but that nothing drew from (their state never
     moved in either run): shown as such, never a cause."""
+    compile_bisect: CompileBisect | None = None
+    """Where one run compiled and the other did not: the compiler stage that changes the divergent step."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -249,6 +252,7 @@ class CompareResult:
             **plain_fields(self, "first_log_difference", "ops_context", "notes"),
             "ranks": [rank.to_json() for rank in self.ranks],
             "unused_streams": self.unused_streams,
+            "compile_bisect": self.compile_bisect.to_json() if self.compile_bisect is not None else None,
         }
 
     @classmethod
@@ -256,8 +260,9 @@ class CompareResult:
         """A ``bisect-repro/compare/2`` object (``compare --json``) read back."""
         verdict = found.get("verdict")
         return cls(
-            **_known(cls, found, but=("verdict", "replay", "timeline", "ranks")),
+            **_known(cls, found, but=("verdict", "replay", "timeline", "ranks", "compile_bisect")),
             verdict=Verdict.from_json(verdict) if verdict else None,
+            compile_bisect=CompileBisect(**_known(CompileBisect, found["compile_bisect"])) if found.get("compile_bisect") else None,
             replay=ReplayInfo.from_json(found.get("replay") or {}),
             timeline=[TimelineRow.from_json(row) for row in found.get("timeline") or []],
             ranks=[RankResult.from_json(rank) for rank in found.get("ranks") or []],

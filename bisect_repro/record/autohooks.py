@@ -124,7 +124,9 @@ class AutoHooks:
         self._taps.clear()
 
     def _forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if not torch.is_grad_enabled():
+        # Inside a frame torch.compile traces (a compiled model's layers) the model was found already,
+        # at the compiled model's own call, which runs outside it.
+        if torch.compiler.is_compiling() or not torch.is_grad_enabled():
             return
         if self.model is None:
             if self.optimizer is not None:

@@ -18,9 +18,11 @@ initialised first, as ``record --nproc-per-node`` does, and with ``BISECT_REPRO_
 each rank writes its output to ``rank{r}.log`` in that folder, so that the controller can quote
 the rank that failed.
 
-Before that it can seed the global streams with fixed values (``"seeds": {"python": 1, ...}``),
-which ``compare`` uses to find which streams decide a model's initial parameters, and it notes
-whether the code pins the thread count (``doctor``).
+Before the code runs, ``torch.compile`` is watched (:mod:`bisect_repro.capture.compiled`), so
+that a compiler bisection can compile what the code compiled again. Before that it can seed the
+global streams with fixed values (``"seeds": {"python": 1, ...}``), which ``compare`` uses to
+find which streams decide a model's initial parameters, and it notes whether the code pins the
+thread count (``doctor``).
 
 The process starts in the controller's private folder, so that nothing from the recorded working
 directory is imported: :func:`_isolate` drops that folder from ``sys.path``, then moves to the
@@ -46,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..capture.compiled import watch_compile
 from ..errors import BisectReproError
 from ..record.autohooks import AutoHooks
 from ..record.options import RecordOptions
@@ -124,6 +127,7 @@ def main() -> None:
         pin(spec["path"], spec["sha256"])  # what runs is the bytes whose hash was checked and shown
     _seed(spec.get("seeds") or {})
     watch_process()  # before the code runs: its seeding and thread count while it builds are seen too
+    watch_compile()  # and what it compiles, which a compiler bisection compiles again
     try:
         if spec["kind"] == "recipe":
             _run_recipe(spec, ranks=spec.get("world_size") is not None)

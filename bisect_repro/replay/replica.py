@@ -44,6 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..capture.compiled import CompileCall
 from ..errors import BisectReproError
 from ..serve.channel import Channel, ChannelClosed, Listener
 from ..serve.protocol import Description, Fetch, Fetched, Hello, Run, SkipResult, StepResult, StepStart, Trace
@@ -308,6 +309,7 @@ class Replica:
         fixed_entropy: int | None = None,
         commit: bool = False,
         streams: dict[str, Any] | None = None,
+        compile_bisect: str | None = None,
     ) -> StepResult:
         """Run a kept step again (each option: :class:`~bisect_repro.serve.protocol.Run`), under
         ``streams`` instead of its own when given."""
@@ -322,6 +324,7 @@ class Replica:
             advance=tuple(advance),
             fixed_entropy=fixed_entropy,
             commit=commit,
+            compile_bisect=compile_bisect,
         )
         message = request.to_json()
         reply, tree = self.request(message.pop("op"), {"streams": streams} if streams is not None else None, **message)
@@ -343,6 +346,11 @@ class Replica:
     def hashes(self) -> dict[str, str]:
         """The hash of every tensor of the state now."""
         return dict(self.request("hashes")[0]["hashes"])
+
+    def compiled(self) -> list[CompileCall]:
+        """The ``torch.compile`` calls the replayed code made."""
+        reply, _ = self.request("compiled")
+        return [CompileCall.from_json(call) for call in reply.get("calls", [])]
 
     def describe(self) -> Description:
         """What ``doctor`` asks of a freshly built process."""

@@ -308,6 +308,8 @@ def _replay(result: CompareResult) -> str:
     logs = result.first_log_difference
     pairs += [(f"logged {key} first differs at step", value(logs.get(key))) for key in ("order", "batch", "loss") if key in logs]
     body = key_values(pairs)
+    if result.compile_bisect is not None:
+        body += f"<h2>Compiled against eager</h2><p>{esc(result.compile_bisect.sentence())}</p>"
     if result.notes:
         body += "<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in result.notes) + "</ul>"
     return section("Replay", body)

@@ -184,6 +184,8 @@ def render_comparison(result: CompareResult, console: Console) -> None:
         else:
             steps = f"{replay.replayed_steps} step(s) in {replay.seconds:.2f}s"
             console.print(f"replay: from the checkpoint at step {replay.from_step}, {steps}; {faithful}")
+    if result.compile_bisect is not None:
+        console.print(f"[bold]compiled:[/] {safe_text(result.compile_bisect.sentence())}")
     for note in result.notes:
         console.print(f"[yellow]note:[/] {safe_text(note)}")
 

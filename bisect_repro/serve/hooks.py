@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..capture import env
+from ..capture import compiled, env
 from ..capture.batch import batch_tensors, combine_digests
 from ..capture.hashing import hash_tensors
 from ..store.run import Run as RunDirectory
@@ -137,6 +137,8 @@ class HookServer(StepServer):
             return self._hashes(request, tree)
         if op == "describe":
             return self._describe(request, tree)
+        if op == "compiled":
+            return self._compiled(request, tree)
         return {"error": f"unknown request {op!r}"}, None
 
     def _restore_streams(self, request: Restore) -> None:
@@ -152,6 +154,8 @@ class HookServer(StepServer):
             self._start_streams = self.state.streams.state_dict()
 
     def _start_run(self, request: Run, tree: Any) -> None:
+        if request.compile_bisect is not None:
+            compiled.bisect_trial(request.compile_bisect)
         streams = (tree or {}).get("streams")
         if streams is not None:
             self.state.streams.load_state_dict(streams)

@@ -147,6 +147,8 @@ class Run:
     """Seed every call that would seed from entropy with this value instead."""
     commit: bool = False
     """Move on to the next step afterwards (only from the latest kept step)."""
+    compile_bisect: str | None = None
+    """Compile the model again first, as one trial of the compiler bisection whose state is in this folder."""
 
     def to_json(self) -> dict[str, Any]:
         return {"op": "run", **asdict(self)}
@@ -163,6 +165,7 @@ class Run:
             advance=tuple(str(s) for s in data.get("advance", ())),
             fixed_entropy=data.get("fixed_entropy"),
             commit=bool(data.get("commit")),
+            compile_bisect=data.get("compile_bisect"),
         )
 
 

@@ -26,6 +26,9 @@ Requests (a JSON object, and a state tree for those that carry one; typed in
 - ``data {step, streams, epoch_streams}``: fetch a kept step's batch again, from its data
   position, under other streams;
 - ``describe {}``, ``items {step, stream}``: what ``doctor`` asks of a build;
+- ``compiled {}``: the ``torch.compile`` calls the code made (see
+  :mod:`bisect_repro.capture.compiled`); ``run`` with ``compile_bisect`` compiles them again first,
+  as one trial of a compiler bisection;
 - ``exit {}``: end the process at once, without running the rest of the script.
 
 Where the guarantees stop: the loop body runs as written, so its side effects (prints, logging
@@ -47,7 +50,7 @@ from typing import Any
 
 import torch
 
-from ..capture import env
+from ..capture import compiled, env
 from ..capture.batch import batch_tensors, combine_digests
 from ..capture.data import describe_loader, next_micro_batches
 from ..capture.hashing import hash_tensor, hash_tensors
@@ -117,6 +120,7 @@ class StepServer:
             "data": self._data,
             "describe": self._describe,
             "items": self._items,
+            "compiled": self._compiled,
         }
 
     @classmethod
@@ -275,6 +279,9 @@ class StepServer:
             streams.load_state_dict(saved)
             self.state.streams.load_state_dict(saved_global)
 
+    def _compiled(self, message: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
+        return {"calls": [call.to_json() for call in compiled.calls()]}, None
+
     # -- stepping ------------------------------------------------------------------------------
     def _skip(self, request: Skip) -> Iterator[Any]:
         result = SkipResult(step=self.position)
@@ -300,6 +307,8 @@ class StepServer:
     def _run(self, request: Run, tree: Any) -> Iterator[Any]:
         start = self.starts[request.step]
         commit = request.commit and request.step == max(self.starts)
+        if request.compile_bisect is not None:
+            compiled.bisect_trial(request.compile_bisect)
         load_start(self.state, start, (tree or {}).get("streams"))
         run = InstrumentedStep(self.trainee, self.state, self.watch, request, lambda: self._state_hashes(grads=True))
         run.note_batch(start.batch, start.indices)
