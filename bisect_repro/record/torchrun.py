@@ -77,10 +77,12 @@ def _first_error(reports: Path, world: int) -> str | None:
     return None
 
 
-def torchrun_command(nproc: int) -> list[str]:
+def torchrun_command(nproc: int, nodes: tuple[str, ...] = ()) -> list[str]:
     """The launcher of ``nproc`` ranks on this node: this interpreter's ``torch.distributed.run``
-    (the module ``torchrun`` runs), which picks its own free rendezvous port."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    (the module ``torchrun`` runs); alone, it picks its own free rendezvous port; with ``nodes``
+    (``--nnodes=2 --rdzv-endpoint=...``), it meets the other nodes where those options say."""
+    alone = () if nodes else ("--standalone",)
+    return [sys.executable, "-m", "torch.distributed.run", *alone, *nodes, f"--nproc-per-node={nproc}"]
 
 
 def record_ranks(
