@@ -47,6 +47,7 @@ __all__ = ["ScriptCommand", "is_interpreter", "is_launcher", "parse_command", "r
 
 _INTERPRETER = re.compile(r"python[0-9.]*(\.exe)?")
 _USAGE = "give the command as: -- python train.py ARGS, -- python -m package.module ARGS or -- torchrun --nproc-per-node N train.py ARGS"
+_RANKS_FIX = "give one, as in --nproc-per-node 2"
 _NUMBER = re.compile(r"[0-9]+")
 _NODES = re.compile(r"([0-9]+)(:\1)?")
 _OPTIONS: dict[str, re.Pattern[str] | None] = {
@@ -109,7 +110,7 @@ def _options(words: list[str]) -> tuple[dict[str, str | None], list[str]]:
                 raise BisectReproError(f"record: torchrun option {name} needs a value; {_USAGE}")
             value = rest.pop(0)
         if name == "--nproc-per-node" and not pattern.fullmatch(value):
-            raise BisectReproError(f"record: --nproc-per-node {value!r} is not a number of ranks from 1 to 64; give one, as in --nproc-per-node 2")
+            raise BisectReproError(f"record: --nproc-per-node {value!r} is not a number of ranks from 1 to 64; {_RANKS_FIX}")
         if not pattern.fullmatch(value):
             raise BisectReproError(f"record: torchrun {name} {value!r} is not a value it takes; see torchrun --help")
         found[name] = value
@@ -121,7 +122,7 @@ def _ranks(words: list[str]) -> tuple[int, tuple[str, ...], list[str]]:
     found, rest = _options(words)
     nproc = int(found.get("--nproc-per-node") or 1)
     if not 1 <= nproc <= 64:
-        raise BisectReproError(f"record: --nproc-per-node {nproc} is not a number of ranks from 1 to 64; give one, as in --nproc-per-node 2")
+        raise BisectReproError(f"record: --nproc-per-node {nproc} is not a number of ranks from 1 to 64; {_RANKS_FIX}")
     nodes = int((found.get("--nnodes") or "1").partition(":")[0])
     if nodes < 1:
         raise BisectReproError("record: torchrun --nnodes 0: give the number of nodes, at least 1")
@@ -138,7 +139,8 @@ def _ranks(words: list[str]) -> tuple[int, tuple[str, ...], list[str]]:
 def parse_command(words: list[str]) -> ScriptCommand:
     """``python train.py ARGS``, ``python -m pkg.train ARGS`` or ``torchrun [OPTIONS] train.py ARGS``;
     a one-line error with the fix otherwise."""
-    nproc, launcher = None, ()
+    nproc: int | None = None
+    launcher: tuple[str, ...] = ()
     if is_launcher(words):
         nproc, launcher, rest = _ranks(words[1:] if Path(words[0]).name == "torchrun" else words[3:])
         words = [sys.executable, *("-m" if word == "--module" else word for word in rest[:1]), *rest[1:]]

@@ -7,6 +7,7 @@ before its step S (dropout draws from it)."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--reseed-at", type=int, default=None)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long each step (a run to kill midway)")
     args = parser.parse_args()
     dist.init_process_group(backend="gloo")
     torch.manual_seed(0)
@@ -39,6 +41,7 @@ def main() -> None:
             functional.mse_loss(model(source), targets).backward()
             optimizer.step()
             step += 1
+            time.sleep(args.step_seconds)
     dist.destroy_process_group()
 
 
