@@ -228,6 +228,11 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
         shared = "rank 0" if len(ranks) == 1 else f"ranks 0 to {len(ranks) - 1}"
         result.notes.append(f"run A ran on {layouts[0]}, run B on {layouts[1]}: only {shared}, which both have, compared")
     elif replay and verdict is not None:
+        if (layout[0].nnodes or 1) > 1:
+            result.notes.append(
+                f"run A was recorded on {layout[0].nnodes} nodes of {layout[0].nproc_per_node} ranks; "
+                f"the replay runs its {a.world_size} ranks on this machine alone, where they fit"
+            )
         _replay_ranks(records, verdict, result, allow, progress, announce)
     return result
 
