@@ -43,7 +43,7 @@ from .autohooks import AutoHooks
 from .options import RecordOptions
 from .torchrun import torchrun_command
 
-__all__ = ["ScriptCommand", "is_interpreter", "is_launcher", "parse_command", "record_script", "run_as_main"]
+__all__ = ["ScriptCommand", "is_interpreter", "is_launcher", "launcher_options", "parse_command", "record_script", "run_as_main"]
 
 _INTERPRETER = re.compile(r"python[0-9.]*(\.exe)?")
 _USAGE = "give the command as: -- python train.py ARGS, -- python -m package.module ARGS or -- torchrun --nproc-per-node N train.py ARGS"
@@ -134,6 +134,15 @@ def _ranks(words: list[str]) -> tuple[int, tuple[str, ...], list[str]]:
         raise BisectReproError(f"record: torchrun --nnodes {nodes} needs where the nodes meet: give --rdzv-endpoint HOST:PORT")
     launcher = [f"--nnodes={nodes}", *(f"{name}={found[name]}" for name in _PASSED if found.get(name) is not None)]
     return nproc, tuple(launcher), rest
+
+
+def launcher_options(words: list[str]) -> tuple[str, ...]:
+    """The launcher options of several nodes given to a recipe (``--nnodes=2``, ``--node-rank=1``,
+    ``--rdzv-endpoint=HOST:PORT``, ...), checked as a command's are; empty on one node."""
+    _, launcher, rest = _ranks(words)
+    if rest:
+        raise BisectReproError(f"record: --torchrun {rest[0]!r} is not a torchrun option; give one a time, as --torchrun=--nnodes=2")
+    return launcher
 
 
 def parse_command(words: list[str]) -> ScriptCommand:
