@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_nodes.py"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 pytestmark = pytest.mark.slow
 
 
@@ -29,17 +30,30 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _node(folder: Path, out: str, node: int, port: int, *extra: str) -> subprocess.Popen[bytes]:
-    launcher = ["torchrun", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1"]
-    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    command = [sys.executable, "-m", "bisect_repro.cli", "record", "--out", out, "--every", "1", "--", *launcher, *rendezvous]
+def _options(node: int, port: int) -> list[str]:
+    return [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node),
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+    ]
+
+
+def _node(folder: Path, out: str, node: int, words: list[str]) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "bisect_repro.cli", "record", "--out", out, "--every", "1", *words]
     log = open(folder / f"{out}-node{node}.log", "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen([*command, "train.py", *extra], cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _two_nodes(folder: Path, out: str, *extra: str) -> list[subprocess.Popen[bytes]]:
     port = _free_port()
-    return [_node(folder, out, node, port, *extra) for node in (0, 1)]
+    return [_node(folder, out, node, ["--", "torchrun", *_options(node, port), "train.py", *extra]) for node in (0, 1)]
 
 
 def _ended(nodes: list[subprocess.Popen[bytes]], timeout: float = 240) -> list[int]:
@@ -149,3 +163,11 @@ def test_a_node_killed_midway_leaves_a_partial_run_that_show_names(tmp_path: Pat
     assert shown["layout"]["partial"] and not shown["complete"] and "1" in shown["layout"]["incomplete"]
     text = " ".join(_cli("show", "killed", cwd=tmp_path).stdout.split())
     assert "partial" in text and "rank 1 stopped at step" in text
+
+
+def test_a_recipe_on_two_nodes_takes_the_same_torchrun_options(tmp_path: Path) -> None:
+    port, recipe = _free_port(), f"{EXAMPLES / 'ddp.py'}:build"
+    nodes = [_node(tmp_path, "recipe", node, [recipe, "--steps", "3", "--quiet", *_options(node, port)]) for node in (0, 1)]
+    assert _ended(nodes) == [0, 0], (tmp_path / "recipe-node1.log").read_text(errors="replace")[-2000:]
+    layout = json.loads(_cli("show", "recipe", "--json", cwd=tmp_path).stdout)["layout"]
+    assert (layout["nnodes"], layout["partial"], sorted(n["node"] for n in layout["nodes"])) == (2, False, [0, 1])
