@@ -38,7 +38,7 @@ from .diagnose.verdict import CompareResult
 from .errors import BisectReproError
 from .record.recipe import build, parse_settings
 from .record.recorder import RecordingWarning, RecordOptions, record
-from .record.script import is_interpreter, is_launcher, parse_command, record_script
+from .record.script import is_interpreter, is_launcher, launcher_options, parse_command, record_script
 from .record.torchrun import record_ranks
 from .replay.launch import Consent, LaunchSpec
 from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
@@ -109,7 +109,16 @@ def _exits_cleanly(command: F) -> F:
 
 
 Settings = Annotated[list[str], typer.Option("--set", help="KEY=VALUE passed to the recipe; VALUE read as JSON when it parses as JSON.")]
+NNodes = Annotated[str | None, typer.Option("--nnodes", help="Nodes of a run of several (each runs the same command): torchrun's.")]
+NodeRank = Annotated[str | None, typer.Option("--node-rank", help="This node's rank, torchrun's (with --rdzv-backend static).")]
+Backend = Annotated[str | None, typer.Option("--rdzv-backend", help="torchrun's rendezvous backend on several nodes (c10d).")]
+Endpoint = Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT where the nodes meet, torchrun's.")]
 Html = Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML report (plots included) to this file.")]
+
+
+def _given(**options: str | None) -> list[str]:
+    """The torchrun options given, as words (``--nnodes=2``)."""
+    return [f"--{name.replace('_', '-')}={value}" for name, value in options.items() if value is not None]
 
 
 def _write_html(path: Path, document: str) -> None:
@@ -155,6 +164,10 @@ def record_command(
         int | None,
         typer.Option("--nproc-per-node", help="Record on N ranks, launched by torch.distributed.run (gloo on CPU, NCCL on CUDA)."),
     ] = None,
+    nnodes: NNodes = None,
+    node_rank: NodeRank = None,
+    rdzv_backend: Backend = None,
+    rdzv_endpoint: Endpoint = None,
 ) -> None:
     """Run a recipe under the recorder and write a run directory (one folder per rank with --nproc-per-node);
     or record a script unchanged: bisect-repro record --out DIR -- python train.py ARGS."""
@@ -164,11 +177,14 @@ def record_command(
         raise BisectReproError(f"{out}: give --resume (continue the run) or --force (record it again), not both")
     if target is None:
         raise BisectReproError("record: give a recipe (path/to/file.py:function), or after -- the command to record: python train.py ARGS")
+    nodes = _given(nnodes=nnodes, node_rank=node_rank, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint)
+    if nodes and nproc_per_node is None:
+        raise BisectReproError("record: --nnodes and --rdzv-* launch ranks: give --nproc-per-node N with them")
     if context.args or is_interpreter(target) or is_launcher([target]):  # a command, not a recipe
         command = parse_command([target, *context.args])
-        if resume or nproc_per_node is not None or settings:
+        if resume or nproc_per_node is not None or settings or nodes:
             raise BisectReproError(
-                "record: --resume, --nproc-per-node and --set are for recipes; a script takes its own arguments "
+                "record: --resume, --nproc-per-node, --nnodes, --rdzv-* and --set are for recipes; a script takes its own arguments "
                 "(ranks: -- torchrun --nproc-per-node N train.py)"
             )
         options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force, on_error=on_error)  # type: ignore[arg-type]
@@ -190,7 +206,10 @@ def record_command(
         if trainee is not None:
             record(trainee, out, options, target=target, config=config, on_step=on_step, resume=resume)
         elif nproc_per_node is not None:  # the case left: the ranks build their own trainees
-            record_ranks(target, out, options, config, nproc_per_node, resume=resume, on_progress=on_step, on_warning=_warn_line)
+            launcher = launcher_options(nodes)
+            record_ranks(
+                target, out, options, config, nproc_per_node, resume=resume, on_progress=on_step, on_warning=_warn_line, nodes=launcher
+            )
     run = Run.open(out)
     ranks = [run.open_rank(r) for r in range(run.world_size)]
     incomplete = [

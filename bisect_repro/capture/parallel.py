@@ -16,7 +16,10 @@ out over the ranks, and DTensors as the local shards this rank holds.
   mesh, which tensors are replicated); :func:`placements` the placements and meshes of DTensors,
   which the model structure records for parameters and buffers and each snapshot for every
   tensor it hashes as a local shard (optimizer state appears only once the optimizer steps);
-  :func:`rank_identity` what ``rank{r}/rank.json`` holds.
+  :func:`rank_identity` what ``rank{r}/rank.json`` holds: the global rank, and where it ran (its
+  host, and under torchrun its node, ``GROUP_RANK``, and the nodes' shape). The run's ``launcher``
+  carries a random ``run_id``, which every rank copies into its ``rank.json`` when it joins, so a
+  rank folder of another run is told apart.
 
 Which tensors data-parallel replicas must hold equal, as recorded (``replicated``): ``all`` under
 DDP (parameters, optimizer state, and buffers but the rank-local ones); ``dtensor`` when
@@ -36,6 +39,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
@@ -245,6 +249,7 @@ def describe(model: torch.nn.Module, info: RankInfo) -> dict[str, Any]:
     meshes = list(placements.get("meshes", {}).values())
     replicated = {"ddp": "all", "fsdp": "dtensor", "dtensor": "dtensor"}.get(kind, "none")
     local_world = _env_int("LOCAL_WORLD_SIZE")
+    nodes = _env_int("GROUP_WORLD_SIZE")
     return {
         "world_size": info.world_size,
         "backend": info.backend,
@@ -255,7 +260,8 @@ def describe(model: torch.nn.Module, info: RankInfo) -> dict[str, Any]:
         "launcher": {
             "torchrun": "TORCHELASTIC_RUN_ID" in os.environ,
             "nproc_per_node": local_world,
-            "nnodes": info.world_size // local_world if local_world else None,
+            "nnodes": nodes if nodes is not None else (info.world_size // local_world if local_world else None),
+            "run_id": uuid.uuid4().hex,
         },
     }
 
@@ -283,4 +289,7 @@ def rank_identity(model: torch.nn.Module, info: RankInfo) -> dict[str, Any]:
         "pid": os.getpid(),
         "device": device,
         "replica_group": _replica_group(model),
+        "node": _env_int("GROUP_RANK"),
+        "nnodes": _env_int("GROUP_WORLD_SIZE"),
+        "local_world_size": _env_int("LOCAL_WORLD_SIZE"),
     }

@@ -41,6 +41,7 @@ from ..replay.forks import forking
 from ..replay.launch import Consent, LaunchSpec, ReplayUnavailable, spec_for_run
 from ..replay.lockstep import Lockstep, Parted
 from ..replay.replica import ReplicaFailed, processes_started
+from ..store.nodes import Layout, read_layout
 from ..store.run import Run
 from .causes import Cause, fix_for
 from .compiled import compile_bisect
@@ -57,6 +58,7 @@ from .records import (
     structure_verdict,
     through_collectives,
 )
+from .roles import roles
 from .verdict import CompareResult, Confidence, Evidence, RankResult, Verdict
 
 __all__ = ["compare"]
@@ -188,6 +190,15 @@ def _layout(run: Run) -> str:
     return f"{run.world_size} rank{'s' if run.world_size != 1 else ''} ({run.layout}{shape})"
 
 
+def _whole(run: Run) -> Layout:
+    """The run's nodes and ranks, checked (:func:`read_layout`); a partial run is refused, naming what is missing."""
+    layout, _ = read_layout(run)
+    if layout.missing:
+        lost = ", ".join(map(str, layout.missing))
+        raise RunFormatError(run.path, f"partial run: rank {lost} has no records (a node did not run)", "compare runs with every rank")
+    return layout
+
+
 def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Progress | None, announce: Announce | None) -> CompareResult:
     """Distributed runs: rank by rank from the records, then both replayed on all their ranks,
     focused on the first divergent rank."""
@@ -197,6 +208,7 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
             f"{a.path} ran on {layouts[0]}, {b.path} on {layouts[1]}: they cannot be compared step by step; "
             "record both with the same --nproc-per-node and parallel layout, or pass --no-replay to compare the ranks they share"
         )
+    layout = _whole(a), _whole(b)
     ranks = []
     for rank in range(min(a.world_size, b.world_size)):
         records = read_records(a.open_rank(rank), b.open_rank(rank))
@@ -205,14 +217,23 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
     records, verdict = first if first is not None else (ranks[0][0], None)
     result = _result_of(records, a, b)
     result.verdict = verdict
+    role = roles(ranks)
     followed = [(r, through_collectives(v, verdict) if verdict is not None else v) for r, v in ranks]
-    result.ranks = [RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline) for r, v in followed]
+    result.ranks = [
+        RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline, role=role.get(r.a.rank), node=layout[0].node_of(r.a.rank))
+        for r, v in followed
+    ]
     if first is None:
         _identical(records, result)
     if layouts[0] != layouts[1]:
         shared = "rank 0" if len(ranks) == 1 else f"ranks 0 to {len(ranks) - 1}"
         result.notes.append(f"run A ran on {layouts[0]}, run B on {layouts[1]}: only {shared}, which both have, compared")
     elif replay and verdict is not None:
+        if (layout[0].nnodes or 1) > 1:
+            result.notes.append(
+                f"run A was recorded on {layout[0].nnodes} nodes of {layout[0].nproc_per_node} ranks; "
+                f"the replay runs its {a.world_size} ranks on this machine alone, where they fit"
+            )
         _replay_ranks(records, verdict, result, allow, progress, announce)
     return result
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..store.nodes import Layout, read_layout
 from ..store.run import Run
 from ..store.trust import provenance
 from .drift import RankDrift, rank_drift
@@ -29,6 +30,7 @@ class RankStatus:
     last_step: int | None
     steps_logged: int
     host: str | None
+    node: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,6 +76,8 @@ class RunSummary:
     replicas: RankDrift | None = None
     edited: list[str] = field(default_factory=list)
     """Files of a run this user signed that no longer match their signed index lines."""
+    layout: Layout | None = None
+    """The nodes and ranks, with the ranks missing or incomplete (the run is then partial)."""
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -104,6 +108,7 @@ class RunSummary:
             found["distributed"] = self.distributed
             found["ranks"] = [rank.to_json() for rank in self.ranks]
             found["replicas"] = self.replicas.to_json() if self.replicas is not None else None
+            found["layout"] = self.layout.to_json() if self.layout is not None else None
         return found
 
 
@@ -112,9 +117,10 @@ def run_summary(run: Run, *, verify: bool = False) -> RunSummary:
 
     ``verify`` reads every committed snapshot and checkpoint (checksums, sizes, contents), not
     only the last snapshot, of every rank. A distributed run adds each rank's completeness and
-    where its replicas first part (:func:`rank_drift`).
+    where its replicas first part (:func:`rank_drift`), and its nodes (:func:`read_layout`): a
+    partial run (a rank missing) says which, and its replicas are not compared.
     """
-    ranks = [run.open_rank(rank) for rank in range(run.world_size)] if run.distributed else [run]
+    layout, ranks = read_layout(run) if run.distributed else (None, [run])
     summary = _rank_summary(run, verify=verify)
     found = provenance(run)
     summary.recorded_by_you, summary.edited = found.yours, list(found.edited)
@@ -129,11 +135,13 @@ def run_summary(run: Run, *, verify: bool = False) -> RunSummary:
                 last_step=r.last_step,
                 steps_logged=len(r.steps),
                 host=r.rank_meta.hostname if r.rank_meta is not None else None,
+                node=layout.node_of(r.rank) if layout is not None else None,
             )
             for r in ranks
         ]
-        summary.replicas = rank_drift(run)
-        summary.complete = all(r.complete for r in ranks)
+        summary.layout = layout
+        summary.replicas = rank_drift(run) if layout is None or not layout.missing else None
+        summary.complete = all(r.complete for r in ranks) and not (layout is not None and layout.partial)
         summary.verified = sum(len(r.snapshots) + len(r.checkpoints) for r in ranks) if verify else None
     return summary
 

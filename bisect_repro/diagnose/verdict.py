@@ -201,10 +201,16 @@ class RankResult:
     rank: int
     verdict: Verdict | None = None
     timeline: list[TimelineRow] = field(default_factory=list)
+    role: str | None = None
+    """``origin`` (its own state differed first) or ``receiver`` (only after a collective); ``None`` when it agrees."""
+    node: int | None = None
+    """The node the rank ran on in run A (torchrun's ``GROUP_RANK``), where recorded."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
+            "node": self.node,
+            "role": self.role,
             "verdict": self.verdict.to_json() if self.verdict else None,
             "timeline": [r.to_json() for r in self.timeline],
         }
@@ -214,6 +220,8 @@ class RankResult:
         verdict = found.get("verdict")
         return cls(
             rank=found["rank"],
+            role=found.get("role"),
+            node=found.get("node"),
             verdict=Verdict.from_json(verdict) if verdict else None,
             timeline=[TimelineRow.from_json(row) for row in found.get("timeline") or []],
         )

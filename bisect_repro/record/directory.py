@@ -1,7 +1,9 @@
 """The ranks of a distributed run agreeing on its directory, at the recorder's start and nowhere else.
 
 Rank 0 creates the run (its lock, ``--force``, ``run.json``, ``rank0/``); then every other rank
-joins it (its own ``rank{r}/``, its lock and ``rank.json``). Between the two, and after, the ranks
+joins it (its own ``rank{r}/``, its lock and ``rank.json``, which carries the run id read from
+``run.json``). On several nodes the same holds whichever node starts first: only global rank 0
+writes ``run.json``, and each rank only its own folder, so no two nodes write the same file. Between the two, and after, the ranks
 agree that every one of them succeeded: an all-reduce of one integer, over a gloo group (the
 default group when its backend has gloo, else one made for this and destroyed after), so that a
 rank that cannot record stops all of them at the start with its own error, rather than leaving
@@ -99,7 +101,15 @@ def distributed_meta(trainee: Trainee, info: RankInfo, environment: dict[str, An
         "loader": describe_loader(trainee.loader),
         "environment": environment,
     }
-    return parallel.describe(trainee.model, info), rank_meta
+    described = parallel.describe(trainee.model, info)
+    return described, {**rank_meta, "run_id": described["launcher"]["run_id"]}  # rank 0's is kept; the others read it
+
+
+def _of_this_run(out: Path | str, rank_meta: dict[str, Any]) -> dict[str, Any]:
+    """``rank_meta`` with the run id rank 0 wrote into ``run.json`` (read, never written, by this rank)."""
+    distributed = Run.open(out).distributed
+    run_id = distributed.launcher.get("run_id") if distributed is not None else None
+    return {**rank_meta, "run_id": run_id} if isinstance(run_id, str) else rank_meta
 
 
 def open_writer(
@@ -114,7 +124,7 @@ def open_writer(
         writer, error = _attempt(lambda: RunWriter.create(out, meta, force=force, rank_meta=rank_meta)) if info.rank == 0 else (None, None)
         _settle(group, error, writer, f"{out}: rank 0 could not create the run; its own error says why")
         if info.rank != 0:
-            writer, error = _attempt(lambda: RunWriter.join(out, info.rank, rank_meta))
+            writer, error = _attempt(lambda: RunWriter.join(out, info.rank, _of_this_run(out, rank_meta)))
         _settle(group, error, writer, f"{out}: another rank could not start recording; its error says why")
         assert writer is not None
         return writer

@@ -11,15 +11,18 @@ running it again under the same hooks.
 The user's own ``torchrun`` works the same way: ``-- torchrun --nproc-per-node 2 train.py ARGS``
 (or ``-- python -m torch.distributed.run ...``) starts that many ranks through PyTorch's launcher,
 each running the script under the hooks; the script initialises its process group itself, as it
-does without bisect-repro, and each rank records into its own ``rank{r}/``. ``compare`` replays
-such a run under torchrun with as many ranks (:mod:`bisect_repro.replay.ranked`).
+does without bisect-repro, and each rank records into its own ``rank{r}/``, keyed by its global
+rank. On several nodes each node runs the same command into the same folder on a shared file
+system, with torchrun's rendezvous options (``--nnodes 2 --node-rank R --rdzv-backend c10d
+--rdzv-endpoint HOST:PORT``), which are passed to the launcher as given. ``compare`` replays such a
+run under torchrun with as many ranks, on this machine (:mod:`bisect_repro.replay.ranked`).
 
 Where the guarantees stop: options of the interpreter itself (``-O``, ``-X ...``) are refused, and
 the script runs on this interpreter (the one bisect-repro is installed in), whatever the command
-names. Of torchrun's options only those of one node are accepted (``--nproc-per-node``,
-``--standalone``, ``--nnodes 1``, ``--node-rank 0``, ``--master-addr``, ``--master-port``); the
-ranks always rendezvous as ``--standalone`` does, on a free port. Several nodes need the Recorder
-in the script.
+names. Of torchrun's options only those in :data:`_OPTIONS` are accepted; on one node the ranks
+always rendezvous as ``--standalone`` does, on a free port; on several, ``--nnodes`` must be a
+fixed count (not elastic, ``1:4``) and a rendezvous endpoint (``--rdzv-endpoint`` or
+``--master-addr``) must be given.
 """
 
 from __future__ import annotations
@@ -43,12 +46,27 @@ from .autohooks import AutoHooks
 from .options import RecordOptions
 from .torchrun import torchrun_command
 
-__all__ = ["ScriptCommand", "is_interpreter", "is_launcher", "parse_command", "record_script", "run_as_main"]
+__all__ = ["ScriptCommand", "is_interpreter", "is_launcher", "launcher_options", "parse_command", "record_script", "run_as_main"]
 
 _INTERPRETER = re.compile(r"python[0-9.]*(\.exe)?")
 _USAGE = "give the command as: -- python train.py ARGS, -- python -m package.module ARGS or -- torchrun --nproc-per-node N train.py ARGS"
-_ONE_NODE = {"--standalone": None, "--nnodes": {"1", "1:1"}, "--node-rank": {"0"}, "--master-addr": (), "--master-port": ()}
-"""The torchrun options of one node: a flag (``None``), the values allowed, or any value (``()``)."""
+_RANKS_FIX = "give one, as in --nproc-per-node 2"
+_NUMBER = re.compile(r"[0-9]+")
+_NODES = re.compile(r"([0-9]+)(:\1)?")
+_OPTIONS: dict[str, re.Pattern[str] | None] = {
+    "--standalone": None,
+    "--nproc-per-node": _NUMBER,
+    "--nnodes": _NODES,
+    "--node-rank": _NUMBER,
+    "--master-addr": re.compile(r"[A-Za-z0-9.:_\[\]-]+"),
+    "--master-port": _NUMBER,
+    "--rdzv-backend": re.compile(r"c10d|static|etcd|etcd-v2"),
+    "--rdzv-endpoint": re.compile(r"[A-Za-z0-9.:_\[\]-]+"),
+    "--rdzv-id": re.compile(r"[A-Za-z0-9._-]+"),
+}
+"""The torchrun options accepted: a flag (``None``), or the pattern its value must match."""
+_PASSED = ("--node-rank", "--master-addr", "--master-port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id")
+"""The options passed to the launcher of a run on several nodes (with ``--nnodes`` and ``--nproc-per-node``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +79,8 @@ class ScriptCommand:
     argv: tuple[str, ...]
     nproc: int | None = None
     """Ranks on this node, for a command run under torchrun; ``None``: one process."""
+    launcher: tuple[str, ...] = ()
+    """The launcher options of a run on several nodes (``--nnodes 2 --node-rank 1 ...``); empty on one node."""
 
 
 def is_interpreter(word: str) -> bool:
@@ -75,55 +95,79 @@ def is_launcher(words: list[str]) -> bool:
     return Path(words[0]).name == "torchrun" or (is_interpreter(words[0]) and words[1:3] == ["-m", "torch.distributed.run"])
 
 
-def _ranks(words: list[str]) -> tuple[int, list[str]]:
-    """torchrun's options (see :data:`_ONE_NODE`): the number of ranks, and the words after them."""
-    nproc, rest = 1, list(words)
+def _options(words: list[str]) -> tuple[dict[str, str | None], list[str]]:
+    """torchrun's options (see :data:`_OPTIONS`) by name, and the words after them."""
+    found: dict[str, str | None] = {}
+    rest = list(words)
     while rest and rest[0].startswith("-") and rest[0] not in ("-m", "--module"):
         name, given, value = rest.pop(0).partition("=")
         name = "--" + name.lstrip("-").replace("_", "-")
-        allowed = _ONE_NODE.get(name, ())
-        if name not in (*_ONE_NODE, "--nproc-per-node"):
-            raise BisectReproError(
-                f"record: torchrun option {name} is not supported; record on one node: torchrun --nproc-per-node N train.py ARGS"
-            )
-        if allowed is None:
+        if name not in _OPTIONS:
+            raise BisectReproError(f"record: torchrun option {name} is not supported; the options read are {', '.join(_OPTIONS)}")
+        pattern = _OPTIONS[name]
+        if pattern is None:
+            found[name] = None
             continue
         if not given:
             if not rest:
                 raise BisectReproError(f"record: torchrun option {name} needs a value; {_USAGE}")
             value = rest.pop(0)
-        if name == "--nproc-per-node":
-            if not value.isdigit() or not 1 <= int(value) <= 64:
-                raise BisectReproError(
-                    f"record: --nproc-per-node {value!r} is not a number of ranks from 1 to 64; give one, as in --nproc-per-node 2"
-                )
-            nproc = int(value)
-        elif allowed and value not in allowed:
-            raise BisectReproError(
-                f"record: torchrun {name} {value}: only one node is supported; drop the option or record with the Recorder in the script"
-            )
-    return nproc, rest
+        if name == "--nproc-per-node" and not pattern.fullmatch(value):
+            raise BisectReproError(f"record: --nproc-per-node {value!r} is not a number of ranks from 1 to 64; {_RANKS_FIX}")
+        if not pattern.fullmatch(value):
+            raise BisectReproError(f"record: torchrun {name} {value!r} is not a value it takes; see torchrun --help")
+        found[name] = value
+    return found, rest
+
+
+def _ranks(words: list[str]) -> tuple[int, tuple[str, ...], list[str]]:
+    """The ranks on this node, the launcher options of several nodes (empty on one), and the words after them."""
+    found, rest = _options(words)
+    nproc = int(found.get("--nproc-per-node") or 1)
+    if not 1 <= nproc <= 64:
+        raise BisectReproError(f"record: --nproc-per-node {nproc} is not a number of ranks from 1 to 64; {_RANKS_FIX}")
+    nodes = int((found.get("--nnodes") or "1").partition(":")[0])
+    if nodes < 1:
+        raise BisectReproError("record: torchrun --nnodes 0: give the number of nodes, at least 1")
+    if nodes == 1:
+        return nproc, (), rest
+    if "--standalone" in found:
+        raise BisectReproError(f"record: torchrun --standalone is one node, --nnodes {nodes} several; drop one of them")
+    if found.get("--rdzv-endpoint") is None and found.get("--master-addr") is None:
+        raise BisectReproError(f"record: torchrun --nnodes {nodes} needs where the nodes meet: give --rdzv-endpoint HOST:PORT")
+    launcher = [f"--nnodes={nodes}", *(f"{name}={found[name]}" for name in _PASSED if found.get(name) is not None)]
+    return nproc, tuple(launcher), rest
+
+
+def launcher_options(words: list[str]) -> tuple[str, ...]:
+    """The launcher options of several nodes given to a recipe (``--nnodes=2``, ``--node-rank=1``,
+    ``--rdzv-endpoint=HOST:PORT``, ...), checked as a command's are; empty on one node."""
+    _, launcher, rest = _ranks(words)
+    if rest:
+        raise BisectReproError(f"record: --torchrun {rest[0]!r} is not a torchrun option; give one a time, as --torchrun=--nnodes=2")
+    return launcher
 
 
 def parse_command(words: list[str]) -> ScriptCommand:
     """``python train.py ARGS``, ``python -m pkg.train ARGS`` or ``torchrun [OPTIONS] train.py ARGS``;
     a one-line error with the fix otherwise."""
-    nproc = None
+    nproc: int | None = None
+    launcher: tuple[str, ...] = ()
     if is_launcher(words):
-        nproc, rest = _ranks(words[1:] if Path(words[0]).name == "torchrun" else words[3:])
+        nproc, launcher, rest = _ranks(words[1:] if Path(words[0]).name == "torchrun" else words[3:])
         words = [sys.executable, *("-m" if word == "--module" else word for word in rest[:1]), *rest[1:]]
     if not words or not is_interpreter(words[0]):
         shown = words[0] if words else "nothing"
         raise BisectReproError(f"record: the command starts with {shown!r}, not a Python interpreter or torchrun; {_USAGE}")
     rest = words[1:]
     if rest[:1] == ["-m"] and len(rest) >= 2:
-        return ScriptCommand(kind=CodeKind.MODULE, module=rest[1], argv=(rest[1], *rest[2:]), nproc=nproc)
+        return ScriptCommand(kind=CodeKind.MODULE, module=rest[1], argv=(rest[1], *rest[2:]), nproc=nproc, launcher=launcher)
     if not rest or rest[0].startswith("-"):
         raise BisectReproError(f"record: {' '.join(words)!r} names no script (interpreter options are not supported); {_USAGE}")
     path = Path(rest[0])
     if not path.is_file():
         raise BisectReproError(f"record: {rest[0]}: no such script; check the path")
-    return ScriptCommand(kind=CodeKind.SCRIPT, path=str(path.resolve()), argv=(rest[0], *rest[1:]), nproc=nproc)
+    return ScriptCommand(kind=CodeKind.SCRIPT, path=str(path.resolve()), argv=(rest[0], *rest[1:]), nproc=nproc, launcher=launcher)
 
 
 def run_as_main(command: ScriptCommand) -> None:
@@ -151,7 +195,7 @@ def record_script(command: ScriptCommand, out: Path, options: RecordOptions) -> 
     path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
     entry = [sys.executable, "-c", "import sys; from bisect_repro.record.script import main; sys.exit(main(sys.argv[1:]))"]
     if command.nproc is not None:  # each rank runs main()
-        entry = [*torchrun_command(command.nproc), "--no-python", *entry]
+        entry = [*torchrun_command(command.nproc, command.launcher), "--no-python", *entry]
     return subprocess.call([*entry, json.dumps(spec)], env={**os.environ, "PYTHONPATH": path})
 
 

@@ -13,8 +13,12 @@ turns into the one line the CLI prints: the error of the first rank that failed 
 than the others' "another rank failed". Progress is read from ``rank0/steps.jsonl`` as it
 grows (one update per snapshot).
 
-Where the guarantees stop: one node only (``--standalone``); for several nodes run your own
-``torchrun`` with the :class:`Recorder` in your script. ``torchrun`` sets ``OMP_NUM_THREADS=1`` in
+On several nodes each node runs the same command with ``--torchrun`` options (``--nnodes``,
+``--node-rank``, ``--rdzv-backend``, ``--rdzv-endpoint``), passed to the launcher in place of
+``--standalone``; the reports folder is each node's own, its files named by global rank.
+
+Where the guarantees stop: progress is read from ``rank0/``, so a node without global rank 0
+shows it as the shared file system makes it visible. ``torchrun`` sets ``OMP_NUM_THREADS=1`` in
 each rank when it is unset, as it always does; the fingerprint records it.
 """
 
@@ -67,20 +71,26 @@ class _Committed:
         return self.lines
 
 
-def _first_error(reports: Path, world: int) -> str | None:
+def _by_rank(reports: Path, kind: str) -> list[tuple[int, Path]]:
+    """This node's report files of a kind, by global rank (``rank{r}.{kind}``), in rank order."""
+    found = [(int(f.stem[4:]), f) for f in reports.glob(f"rank*.{kind}") if f.stem[4:].isdigit()]
+    return sorted(found)
+
+
+def _first_error(reports: Path) -> str | None:
     """The first rank's own error; a rank that stopped because another failed says so in a ``.peer`` file."""
     for kind in ("error", "peer"):
-        for rank in range(world):
-            file = reports / f"rank{rank}.{kind}"
-            if file.is_file():
-                return file.read_text(errors="replace").strip()
+        for _, file in _by_rank(reports, kind)[:1]:
+            return file.read_text(errors="replace").strip()
     return None
 
 
-def torchrun_command(nproc: int) -> list[str]:
+def torchrun_command(nproc: int, nodes: tuple[str, ...] = ()) -> list[str]:
     """The launcher of ``nproc`` ranks on this node: this interpreter's ``torch.distributed.run``
-    (the module ``torchrun`` runs), which picks its own free rendezvous port."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    (the module ``torchrun`` runs); alone, it picks its own free rendezvous port; with ``nodes``
+    (``--nnodes=2 --rdzv-endpoint=...``), it meets the other nodes where those options say."""
+    alone = () if nodes else ("--standalone",)
+    return [sys.executable, "-m", "torch.distributed.run", *alone, *nodes, f"--nproc-per-node={nproc}"]
 
 
 def record_ranks(
@@ -93,15 +103,17 @@ def record_ranks(
     resume: bool = False,
     on_progress: Callable[[int], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
+    nodes: tuple[str, ...] = (),
 ) -> None:
-    """Record ``target`` on ``nproc`` ranks into ``out``; raise the first rank's error (one line) if one failed."""
+    """Record ``target`` on ``nproc`` ranks of this node into ``out`` (with ``nodes``, this node's
+    share of a run of several, see :func:`torchrun_command`); raise the first rank's error (one line) if one failed."""
     if nproc < 1:
         raise BisectReproError(f"--nproc-per-node {nproc}: must be at least 1")
     spec = {"target": target, "out": str(out.resolve()), "options": asdict(options), "config": dict(config), "resume": resume}
     reports = Path(tempfile.mkdtemp(prefix="bisect-repro-ranks-"))
     committed = _Committed(out)
     log = reports / "torchrun.log"
-    command = [*torchrun_command(nproc), "-m", "bisect_repro.record.torchrun", json.dumps(spec)]
+    command = [*torchrun_command(nproc, nodes), "-m", "bisect_repro.record.torchrun", json.dumps(spec)]
     try:
         with open(log, "wb") as output:
             process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, _REPORTS: str(reports)})
@@ -114,13 +126,12 @@ def record_ranks(
                 process.terminate()
                 process.wait()
                 raise
-        for rank in range(nproc):
-            file = reports / f"rank{rank}.warnings"
-            if on_warning is not None and file.is_file():
+        for rank, file in _by_rank(reports, "warnings"):
+            if on_warning is not None:
                 for line in file.read_text(errors="replace").splitlines():
                     on_warning(f"rank {rank}: {line}")
         if process.returncode != 0:
-            error = _first_error(reports, nproc)
+            error = _first_error(reports)
             if error is not None:
                 raise BisectReproError(error)
             handle, name = tempfile.mkstemp(prefix="bisect-repro-torchrun-", suffix=".log")  # a new file: never through a link

@@ -23,6 +23,7 @@ from ..diagnose.drift import RankDrift
 from ..diagnose.findings import SEVERITIES
 from ..diagnose.summary import RunSummary
 from ..diagnose.verdict import CompareResult, RankResult, ReplayInfo, TimelineRow, Verdict
+from ..store.nodes import Layout
 from .safe import safe_text
 
 __all__ = ["named_by", "render_comparison", "render_doctor", "render_summary", "replay_summary", "verdict_where"]
@@ -75,9 +76,30 @@ def render_summary(summary: RunSummary, console: Console) -> None:
                 + (f"; incomplete: {', '.join(waiting)}" if waiting else "")
             ),
         )
+        if summary.layout is not None:
+            for label, line in layout_lines(summary.layout):
+                table.add_row(label, safe_text(line))
         if summary.replicas is not None:
             table.add_row("replicas", _replicas_line(summary.replicas))
     console.print(table)
+
+
+def layout_lines(layout: Layout) -> list[tuple[str, str]]:
+    """``show``'s rows of a distributed run's nodes: each node's host and ranks, then what is missing."""
+    rows = []
+    if layout.nnodes is not None and layout.nproc_per_node is not None:
+        rows.append(("nodes", f"{layout.nnodes} x {layout.nproc_per_node} ranks"))
+    for node in layout.nodes:
+        name = f"node {node.node}" if node.node is not None else "node ?"
+        rows.append((name, f"{', '.join(node.hosts) or 'host unknown'}: ranks {', '.join(map(str, node.ranks))}"))
+    if layout.partial:
+        lost = [f"rank {r} missing (no records)" for r in layout.missing]
+        for rank, step in layout.incomplete.items():
+            on = layout.node_of(rank)
+            stopped = f"at step {step}" if step is not None else "before its first snapshot"
+            lost.append(f"rank {rank} stopped {stopped}" + (f" (node {on})" if on is not None else ""))
+        rows.append(("partial", "; ".join(lost)))
+    return rows
 
 
 def _replicas_line(drift: RankDrift, limit: int = 4) -> str:
@@ -203,15 +225,21 @@ def replay_summary(replay: ReplayInfo) -> tuple[str, bool]:
 
 def _ranks_table(ranks: list[RankResult]) -> Table:
     table = Table(title="ranks", title_justify="left", header_style="bold")
+    nodes = any(entry.node is not None for entry in ranks)
     table.add_column("rank", justify="right")
+    if nodes:
+        table.add_column("node", justify="right")
     table.add_column("first difference in its records")
+    table.add_column("role")
     table.add_column("cause")
     for entry in ranks:
         verdict = entry.verdict
+        node = [safe_text(entry.node if entry.node is not None else "?")] if nodes else []
         if verdict is None:
-            table.add_row(safe_text(entry.rank), "[green]identical[/]", "-")
+            table.add_row(safe_text(entry.rank), *node, "[green]identical[/]", "-", "-")
         else:
-            table.add_row(safe_text(entry.rank), f"step {safe_text(verdict.step)}", safe_text(cause_title(verdict.cause)))
+            cells = f"step {safe_text(verdict.step)}", safe_text(entry.role or "-"), safe_text(cause_title(verdict.cause))
+            table.add_row(safe_text(entry.rank), *node, *cells)
     return table
 
 

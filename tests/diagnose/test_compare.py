@@ -154,7 +154,7 @@ def test_a_single_process_comparison_lists_its_one_rank(tmp_path) -> None:
     a = fake_run(tmp_path / "a", {0: "x", 5: "y"}, [1.0] * 5)
     b = fake_run(tmp_path / "b", {0: "x", 5: "z"}, [1.0] * 5)
     result = compare(a, b, replay=False).to_json()
-    assert result["ranks"] == [{"rank": 0, "verdict": result["verdict"], "timeline": result["timeline"]}]
+    assert result["ranks"] == [{"rank": 0, "node": None, "role": None, "verdict": result["verdict"], "timeline": result["timeline"]}]
     assert result["verdict"]["rank"] is None  # no ranks to tell apart
 
 

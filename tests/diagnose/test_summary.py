@@ -71,8 +71,9 @@ def test_a_distributed_run_adds_its_ranks_and_replicas_last(tmp_path) -> None:
     ]
     assert isinstance(summary.replicas, RankDrift) and summary.replicas.step == 2 and summary.verified == 4
     found = summary.to_json()
-    assert list(found) == [*KEYS, "distributed", "ranks", "replicas"]
-    assert found["ranks"][1] == {"rank": 1, "complete": True, "last_step": 2, "steps_logged": 2, "host": None}
+    assert list(found) == [*KEYS, "distributed", "ranks", "replicas", "layout"]
+    assert found["ranks"][1] == {"rank": 1, "complete": True, "last_step": 2, "steps_logged": 2, "host": None, "node": None}
+    assert found["layout"]["missing"] == [] and found["layout"]["partial"] is False
     assert found["replicas"]["tensors"] == [{"tensor": "w", "ranks": [1], "group": [0, 1]}]
     text = rendered(summary)
     assert "2 (ddp, gloo)" in text and "part at step 2" in text and "w on rank 1" in text

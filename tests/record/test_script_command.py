@@ -9,6 +9,7 @@ import pytest
 
 from bisect_repro.errors import BisectReproError
 from bisect_repro.record.script import is_launcher, parse_command
+from bisect_repro.record.torchrun import torchrun_command
 from bisect_repro.store.meta import CodeKind
 
 
@@ -42,11 +43,25 @@ def test_torchrun_runs_a_module_and_python_runs_one_process(script: Path) -> Non
     assert plain.nproc is None and not is_launcher([sys.executable, "train.py"])
 
 
+def test_torchrun_on_several_nodes_passes_the_rendezvous_to_the_launcher(script: Path) -> None:
+    words = ["torchrun", "--nnodes", "2", "--node_rank=1", "--nproc-per-node", "3", "--rdzv-backend", "c10d"]
+    command = parse_command([*words, "--rdzv-endpoint", "10.0.0.1:29400", "train.py", "--lr", "3"])
+    assert (command.nproc, command.argv) == (3, ("train.py", "--lr", "3"))
+    assert command.launcher == ("--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400")
+    launcher = torchrun_command(3, command.launcher)
+    assert "--standalone" not in launcher and launcher[-1] == "--nproc-per-node=3" and "--rdzv-endpoint=10.0.0.1:29400" in launcher
+    assert parse_command(["torchrun", "--nnodes", "1", "train.py"]).launcher == ()
+    assert "--standalone" in torchrun_command(2)
+
+
 @pytest.mark.parametrize(
     ("words", "says"),
     [
-        (["torchrun", "--nnodes", "2", "train.py"], "torchrun --nnodes 2: only one node is supported"),
-        (["torchrun", "--rdzv-backend", "c10d", "train.py"], "torchrun option --rdzv-backend is not supported"),
+        (["torchrun", "--nnodes", "2", "train.py"], "torchrun --nnodes 2 needs where the nodes meet: give --rdzv-endpoint HOST:PORT"),
+        (["torchrun", "--nnodes", "1:4", "train.py"], "torchrun --nnodes '1:4' is not a value it takes"),
+        (["torchrun", "--nnodes=2", "--standalone", "--rdzv-endpoint=h:1", "train.py"], "--standalone is one node, --nnodes 2 several"),
+        (["torchrun", "--rdzv-backend", "c10d;rm", "train.py"], "torchrun --rdzv-backend 'c10d;rm' is not a value it takes"),
+        (["torchrun", "--max-restarts", "3", "train.py"], "torchrun option --max-restarts is not supported"),
         (["torchrun", "--no-python", "train.py"], "torchrun option --no-python is not supported"),
         (["torchrun", "--nproc-per-node", "gpu", "train.py"], "--nproc-per-node 'gpu' is not a number of ranks"),
         (["torchrun", "--nproc-per-node"], "torchrun option --nproc-per-node needs a value"),
