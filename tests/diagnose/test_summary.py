@@ -16,7 +16,7 @@ from bisect_repro.store.writer import RunWriter
 from tests.fakes import fake_ranks
 
 KEYS = [
-    "schema", "path", "format", "target", "config", "options", "recorded_by_you", "complete", "steps_logged", "last_step",
+    "schema", "path", "format", "target", "config", "options", "recorded_by_you", "edited", "complete", "steps_logged", "last_step",
     "snapshots", "checkpoints", "streams", "tensors_hashed", "verified", "first_loss", "last_loss", "bytes", "model", "loader",
     "environment",
 ]  # fmt: skip
