@@ -12,7 +12,8 @@ experiment as :class:`~bisect_repro.diagnose.verdict.Evidence`:
    Python values), or a nondeterministic op (equal inputs, different outputs, in two pairs of
    re-runs).
 3. When both runs repeat themselves, run B's step is run under run A's conditions until the
-   difference vanishes (:mod:`bisect_repro.diagnose.swaps`).
+   difference vanishes (:mod:`bisect_repro.diagnose.swaps`), first without the reseeds from
+   entropy the step makes in one run only (their recorded values replayed, they repeat).
 4. An op trace of both runs names the first op where they part, with the ops around it; the two
    copies of the first divergent tensor give the size of the difference.
 
@@ -127,6 +128,8 @@ class StepAnalysis:
             self._differs_from_itself(verdict, *next((label, c) for label, c in checks.items() if not c.repeats))
         elif entry.phase == "data":
             self.swaps.data(verdict, entry.tensor == "batch.indices", self.divergence.fetched[0])
+        elif self.swaps.reseeds(verdict, ta, tb):
+            self.reseeded = True
         else:
             self.swaps.compute(verdict, ta)
         if entry.phase != "data":
@@ -219,7 +222,7 @@ class StepAnalysis:
     def _full_traces(self) -> tuple[StepResult, StepResult, int | None]:
         """Full traces of the step in both runs, and the first entry where they differ (``None``: they agree)."""
         la, lb = self.divergence.light
-        if not self.ra.reruns and not self.divergence.parted_only:  # a framework's replay traced the lockstep in full already
+        if not self.ra.reruns and not self.ra.afresh and not self.divergence.parted_only:  # a framework's lockstep was traced in full
             return la, lb, first_difference(la.entries, lb.entries)
         for _ in range(RERUNS if not self.divergence.parted_only else 1):
             ta, tb = self.both(partial(self.ra.run, self.step, trace="full"), partial(self.rb.run, self.step, trace="full"))

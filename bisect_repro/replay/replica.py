@@ -128,6 +128,8 @@ class Replica:
         self._spare_lock = threading.Lock()
         self._closing = False
         self.spare = False  # a spare being prepared: its requests yield the cores to the replay's
+        self.afresh = False
+        """Each repeat of a step runs in a fresh process, though this one could run it again (:meth:`repeat_afresh`)."""
         _STARTS.add()
         self._start()
 
@@ -158,7 +160,15 @@ class Replica:
     def reruns(self) -> bool:
         """Whether a step can run again in this process (``False`` when a framework drives the loop:
         then each repeat of a step is a fresh process, replayed to it, which this class starts)."""
-        return self.hello is None or self.hello.reruns
+        return (self.hello is None or self.hello.reruns) and not self.afresh
+
+    def repeat_afresh(self, first: int) -> None:
+        """From now on run each repeat of a step in a fresh process restored at checkpoint ``first``
+        and replayed to the step, as a framework's steps are: for a loop whose own state (a local
+        counter such as ``enumerate``'s) a repeat in one process does not put back."""
+        assert self._restored is not None, "restore() first"
+        path, _, environment = self._restored
+        self._restored, self.afresh = (path, first, environment), True
 
     def _to_start_of(self, step: int) -> None:
         """In a process that runs each step once (a framework's), stand at the start of ``step``:
@@ -179,6 +189,8 @@ class Replica:
             fresh.skip(step)
         self._finish()
         self._adopt(fresh)
+        if self.afresh:  # a loop's server runs a step it has fetched
+            self.fetch()
         self.prefetch(step)
 
     def prefetch(self, step: int) -> None:
@@ -190,14 +202,8 @@ class Replica:
 
     def _adopt(self, fresh: Replica) -> None:
         """Take over a fresh replica's process and connection (this one's has ended)."""
-        self.listener, self.log, self.process, self.channel, self.hello, self.step = (
-            fresh.listener,
-            fresh.log,
-            fresh.process,
-            fresh.channel,
-            fresh.hello,
-            fresh.step,
-        )
+        for name in ("listener", "log", "process", "channel", "hello", "step"):
+            setattr(self, name, getattr(fresh, name))
 
     def _prepared(self, step: int, *, spare: bool) -> Replica:
         """A fresh process of this run, restored and replayed to the start of ``step`` (``spare``: ahead of need)."""
@@ -306,6 +312,7 @@ class Replica:
         environment: dict[str, Any] | None = None,
         advance: list[str] | tuple[str, ...] = (),
         fixed_entropy: int | None = None,
+        kept_entropy: bool = False,
         commit: bool = False,
         streams: dict[str, Any] | None = None,
     ) -> StepResult:
@@ -313,16 +320,9 @@ class Replica:
         ``streams`` instead of its own when given."""
         self._to_start_of(step)
         request = Run(
-            step=step,
-            trace=trace,
-            keep=tuple(sorted(keep)),
-            ops=ops,
-            alerts=alerts,
-            environment=environment,
-            advance=tuple(advance),
-            fixed_entropy=fixed_entropy,
-            commit=commit,
-        )
+            step=step, trace=trace, keep=tuple(sorted(keep)), ops=ops, alerts=alerts, environment=environment,
+            advance=tuple(advance), fixed_entropy=fixed_entropy, kept_entropy=kept_entropy, commit=commit,
+        )  # fmt: skip
         message = request.to_json()
         reply, tree = self.request(message.pop("op"), {"streams": streams} if streams is not None else None, **message)
         if commit or not self.reruns:

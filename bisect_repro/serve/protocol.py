@@ -145,6 +145,8 @@ class Run:
     """Streams drawn from once before the step."""
     fixed_entropy: int | None = None
     """Seed every call that would seed from entropy with this value instead."""
+    kept_entropy: bool = False
+    """Make every call that would reseed a stream from entropy leave it as it is."""
     commit: bool = False
     """Move on to the next step afterwards (only from the latest kept step)."""
 
@@ -162,6 +164,7 @@ class Run:
             environment=data.get("environment"),
             advance=tuple(str(s) for s in data.get("advance", ())),
             fixed_entropy=data.get("fixed_entropy"),
+            kept_entropy=bool(data.get("kept_entropy")),
             commit=bool(data.get("commit")),
         )
 
