@@ -296,8 +296,9 @@ class Lockstep:
             replica.repeat_afresh(first)
         self.notes.append(
             f"step {divergence.step} run again in the same process makes other seeding calls than its first run "
-            f"(run {' and run '.join(moved)}): the loop's own state, such as enumerate's counter, moved on; every experiment "
-            f"repeats the step in a fresh process replayed from the first checkpoints (steps {self.first[0]}/{self.first[1]})"
+            f"(run {' and run '.join(moved)}): it reads state a repeat does not put back (a loop's enumerate counter, an object's "
+            f"attribute); every experiment repeats the step in a fresh process replayed from the first checkpoints "
+            f"(steps {self.first[0]}/{self.first[1]})"
         )
 
     @property

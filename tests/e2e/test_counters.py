@@ -31,6 +31,7 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("counter", ["closure", "global", "enumerate"])
 def test_a_reseed_behind_a_counter_of_the_scripts_own(script: Path, counter: str) -> None:
     folder = script.parent
@@ -47,6 +48,10 @@ def test_a_reseed_behind_a_counter_of_the_scripts_own(script: Path, counter: str
     assert (verdict["phase"], verdict["layer"], verdict["confidence"]) == ("forward", "2", "proven"), verdict
     assert report["replay"]["faithful"], report
     if counter == "enumerate":  # a local of the running loop: repeats of the step run in fresh processes from the start
+        done = _run(str(script), "--out", "enumerate-a2", "--counter", counter, cwd=folder)
+        assert done.returncode == 0, done.stderr[-2000:]
+        same = _run("-m", "bisect_repro.cli", "compare", "enumerate-a", "enumerate-a2", "--json", cwd=folder)
+        assert same.returncode == 0 and json.loads(same.stdout)["identical"], same.stderr[-2000:]
         assert any(e["experiment"] == "reseed_kept" and e["outcome"] == "matches" for e in verdict["evidence"]), verdict["evidence"]
         assert report["replay"]["from_step"] == 0, report["replay"]
         assert any("fresh process" in note for note in report["notes"]), report["notes"]
