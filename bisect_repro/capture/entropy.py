@@ -48,6 +48,7 @@ FEED_OUTCOMES = {
     "recorded": "given the value the run recorded",
     "beyond": "beyond what the run recorded: drew from entropy as usual",
     "other": "the run recorded another call there (another kind or call site): drew from entropy as usual",
+    "kept": "left its stream as it was (an experiment)",
 }
 """What a replay did with an entropy call (the call's ``replayed``), in words."""
 
@@ -180,10 +181,15 @@ class EntropyFeed:
     recorded: list[RecordedEntropy]
     step: Callable[[], int]
     """The step running now."""
+    kept_from: int | None = None
+    """From this step on, every call leaves its stream as it is (``kept``): the experiment that
+    shows what a run computes without its reseeds."""
     given: set[int] = field(default_factory=set)
 
     @classmethod
-    def of_steps(cls, steps: Mapping[int, Mapping[str, Any]], start: int, step: Callable[[], int]) -> EntropyFeed:
+    def of_steps(
+        cls, steps: Mapping[int, Mapping[str, Any]], start: int, step: Callable[[], int], *, kept_from: int | None = None
+    ) -> EntropyFeed:
         """The calls with a value in a run's step records (``steps.jsonl``) from ``start`` on."""
         recorded = [
             RecordedEntropy(s, c["call"], c.get("where"), c["value"])
@@ -192,11 +198,13 @@ class EntropyFeed:
             for c in steps[s].get("seeded") or []
             if c.get("entropy") is True and c.get("value") is not None
         ]
-        return cls(recorded, step)
+        return cls(recorded, step, kept_from)
 
     def take(self, call: str, where: str | None) -> tuple[Any, str]:
-        """The recorded value for this call now, and what was done (a key of :data:`FEED_OUTCOMES`)."""
+        """The recorded value for this call now, and what is done (a key of :data:`FEED_OUTCOMES`)."""
         now = self.step()
+        if self.kept_from is not None and now >= self.kept_from:
+            return None, "kept"
         index = next((i for i, r in enumerate(self.recorded) if r.step == now and i not in self.given), None)
         if index is None:
             return None, "beyond"

@@ -8,11 +8,10 @@ the OS or the clock decides), and the call site: the first frame outside torch, 
 
 ``fixed=N`` turns every call that would seed from entropy into one seeded with ``N``: the
 experiment that proves a reseed is what makes a step differ from itself (with it fixed, the step
-repeats). ``kept=True`` makes such a call leave its stream as it is (a new generator is still
-made from entropy): the experiment that proves a reseed is what makes one run differ from another.
-Each call from entropy notes the value it produced (``value``, see
+repeats). Each call from entropy notes the value it produced (``value``, see
 :mod:`bisect_repro.capture.entropy`); with a ``feed`` (a replay), it is given the value its run
-recorded instead.
+recorded instead, or leaves its stream as it is (the experiment that proves a reseed is what makes
+one run differ from another).
 
 Where the guarantees stop: only calls through these names are seen; a function bound to another
 name before the watch was installed (``from torch import seed``), ``torch.Generator.seed()`` (a
@@ -145,7 +144,6 @@ class SeedingWatch:
 
     def __init__(self, fixed: int | None = None, *, on_call: Callable[[SeedingCall], None] | None = None) -> None:
         self.fixed = fixed
-        self.kept = False
         self.feed: EntropyFeed | None = None
         self.calls: list[SeedingCall] = []
         self.on_call = on_call
@@ -216,13 +214,13 @@ def _from_entropy(
     if fixed is not None:
         _seen(call)
         return seeded(original, fixed, *args, **kwargs)
-    if any(w.kept for w in _watches) and label != "np.random.default_rng":
-        _seen(dataclasses.replace(call, replayed="kept"))
-        return torch.initial_seed() if label == "torch.seed" else None
     feed = next((w.feed for w in reversed(_watches) if w.feed is not None), None)
     if feed is not None:
         value, how = feed.take(call.call, call.where)
         call = dataclasses.replace(call, replayed=how)
+        if how == "kept" and label != "np.random.default_rng":  # a new generator is made from entropy all the same
+            _seen(call)
+            return torch.initial_seed() if label == "torch.seed" else None
         if value is not None:
             _seen(dataclasses.replace(call, value=value))
             return give(label, value, original, args)

@@ -13,7 +13,7 @@ experiment as :class:`~bisect_repro.diagnose.verdict.Evidence`:
    re-runs).
 3. When both runs repeat themselves, run B's step is run under run A's conditions until the
    difference vanishes (:mod:`bisect_repro.diagnose.swaps`), first without the reseeds from
-   entropy the step makes in one run only (their recorded values replayed, they repeat).
+   entropy the step logs show in one run only (:mod:`bisect_repro.diagnose.reseeds`).
 4. An op trace of both runs names the first op where they part, with the ops around it; the two
    copies of the first divergent tensor give the size of the difference.
 
@@ -49,6 +49,7 @@ from ..serve.protocol import StepResult
 from .causes import Cause, explanation_for, fix_for
 from .difference import difference_stats
 from .records import Records
+from .reseeds import prove_kept
 from .selfcheck import OPS_PHASE, RERUNS, Repeatability, check_repeats, ops_context
 from .swaps import Swaps
 from .verdict import Confidence, Evidence, Verdict
@@ -126,10 +127,10 @@ class StepAnalysis:
             self._reseeded(verdict, {label: c for label, c in checks.items() if c.streams})
         elif any(not check.repeats for check in checks.values()):
             self._differs_from_itself(verdict, *next((label, c) for label, c in checks.items() if not c.repeats))
+        elif self._kept(verdict, ta, tb):
+            self.reseeded = True
         elif entry.phase == "data":
             self.swaps.data(verdict, entry.tensor == "batch.indices", self.divergence.fetched[0])
-        elif self.swaps.reseeds(verdict, ta, tb):
-            self.reseeded = True
         else:
             self.swaps.compute(verdict, ta)
         if entry.phase != "data":
@@ -137,6 +138,11 @@ class StepAnalysis:
         verdict.evidence = self.evidence
         self._words(verdict)
         return verdict
+
+    def _kept(self, verdict: Verdict, ta: StepResult, tb: StepResult) -> bool:
+        found = prove_kept(verdict, (self.records.a, self.records.b), self.swaps.specs, self.checkpoints, (ta, tb), self.start)
+        self.evidence += [found] if found is not None else []
+        return found is not None and found.outcome.value == "matches"
 
     def _agreeing(self, step: int) -> Verdict:
         """Both replicas repeat this step and agree, yet the replay does not reproduce the records

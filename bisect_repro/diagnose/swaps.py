@@ -4,9 +4,6 @@ Each swap is an experiment on a step that repeats exactly in both runs (see
 :mod:`bisect_repro.diagnose.experiments`): when run B, given one of run A's conditions, computes
 what run A computes, that condition is the cause, proven. In order:
 
-- the reseeds from entropy the step makes in one run and not the other (replayed with their
-  recorded values, the step repeats): that run's step with each such call leaving its stream as
-  it is;
 - the random streams run B starts the step from (then stream by stream, to name them);
 - the in-process settings (thread count, determinism and TF32 switches, matmul precision; then
   key by key);
@@ -31,7 +28,6 @@ from typing import Any
 
 from ..capture import env
 from ..capture.rng import loader_draws_from, tree_digest
-from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import both
@@ -44,10 +40,6 @@ from .records import Records
 from .verdict import Confidence, Evidence, Verdict
 
 __all__ = ["Swaps"]
-
-
-def _entropy_calls(result: StepResult) -> list[dict[str, Any]]:
-    return [c for c in result.seeding if c.get("entropy") and c.get("replayed") != "kept"]
 
 
 def _outcome(matched: bool) -> str:
@@ -80,32 +72,6 @@ class Swaps:
 
     def _add(self, experiment: str, subject: str, matched: bool, detail: str) -> None:
         self.evidence.append(Evidence(experiment=experiment, subject=subject, outcome=_outcome(matched), detail=detail))
-
-    # -- a step that reseeds in one run ---------------------------------------------------------
-    def reseeds(self, verdict: Verdict, trace_a: StepResult, trace_b: StepResult) -> bool:
-        """Where one run's step reseeds from entropy and the other's does not: does that run's step,
-        with each such call leaving its stream as it is, compute what the other's computes?"""
-        calls = {label: _entropy_calls(t) for label, t in (("A", trace_a), ("B", trace_b))}
-        if (not calls["A"]) == (not calls["B"]):
-            return False
-        label = "B" if calls["B"] else "A"
-        replica, other = (self.rb, trace_a) if label == "B" else (self.ra, trace_b)
-        kept = replica.run(self.step, trace="full", kept_entropy=True)
-        matched = first_difference(other.entries, kept.entries) is None
-        named = ", ".join(dict.fromkeys(SeedingCall.from_json(c).describe() for c in calls[label]))
-        streams = sorted({str(c.get("stream")) for c in calls[label]})
-        outcome = f"computes what run {'AB'[label == 'A']} computes" if matched else "still differs"
-        self._add(
-            "reseed_kept",
-            f"run {label} with {named} leaving {', '.join(streams)} as it is",
-            matched,
-            f"with {named} (replayed with its recorded value, the step repeats) leaving the stream as it is, step {self.step} of "
-            f"run {label} {outcome}",
-        )
-        if matched:
-            verdict.cause, verdict.confidence, verdict.rng = Cause.RNG_STATE, Confidence.PROVEN, streams
-            verdict.reseeded = [{k: v for k, v in c.items() if k != "replayed"} for c in calls[label]]
-        return matched
 
     # -- a step that computes differently ------------------------------------------------------
     def compute(self, verdict: Verdict, trace_a: StepResult) -> None:

@@ -312,7 +312,6 @@ class Replica:
         environment: dict[str, Any] | None = None,
         advance: list[str] | tuple[str, ...] = (),
         fixed_entropy: int | None = None,
-        kept_entropy: bool = False,
         commit: bool = False,
         streams: dict[str, Any] | None = None,
     ) -> StepResult:
@@ -321,7 +320,7 @@ class Replica:
         self._to_start_of(step)
         request = Run(
             step=step, trace=trace, keep=tuple(sorted(keep)), ops=ops, alerts=alerts, environment=environment,
-            advance=tuple(advance), fixed_entropy=fixed_entropy, kept_entropy=kept_entropy, commit=commit,
+            advance=tuple(advance), fixed_entropy=fixed_entropy, commit=commit,
         )  # fmt: skip
         message = request.to_json()
         reply, tree = self.request(message.pop("op"), {"streams": streams} if streams is not None else None, **message)

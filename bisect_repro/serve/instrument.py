@@ -4,7 +4,7 @@
 user's own code: in the loop a :class:`~bisect_repro.serve.server.StepServer` drives, the
 ``yield`` of the batch; in a framework's loop, the hooks that start and end a step
 (:mod:`bisect_repro.serve.hooks`). It applies the request's in-process settings, draws the
-streams it asks to advance, fixes entropy seeding (or keeps the streams it would reseed) when asked, installs the step tracer, the op
+streams it asks to advance, fixes entropy seeding when asked, installs the step tracer, the op
 tracer and the determinism-alert catcher, and on leaving undoes the settings and builds the reply:
 the trace, the loss, one digest of the state and gradients after the step, each stream's digest
 after it and the seeding calls made during it.
@@ -78,7 +78,7 @@ class InstrumentedStep:
         self._before = env.apply(request.environment) if request.environment else None
         for name in request.advance:
             draw_once(name, recipe_streams(self.trainee))
-        self.watch.fixed, self.watch.kept = request.fixed_entropy, request.kept_entropy
+        self.watch.fixed = request.fixed_entropy
         self.seeding = self._stack.enter_context(self.watch.collecting())
         for part in (self.tracer, self.ops.tracing() if self.ops else None, self.alerts.catching() if self.alerts else None):
             if part is not None:
@@ -89,7 +89,7 @@ class InstrumentedStep:
         try:
             self._stack.__exit__(kind, error, tb)
         finally:
-            self.watch.fixed, self.watch.kept = None, False
+            self.watch.fixed = None
             if self._before is not None:
                 env.apply(self._before)
 

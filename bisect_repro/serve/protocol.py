@@ -96,11 +96,21 @@ class Restore:
     environment: dict[str, Any] = field(default_factory=dict)
     rebuilt: bool = False
     """Keep the hyperparameters the code was built with (another config), not the checkpoint's."""
+    kept_from: int | None = None
+    """From this step on, every call that would reseed a stream from entropy leaves it as it is
+    (before it, each is given its recorded value)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Restore:
         environment = dict(data.get("environment") or {})
-        return cls(run=str(data["run"]), step=int(data["step"]), environment=environment, rebuilt=bool(data.get("rebuilt")))
+        kept = data.get("kept_from")
+        return cls(
+            run=str(data["run"]),
+            step=int(data["step"]),
+            environment=environment,
+            rebuilt=bool(data.get("rebuilt")),
+            kept_from=None if kept is None else int(kept),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,8 +155,6 @@ class Run:
     """Streams drawn from once before the step."""
     fixed_entropy: int | None = None
     """Seed every call that would seed from entropy with this value instead."""
-    kept_entropy: bool = False
-    """Make every call that would reseed a stream from entropy leave it as it is."""
     commit: bool = False
     """Move on to the next step afterwards (only from the latest kept step)."""
 
@@ -164,7 +172,6 @@ class Run:
             environment=data.get("environment"),
             advance=tuple(str(s) for s in data.get("advance", ())),
             fixed_entropy=data.get("fixed_entropy"),
-            kept_entropy=bool(data.get("kept_entropy")),
             commit=bool(data.get("commit")),
         )
 

@@ -195,7 +195,7 @@ class StepServer:
         if run.distributed:  # each rank restores its own records
             run = run.open_rank(int(os.environ.get("RANK", 0)))
         self.state.load_state_dict(run.checkpoint(request.step), python=not request.rebuilt)
-        self.feed_entropy(run, request.step)
+        self.feed_entropy(run, request)
         if built is not None:
             overlay_hyperparameters(self.trainee, built)
         self.position = self.current = request.step
@@ -314,10 +314,11 @@ class StepServer:
             self.position = request.step + 1
         self.channel.send(*run.result(request.step).to_reply())
 
-    def feed_entropy(self, run: RunDirectory, start: int) -> None:
+    def feed_entropy(self, run: RunDirectory, request: Restore) -> None:
         """From here on, each seeding call from entropy is given the value ``run`` recorded for it
-        (see :mod:`bisect_repro.capture.entropy`), from step ``start`` on."""
-        self.watch.feed = EntropyFeed.of_steps(run.steps, start, lambda: self.current)
+        (see :mod:`bisect_repro.capture.entropy`), or, from ``request.kept_from`` on, leaves its
+        stream as it is."""
+        self.watch.feed = EntropyFeed.of_steps(run.steps, request.step, lambda: self.current, kept_from=request.kept_from)
 
     # -- state ---------------------------------------------------------------------------------
     def _state_hashes(self, *, grads: bool = False) -> dict[str, str]:

@@ -60,14 +60,20 @@ def test_a_recorded_value_is_never_given_to_another_call_site_or_step() -> None:
     assert [c.replayed for c in seen] == ["beyond"] * 5
 
 
-def test_a_kept_reseed_leaves_its_stream_as_it_is() -> None:
-    watch = SeedingWatch().install()
+def test_from_the_step_kept_on_a_reseed_leaves_its_stream_as_it_is() -> None:
+    watch = SeedingWatch()
+    now = {"step": 2}
+    watch.feed = EntropyFeed([], lambda: now["step"], kept_from=3)
+    watch.install()
     try:
         torch.manual_seed(5)
         expected = torch.rand(2)
         torch.manual_seed(5)
-        watch.kept = True
-        torch.seed()
+        torch.seed()  # step 2: drawn from entropy
+        assert not torch.equal(torch.rand(2), expected) and watch.calls[-1].replayed == "beyond"
+        torch.manual_seed(5)
+        now["step"] = 3
+        assert torch.seed() == torch.initial_seed() == 5
         assert torch.equal(torch.rand(2), expected) and watch.calls[-1].replayed == "kept"
     finally:
         watch.uninstall()
