@@ -13,7 +13,7 @@ experiment as :class:`~bisect_repro.diagnose.verdict.Evidence`:
    re-runs).
 3. When both runs repeat themselves, run B's step is run under run A's conditions until the
    difference vanishes (:mod:`bisect_repro.diagnose.swaps`), first without the reseeds from
-   entropy the step logs show in one run only (:mod:`bisect_repro.diagnose.reseeds`).
+   entropy the step logs show there (:mod:`bisect_repro.diagnose.reseeds`).
 4. An op trace of both runs names the first op where they part, with the ops around it; the two
    copies of the first divergent tensor give the size of the difference.
 

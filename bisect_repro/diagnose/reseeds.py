@@ -3,15 +3,14 @@
 A replay gives each call from entropy the value its run recorded
 (:mod:`bisect_repro.capture.entropy`), so a step that reseeds repeats exactly, and no experiment
 that re-runs it shows it differing from itself. When the step logs show calls from entropy at the
-divergent step in one run and none in the other, :func:`prove_kept` replays that run in a fresh
-process from its checkpoint, each call from the divergent step on leaving its stream as it is
-(``kept_from``): when the step then computes what the other run computes (its batch, every traced
-tensor), the reseed is the cause, ``proven``. A call made between two steps (before a loader's
+divergent step, :func:`prove_kept` replays each run that made them in a fresh process from its
+checkpoint, each call from the divergent step on leaving its stream as it is (``kept_from``): when
+the two runs then compute the same at the step (the batch, every traced tensor), the reseeds are
+the cause, ``proven``. A call made between two steps (before a loader's
 epoch) counts with the step after it, as the recorder logs it.
 
 Where the guarantees stop: a new generator (``np.random.default_rng()``) is still made from entropy
-in the experiment; a run whose step reseeds in both runs is not tried (each repeats itself with
-its own recorded value, and the swaps decide).
+in the experiment, so a step that draws from one made there still differs.
 """
 
 from __future__ import annotations
@@ -57,26 +56,29 @@ def prove_kept(
     traces: tuple[StepResult, StepResult],
     start: Callable[[LaunchSpec, str], Replica],
 ) -> Evidence | None:
-    """Where one run's step log shows reseeds at the verdict's step and the other's none: that run
-    replayed with them leaving their streams as they are (see the module docstring). On a match the
-    verdict becomes ``rng_state``, proven, naming the streams and the calls. The experiment's
-    evidence, or ``None`` when it does not apply."""
+    """Where a run's step log shows reseeds at the verdict's step: each such run replayed with them
+    leaving their streams as they are (see the module docstring), against the other as replayed.
+    On a match the verdict becomes ``rng_state``, proven, naming the streams and the calls. The
+    experiment's evidence, or ``None`` when no step log shows a reseed there."""
     step = verdict.step
     calls = [recorded_reseeds(run, step) for run in runs]
-    if bool(calls[0]) == bool(calls[1]):
+    if not calls[0] and not calls[1]:
         return None
-    which = 0 if calls[0] else 1
-    label, other = "AB"[which], "AB"[1 - which]
-    named = ", ".join(dict.fromkeys(SeedingCall.from_json(c).describe() for c in calls[which]))
-    streams = sorted({str(c.get("stream")) for c in calls[which]})
-    subject = f"run {label} with {named} leaving {', '.join(streams)} as it is"
-    kept = _kept_run(start, specs[which], runs[which], checkpoints[which], step, subject)
-    matched = first_difference(traces[1 - which].entries, kept.entries) is None
-    outcome = f"computes what run {other} computes" if matched else "still differs"
+    reseeding = [label for label, found in zip("AB", calls, strict=True) if found]
+    every = [c for found in calls for c in found]
+    named = ", ".join(dict.fromkeys(SeedingCall.from_json(c).describe() for c in every))
+    streams = sorted({str(c.get("stream")) for c in every})
+    subject = f"run {' and run '.join(reseeding)} with {named} leaving {', '.join(streams)} as it is"
+    kept = [
+        _kept_run(start, specs[i], runs[i], checkpoints[i], step, f"run {'AB'[i]} with its reseeds kept") if calls[i] else traces[i]
+        for i in (0, 1)
+    ]
+    matched = first_difference(kept[0].entries, kept[1].entries) is None
+    outcome = "the runs compute the same" if matched else "the runs still differ"
     detail = (
-        f"replayed from step {checkpoints[which]} with {named} (given its recorded value, the step repeats) leaving the "
-        f"stream as it is, step {step} of run {label} {outcome}"
+        f"replayed from the checkpoint with {named} (given its recorded value, the step repeats) leaving the stream as it is, "
+        f"at step {step} {outcome}"
     )
     if matched:
-        verdict.cause, verdict.confidence, verdict.rng, verdict.reseeded = Cause.RNG_STATE, Confidence.PROVEN, streams, calls[which]
+        verdict.cause, verdict.confidence, verdict.rng, verdict.reseeded = Cause.RNG_STATE, Confidence.PROVEN, streams, every
     return Evidence(experiment="reseed_kept", subject=subject, outcome="matches" if matched else "differs", detail=detail)
