@@ -13,7 +13,11 @@ from its records before the divergence reads state no checkpoint holds (a counte
 or runs in another environment; :meth:`Lockstep.find` then tries once more, in fresh processes,
 from the runs' first checkpoint, which a step counter kept outside the trainee does start from. A step where the
 replicas agree with each other but one of them not with its records is returned too
-(``parted_only``): a nondeterministic step that happened to agree in the replay.
+(``parted_only``): a nondeterministic step that happened to agree in the replay. ``attempts``
+holds each walk. Where the divergent step, run again in its process, seeds from entropy otherwise
+than its first run (the loop's ``enumerate`` counter moved on), :meth:`Lockstep.settle_repeats`
+has every repeat of it run in a fresh process replayed from the first checkpoints. A replayed call
+from entropy not given its recorded value is noted (:mod:`bisect_repro.capture.entropy`).
 
 For a distributed run each replica is a :class:`~bisect_repro.replay.ranked.RankedReplica`: all
 its ranks step together, and what is checked and compared is the focus rank's (its replies against

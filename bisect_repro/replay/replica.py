@@ -20,10 +20,11 @@ process is forked from a fork server that has already imported torch and what th
 instead of starting Python afresh (see :mod:`~bisect_repro.replay.forks`). The replicas' requests
 take the cores in turn where their threads would not fit together (:mod:`~bisect_repro.replay.cores`).
 
-A run whose framework runs each step once per process (``reruns`` false) repeats a step in a
-fresh process, restored and replayed to it. :data:`SPARES` such processes are kept ready ahead of
-need (spares): :meth:`Replica.prefetch` starts them as soon as the replay knows a step the
-experiments cannot start before (the last equal snapshot), and each spare taken starts another; a spare stands at a step at
+A run whose framework runs each step once per process (``reruns`` false), or whose loop a repeat
+in one process would not put back (:meth:`Replica.repeat_afresh`), repeats a step in a fresh
+process, restored and replayed to it. :data:`SPARES` such processes are kept ready (spares):
+:meth:`Replica.prefetch` starts them once the replay knows a step the experiments cannot start
+before (the last equal snapshot), and each spare taken starts another; a spare stands at a step at
 or before the one it is taken for and trains on to it. A spare nobody takes is killed when the
 replica closes, even mid-start (its process cost CPU, never a result). Every process started is
 counted (:func:`processes_started`), which compare reports.
