@@ -141,6 +141,8 @@ def _tensor(digest_: str) -> torch.Tensor:
 class FakeReplica:
     """A replica of a :class:`Program` (see the module docstring)."""
 
+    afresh = False  # a fake's repeats run where its program says
+
     def __init__(self, program: Program, label: str = "run A", spec: LaunchSpec | None = None) -> None:
         self.program, self.label, self.spec = program, label, spec
         self.hello: Hello | None = None

@@ -2,18 +2,21 @@
 
 :class:`SeedingWatch` wraps, while it is installed, the functions that (re)seed a stream:
 ``torch.seed``/``torch.manual_seed`` (and ``torch.random``'s and ``torch.cuda``'s), ``random.seed``
-(the module's and ``random.Random.seed``), ``numpy.random.seed``, ``numpy.random.default_rng`` and
-``numpy.random.RandomState``. Each call is noted with the stream it seeds, whether its seed came
-from entropy (no seed given: the OS or the clock decides), and the call site: the first frame
-outside torch, NumPy, ``random`` and bisect-repro, as ``file:line``.
+(the module's and ``random.Random.seed``), ``numpy.random.seed`` and ``numpy.random.default_rng``.
+Each call is noted with the stream it seeds, whether its seed came from entropy (no seed given:
+the OS or the clock decides), and the call site: the first frame outside torch, NumPy, ``random`` and bisect-repro, as ``file:line``.
 
 ``fixed=N`` turns every call that would seed from entropy into one seeded with ``N``: the
 experiment that proves a reseed is what makes a step differ from itself (with it fixed, the step
-repeats).
+repeats). Each call from entropy notes the value it produced (``value``, see
+:mod:`bisect_repro.capture.entropy`); with a ``feed`` (a replay), it is given the value its run
+recorded instead, or leaves its stream as it is (the experiment that proves a reseed is what makes
+one run differ from another).
 
 Where the guarantees stop: only calls through these names are seen; a function bound to another
 name before the watch was installed (``from torch import seed``), ``torch.Generator.seed()`` (a
-C method that cannot be wrapped) and seeds computed from the clock and passed explicitly are
+C method that cannot be wrapped), ``numpy.random.RandomState()`` (a class other code checks
+instances of) and seeds computed from the clock and passed explicitly are
 noted only as explicit seeds, or not at all; their effect on the stream is still seen by
 comparing stream states (see ``diagnose``). Calls made by the standard library (``tempfile``
 seeds a private ``random.Random()`` from entropy the first time it names a file, on whichever
@@ -22,6 +25,7 @@ thread and step that happens) are not noted: they never seed a stream a training
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import random
@@ -35,6 +39,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .entropy import EntropyFeed, give, produced
 
 __all__ = ["SeedingCall", "SeedingWatch"]
 
@@ -63,9 +69,26 @@ class SeedingCall:
     where: str | None
     """``file:line`` of the caller, the first frame outside torch, NumPy, ``random`` and bisect-repro;
     ``None`` when no frame is, as for code given to ``python -c``."""
+    value: Any = None
+    """What a call from entropy produced (see :mod:`bisect_repro.capture.entropy`); only a step
+    log holds it (:meth:`to_record`)."""
+    replayed: str | None = None
+    """In a replay, what was done with a call from entropy (a key of
+    :data:`~bisect_repro.capture.entropy.FEED_OUTCOMES`, or ``kept``)."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        found = asdict(self)
+        del found["value"]
+        if self.replayed is None:
+            del found["replayed"]
+        return found
+
+    def to_record(self) -> dict[str, Any]:
+        """The call as a step log holds it: with the value it produced, where one was seen."""
+        found = self.to_json()
+        if self.value is not None:
+            found["value"] = self.value
+        return found
 
     @classmethod
     def from_json(cls, found: Mapping[str, Any]) -> SeedingCall:
@@ -76,7 +99,14 @@ class SeedingCall:
             value = found.get(key)
             return value if isinstance(value, str) else ""
 
-        return cls(stream=text("stream"), call=text("call"), entropy=found.get("entropy") is True, where=text("where") or None)
+        replayed = found.get("replayed")
+        return cls(
+            stream=text("stream"),
+            call=text("call"),
+            entropy=found.get("entropy") is True,
+            where=text("where") or None,
+            replayed=replayed if isinstance(replayed, str) else None,
+        )
 
     def describe(self, mark: Callable[[str], str] = str) -> str:
         """``torch.seed() at train.py:9``, or ``torch.seed()`` alone where the call site is unknown.
@@ -114,6 +144,7 @@ class SeedingWatch:
 
     def __init__(self, fixed: int | None = None, *, on_call: Callable[[SeedingCall], None] | None = None) -> None:
         self.fixed = fixed
+        self.feed: EntropyFeed | None = None
         self.calls: list[SeedingCall] = []
         self.on_call = on_call
 
@@ -160,18 +191,42 @@ def _wrap(owner: Any, name: str, stream: str, label: str, seed_of: Callable[...,
         if where is not None and _in_stdlib(where):  # tempfile's private Random(): never a training stream
             return original(*args, **kwargs)
         seed = seed_of(*args, **kwargs)
-        entropy = seed is None
-        call = SeedingCall(stream, f"{label}({'' if entropy else _shown(seed)})", entropy, where)
-        fixed = None
-        for watch in list(_watches):
-            watch._see(call)
-            fixed = watch.fixed if watch.fixed is not None else fixed
-        if entropy and fixed is not None:
-            return seeded(original, fixed, *args, **kwargs)
-        return original(*args, **kwargs)
+        call = SeedingCall(stream, f"{label}({'' if seed is None else _shown(seed)})", seed is None, where)
+        if seed is not None:
+            _seen(call)
+            return original(*args, **kwargs)
+        return _from_entropy(call, label, original, seeded, args, kwargs)
 
     setattr(owner, name, wrapper)
     _undo.append(lambda: setattr(owner, name, original))
+
+
+def _seen(call: SeedingCall) -> None:
+    for watch in list(_watches):
+        watch._see(call)
+
+
+def _from_entropy(
+    call: SeedingCall, label: str, original: Callable[..., Any], seeded: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """A call with no seed: fixed, kept, given its recorded value, or drawn (its value noted)."""
+    fixed = next((w.fixed for w in reversed(_watches) if w.fixed is not None), None)
+    if fixed is not None:
+        _seen(call)
+        return seeded(original, fixed, *args, **kwargs)
+    feed = next((w.feed for w in reversed(_watches) if w.feed is not None), None)
+    if feed is not None:
+        value, how = feed.take(call.call, call.where)
+        call = dataclasses.replace(call, replayed=how)
+        if how == "kept" and label != "np.random.default_rng":  # a new generator is made from entropy all the same
+            _seen(call)
+            return torch.initial_seed() if label == "torch.seed" else None
+        if value is not None:
+            _seen(dataclasses.replace(call, value=value))
+            return give(label, value, original, args)
+    result = original(*args, **kwargs)
+    _seen(dataclasses.replace(call, value=produced(label, result, args)))
+    return result
 
 
 def _patch_all() -> None:

@@ -47,6 +47,7 @@ from .causes import Cause, fix_for
 from .compiled import compile_bisect
 from .difference import difference_stats
 from .experiments import StepAnalysis
+from .placement import closing_note, place
 from .rebuild import streams_deciding_init
 from .records import (
     Records,
@@ -308,6 +309,7 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
         if divergence is not None:
             if progress is not None:
                 progress("experimenting", 0, 1)
+            lockstep.settle_repeats(divergence)
             analysis = StepAnalysis(records, lockstep, divergence, specs, checkpoints)
             verdict = analysis.explain()
             entropy = analysis.unrecorded_data  # a run that draws its data from entropy parts from its records there
@@ -334,6 +336,11 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
             )
             if verdict.confidence is Confidence.PROVEN:
                 verdict.confidence = Confidence.INFERRED
+        if verdict is not None and divergence is not None and verdict.cause is not Cause.HIDDEN_STATE:  # else the parting is the finding
+            place(verdict, records, lockstep, faithful=not unfaithful)
+        closing = closing_note(lockstep, verdict)
+        if closing is not None:
+            result.notes.append(closing)
         return verdict
     finally:
         info.seconds = round(lockstep.seconds, 3)

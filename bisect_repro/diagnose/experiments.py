@@ -12,7 +12,8 @@ experiment as :class:`~bisect_repro.diagnose.verdict.Evidence`:
    Python values), or a nondeterministic op (equal inputs, different outputs, in two pairs of
    re-runs).
 3. When both runs repeat themselves, run B's step is run under run A's conditions until the
-   difference vanishes (:mod:`bisect_repro.diagnose.swaps`).
+   difference vanishes (:mod:`bisect_repro.diagnose.swaps`), first without the reseeds from
+   entropy the step logs show there (:mod:`bisect_repro.diagnose.reseeds`).
 4. An op trace of both runs names the first op where they part, with the ops around it; the two
    copies of the first divergent tensor give the size of the difference.
 
@@ -48,6 +49,7 @@ from ..serve.protocol import StepResult
 from .causes import Cause, explanation_for, fix_for
 from .difference import difference_stats
 from .records import Records
+from .reseeds import prove_kept
 from .selfcheck import OPS_PHASE, RERUNS, Repeatability, check_repeats, ops_context
 from .swaps import Swaps
 from .verdict import Confidence, Evidence, Verdict
@@ -125,6 +127,8 @@ class StepAnalysis:
             self._reseeded(verdict, {label: c for label, c in checks.items() if c.streams})
         elif any(not check.repeats for check in checks.values()):
             self._differs_from_itself(verdict, *next((label, c) for label, c in checks.items() if not c.repeats))
+        elif self._kept(verdict, ta, tb):
+            self.reseeded = True
         elif entry.phase == "data":
             self.swaps.data(verdict, entry.tensor == "batch.indices", self.divergence.fetched[0])
         else:
@@ -134,6 +138,11 @@ class StepAnalysis:
         verdict.evidence = self.evidence
         self._words(verdict)
         return verdict
+
+    def _kept(self, verdict: Verdict, ta: StepResult, tb: StepResult) -> bool:
+        found = prove_kept(verdict, (self.records.a, self.records.b), self.swaps.specs, self.checkpoints, (ta, tb), self.start)
+        self.evidence += [found] if found is not None else []
+        return found is not None and found.outcome.value == "matches"
 
     def _agreeing(self, step: int) -> Verdict:
         """Both replicas repeat this step and agree, yet the replay does not reproduce the records
@@ -219,7 +228,7 @@ class StepAnalysis:
     def _full_traces(self) -> tuple[StepResult, StepResult, int | None]:
         """Full traces of the step in both runs, and the first entry where they differ (``None``: they agree)."""
         la, lb = self.divergence.light
-        if not self.ra.reruns and not self.divergence.parted_only:  # a framework's replay traced the lockstep in full already
+        if not self.ra.reruns and not self.ra.afresh and not self.divergence.parted_only:  # a framework's lockstep was traced in full
             return la, lb, first_difference(la.entries, lb.entries)
         for _ in range(RERUNS if not self.divergence.parted_only else 1):
             ta, tb = self.both(partial(self.ra.run, self.step, trace="full"), partial(self.rb.run, self.step, trace="full"))

@@ -98,7 +98,7 @@ class Records:
             for run in (self.a, self.b):
                 for call in run.steps.get(step, {}).get("seeded") or []:
                     if isinstance(call, dict) and isinstance(call.get("call"), str) and (streams is None or seeds_one_of(call, streams)):
-                        found[(step, call["call"], call.get("where"))] = (step, call)
+                        found[(step, call["call"], call.get("where"))] = (step, {k: v for k, v in call.items() if k != "value"})
         return list(found.values())
 
     def unused_streams(self) -> list[str]:

@@ -137,7 +137,7 @@ class RecordingSession:
 
     def _note_seeding(self, call: SeedingCall) -> None:
         if call.entropy:
-            self._seeded.setdefault(self.step, []).append(call.to_json())
+            self._seeded.setdefault(self.step, []).append(call.to_record())  # with the value entropy gave
 
     def _resume(
         self, out: Path, options: RecordOptions | None, target: str | None, config: Mapping[str, Any] | None, info: RankInfo | None

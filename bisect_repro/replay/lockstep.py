@@ -13,7 +13,11 @@ from its records before the divergence reads state no checkpoint holds (a counte
 or runs in another environment; :meth:`Lockstep.find` then tries once more, in fresh processes,
 from the runs' first checkpoint, which a step counter kept outside the trainee does start from. A step where the
 replicas agree with each other but one of them not with its records is returned too
-(``parted_only``): a nondeterministic step that happened to agree in the replay.
+(``parted_only``): a nondeterministic step that happened to agree in the replay. ``attempts``
+holds each walk. Where the divergent step, run again in its process, seeds from entropy otherwise
+than its first run (the loop's ``enumerate`` counter moved on), :meth:`Lockstep.settle_repeats`
+has every repeat of it run in a fresh process replayed from the first checkpoints. A replayed call
+from entropy not given its recorded value is noted (:mod:`bisect_repro.capture.entropy`).
 
 For a distributed run each replica is a :class:`~bisect_repro.replay.ranked.RankedReplica`: all
 its ranks step together, and what is checked and compared is the focus rank's (its replies against
@@ -48,6 +52,8 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from ..capture.entropy import FEED_OUTCOMES
+from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference
 from ..serve.protocol import Fetched, StepResult, Trace
 from ..store.run import Run
@@ -55,7 +61,7 @@ from .launch import LaunchSpec, ReplayUnavailable
 from .ranked import start_replica
 from .replica import Replica
 
-__all__ = ["Divergence", "Lockstep", "Parted", "both"]
+__all__ = ["Attempt", "Divergence", "Lockstep", "Parted", "both"]
 
 _log = logging.getLogger(__name__)
 
@@ -82,6 +88,17 @@ class Parted:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One walk of the replay: where it started, how many steps it replayed, where it parted."""
+
+    checkpoints: tuple[int, int]
+    replayed: int
+    parted: tuple[Parted, ...]
+    divergent: int | None
+    """The step where the replicas differed (or one parted there), ``None`` when none did."""
 
 
 @dataclass
@@ -116,6 +133,11 @@ class Lockstep:
         self.from_step: int | None = None
         self.replayed = 0
         self.specs = specs
+        self._drawn: set[str] = set()
+        self.attempts: list[Attempt] = []
+        """Each walk :meth:`find` made, in order."""
+        self.first: tuple[int, int] | None = None
+        """The runs' first checkpoints, once :meth:`find` was given them."""
         self.started = time.perf_counter()
         threads = sum(int(run.meta.environment.get("torch.get_num_threads") or 1) for run in runs)
         self._fit = threads <= (os.cpu_count() or 1)
@@ -169,6 +191,15 @@ class Lockstep:
         if recorded is not None and {name: hashes.get(name) for name in recorded} != recorded:  # what the records hold
             self._note_parted(which, step, "state at the snapshot")
 
+    def _note_drawn(self, which: int, step: int, seeding: list[dict[str, Any]]) -> None:
+        """Say, once per run, where a replayed call from entropy was not given its recorded value."""
+        label = "AB"[which]
+        for call in seeding:
+            how = call.get("replayed")
+            if how in ("beyond", "other") and label not in self._drawn:
+                self._drawn.add(label)
+                self.notes.append(f"run {label}'s {SeedingCall.from_json(call)} at step {step} was {FEED_OUTCOMES[how]}")
+
     # -- the walk ------------------------------------------------------------------------------
     def _restore(self, checkpoints: tuple[int, int]) -> None:
         for which, replica in enumerate(self.replicas):
@@ -192,7 +223,8 @@ class Lockstep:
         """Replay from the checkpoints to the first step in ``[last_equal, end]`` where the two
         replicas differ; ``first``: the runs' first checkpoints, tried when a replica parts from its
         records on the way (see the module docstring)."""
-        found = self._walk(checkpoints, last_equal, end)
+        self.first = first
+        found = self._attempt(checkpoints, last_equal, end)
         if (found is None or found.parted_only) and self.parted and first is not None and first != checkpoints:
             where = ", ".join(f"run {p.run} at step {p.step} ({p.what})" for p in self.parted)
             self.notes.append(
@@ -204,7 +236,12 @@ class Lockstep:
             self.parted.clear()
             self.close()  # fresh processes: the state the first replay left in them is what misled it
             self._launch()
-            found = self._walk(first, min(first), end)
+            found = self._attempt(first, min(first), end)
+        return found
+
+    def _attempt(self, checkpoints: tuple[int, int], last_equal: int, end: int) -> Divergence | None:
+        found = self._walk(checkpoints, last_equal, end)
+        self.attempts.append(Attempt(checkpoints, self.replayed, tuple(self.parted), found.step if found is not None else None))
         return found
 
     def _bounded(self, end: int) -> None:
@@ -246,6 +283,7 @@ class Lockstep:
             for which in (0, 1):
                 batch = fetched[which].batch or light[which].batch  # a framework's loop tells the batch only as it runs
                 self._check_record(which, step, fetched[which].order, batch, light[which].loss)
+                self._note_drawn(which, step, light[which].seeding)
                 if step + 1 in self.runs[which].snapshots:
                     self._check_hashes(which, step + 1, self.replicas[which].hashes())
             self.replayed = step + 1 - self.from_step
@@ -254,6 +292,30 @@ class Lockstep:
             if any(p.step == step for p in self.parted):  # the runs agree, but not with their records
                 return Divergence(step, fetched, light, parted_only=True)
         return None
+
+    def settle_repeats(self, divergence: Divergence) -> None:
+        """Where the divergent step, run again in its process, makes other seeding calls from
+        entropy than its first run did (the loop's own state, such as ``enumerate``'s counter, has
+        moved on), every repeat of it runs in a fresh process replayed from the runs' first
+        checkpoints instead, whose first run of the step is the run's (see the module docstring)."""
+        if self.first is None or not all(r.reruns for r in self.replicas):
+            return
+        again = self.pair(*(partial(replica.run, divergence.step, trace="none") for replica in self.replicas))
+
+        def calls(result: StepResult) -> list[tuple[Any, Any]]:
+            return [(c.get("call"), c.get("where")) for c in result.seeding if c.get("entropy")]
+
+        moved = [label for label, first, rerun in zip("AB", divergence.light, again, strict=True) if calls(first) != calls(rerun)]
+        if not moved:
+            return
+        for replica, first in zip(self.replicas, self.first, strict=True):
+            replica.repeat_afresh(first)
+        self.notes.append(
+            f"step {divergence.step} run again in the same process makes other seeding calls than its first run "
+            f"(run {' and run '.join(moved)}): it reads state a repeat does not put back (a loop's enumerate counter, an object's "
+            f"attribute); every experiment repeats the step in a fresh process replayed from the first checkpoints "
+            f"(steps {self.first[0]}/{self.first[1]})"
+        )
 
     @property
     def seconds(self) -> float:

@@ -1,34 +1,34 @@
 """A replica: one run replaying in its own process, steered from here.
 
 :class:`Replica` starts ``python -m bisect_repro.replay.bootstrap`` for a
-:class:`~bisect_repro.replay.launch.LaunchSpec` (the recorded script or recipe, with the recorded
-environment variables), waits for its Recorder to connect back, and sends it typed requests,
-returning typed replies (:mod:`bisect_repro.serve.protocol`). Each replica is its own process, so two runs never
-share a random stream, a setting or a module global, and environment variables read at start-up
-(``OMP_NUM_THREADS``, ``CUBLAS_WORKSPACE_CONFIG``, ``PYTHONHASHSEED``) are the recorded ones (those
-:data:`~bisect_repro.replay.launch.REPLAYED_VARIABLES` allows, and no other). The process starts in
-the listener's private folder, never in the recorded working directory, so that nothing there is
-imported; the bootstrap moves to that directory once the import path is fixed.
+:class:`~bisect_repro.replay.launch.LaunchSpec` (the recorded script or recipe, with the recorded environment
+variables), waits for its Recorder to connect back, and sends it typed requests, returning typed replies
+(:mod:`bisect_repro.serve.protocol`). Each replica is its own process, so two runs never share a random stream, a
+setting or a module global, and environment variables read at start-up (``OMP_NUM_THREADS``,
+``CUBLAS_WORKSPACE_CONFIG``, ``PYTHONHASHSEED``) are the recorded ones (those
+:data:`~bisect_repro.replay.launch.REPLAYED_VARIABLES` allows, and no other). The process starts in the listener's
+private folder, never in the recorded working directory, so that nothing there is imported; the bootstrap moves to
+that directory once the import path is fixed.
 
-A distributed run's replica is a :class:`~bisect_repro.replay.ranked.RankedReplica` (all its
-ranks under ``torchrun``, replying for one rank; :func:`~bisect_repro.replay.ranked.start_replica`).
-Every wait on a reply has a deadline proportional to the recorded step time (:mod:`~bisect_repro.replay.deadline`).
+A distributed run's replica is a :class:`~bisect_repro.replay.ranked.RankedReplica` (all its ranks under ``torchrun``,
+replying for one rank; :func:`~bisect_repro.replay.ranked.start_replica`). Every wait on a reply has a deadline
+proportional to the recorded step time (:mod:`~bisect_repro.replay.deadline`).
 
-Inside :func:`~bisect_repro.replay.forks.forking` (``compare`` replays inside it), a replica's
-process is forked from a fork server that has already imported torch and what the code imports,
-instead of starting Python afresh (see :mod:`~bisect_repro.replay.forks`). The replicas' requests
-take the cores in turn where their threads would not fit together (:mod:`~bisect_repro.replay.cores`).
+Inside :func:`~bisect_repro.replay.forks.forking` (``compare`` replays inside it), a replica's process is forked from
+a fork server that has already imported torch and what the code imports, instead of starting Python afresh (see
+:mod:`~bisect_repro.replay.forks`). The replicas' requests take the cores in turn where their threads would not fit
+together (:mod:`~bisect_repro.replay.cores`).
 
-A run whose framework runs each step once per process (``reruns`` false) repeats a step in a
-fresh process, restored and replayed to it. :data:`SPARES` such processes are kept ready ahead of
-need (spares): :meth:`Replica.prefetch` starts them as soon as the replay knows a step the
-experiments cannot start before (the last equal snapshot), and each spare taken starts another; a spare stands at a step at
-or before the one it is taken for and trains on to it. A spare nobody takes is killed when the
-replica closes, even mid-start (its process cost CPU, never a result). Every process started is
-counted (:func:`processes_started`), which compare reports.
+A run whose framework runs each step once per process (``reruns`` false), or whose loop a repeat in one process would
+not put back (:meth:`Replica.repeat_afresh`), repeats a step in a fresh process, restored and replayed to it.
+:data:`SPARES` such processes are kept ready (spares): :meth:`Replica.prefetch` starts them once the replay knows a
+step the experiments cannot start before (the last equal snapshot), and each spare taken starts another; a spare
+stands at a step at or before the one it is taken for and trains on to it. A spare nobody takes is killed when the
+replica closes, even mid-start (its process cost CPU, never a result). Every process started is counted
+(:func:`processes_started`), which compare reports.
 
-Where the guarantees stop: the replica's output goes to a log file, whose last lines are quoted
-when the process dies or never connects (the script fails, or never builds a Recorder).
+Where the guarantees stop: the replica's output goes to a log file, whose last lines are quoted when the process dies
+or never connects (the script fails, or never builds a Recorder).
 """
 
 from __future__ import annotations
@@ -61,24 +61,8 @@ __all__ = ["Replica", "ReplicaFailed", "last_line", "processes_started"]
 Progress = Callable[[int], None]
 
 
-class _Starts:
-    """The replaying processes this process has started (a distributed run's launcher counting as one)."""
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._lock = threading.Lock()
-
-    def add(self) -> None:
-        with self._lock:
-            self._count += 1
-
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return self._count
-
-
-_STARTS = _Starts()
+_STARTS: list[None] = []
+"""One item per replaying process started (a distributed run's launcher counting as one); appending is atomic."""
 
 SPARES = 2
 """Spare processes kept under way for a run whose framework runs each step once per process: an
@@ -87,7 +71,7 @@ experiment usually repeats a step at once, and the next soon after."""
 
 def processes_started() -> int:
     """How many replaying processes (a distributed run's launcher counting as one) this process has started so far."""
-    return _STARTS.count
+    return len(_STARTS)
 
 
 class ReplicaFailed(BisectReproError):
@@ -125,7 +109,9 @@ class Replica:
         self._spare_lock = threading.Lock()
         self._closing = False
         self.spare = False  # a spare being prepared: its requests yield the cores to the replay's
-        _STARTS.add()
+        self.afresh = False
+        """Each repeat of a step runs in a fresh process, though this one could run it again (:meth:`repeat_afresh`)."""
+        _STARTS.append(None)
         self._start()
 
     def _environment(self) -> dict[str, str]:
@@ -155,7 +141,15 @@ class Replica:
     def reruns(self) -> bool:
         """Whether a step can run again in this process (``False`` when a framework drives the loop:
         then each repeat of a step is a fresh process, replayed to it, which this class starts)."""
-        return self.hello is None or self.hello.reruns
+        return (self.hello is None or self.hello.reruns) and not self.afresh
+
+    def repeat_afresh(self, first: int) -> None:
+        """From now on run each repeat of a step in a fresh process restored at checkpoint ``first``
+        and replayed to the step, as a framework's steps are: for a loop whose own state (a local
+        counter such as ``enumerate``'s) a repeat in one process does not put back."""
+        assert self._restored is not None, "restore() first"
+        path, _, environment = self._restored
+        self._restored, self.afresh = (path, first, environment), True
 
     def _to_start_of(self, step: int) -> None:
         """In a process that runs each step once (a framework's), stand at the start of ``step``:
@@ -176,6 +170,8 @@ class Replica:
             fresh.skip(step)
         self._finish()
         self._adopt(fresh)
+        if self.afresh:  # a loop's server runs a step it has fetched
+            self.fetch()
         self.prefetch(step)
 
     def prefetch(self, step: int) -> None:
@@ -187,14 +183,8 @@ class Replica:
 
     def _adopt(self, fresh: Replica) -> None:
         """Take over a fresh replica's process and connection (this one's has ended)."""
-        self.listener, self.log, self.process, self.channel, self.hello, self.step = (
-            fresh.listener,
-            fresh.log,
-            fresh.process,
-            fresh.channel,
-            fresh.hello,
-            fresh.step,
-        )
+        for name in ("listener", "log", "process", "channel", "hello", "step"):
+            setattr(self, name, getattr(fresh, name))
 
     def _prepared(self, step: int, *, spare: bool) -> Replica:
         """A fresh process of this run, restored and replayed to the start of ``step`` (``spare``: ahead of need)."""
@@ -315,17 +305,9 @@ class Replica:
         ``streams`` instead of its own when given."""
         self._to_start_of(step)
         request = Run(
-            step=step,
-            trace=trace,
-            keep=tuple(sorted(keep)),
-            ops=ops,
-            alerts=alerts,
-            environment=environment,
-            advance=tuple(advance),
-            fixed_entropy=fixed_entropy,
-            commit=commit,
-            compile_bisect=compile_bisect,
-        )
+            step=step, trace=trace, keep=tuple(sorted(keep)), ops=ops, alerts=alerts, environment=environment,
+            advance=tuple(advance), fixed_entropy=fixed_entropy, commit=commit, compile_bisect=compile_bisect,
+        )  # fmt: skip
         message = request.to_json()
         reply, tree = self.request(message.pop("op"), {"streams": streams} if streams is not None else None, **message)
         if commit or not self.reruns:

@@ -148,6 +148,7 @@ class HookServer(StepServer):
         run = RunDirectory.open(request.run)
         if run.distributed:
             run = run.open_rank(int(os.environ.get("RANK", 0)))
+        self.feed_entropy(run, request)
         streams = run.checkpoint(request.step).get("streams") if request.step in run.checkpoints else None
         if isinstance(streams, dict):  # a checkpoint without them (damaged, edited) leaves the process's own
             self.state.streams.load_state_dict(streams)

@@ -96,11 +96,21 @@ class Restore:
     environment: dict[str, Any] = field(default_factory=dict)
     rebuilt: bool = False
     """Keep the hyperparameters the code was built with (another config), not the checkpoint's."""
+    kept_from: int | None = None
+    """From this step on, every call that would reseed a stream from entropy leaves it as it is
+    (before it, each is given its recorded value)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Restore:
         environment = dict(data.get("environment") or {})
-        return cls(run=str(data["run"]), step=int(data["step"]), environment=environment, rebuilt=bool(data.get("rebuilt")))
+        kept = data.get("kept_from")
+        return cls(
+            run=str(data["run"]),
+            step=int(data["step"]),
+            environment=environment,
+            rebuilt=bool(data.get("rebuilt")),
+            kept_from=None if kept is None else int(kept),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

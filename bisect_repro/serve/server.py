@@ -13,7 +13,8 @@ Requests (a JSON object, and a state tree for those that carry one; typed in
 
 - ``restore {run, step, environment}``: load a checkpoint of a run directory (read, never
   executed) and the recorded in-process settings; a rank of a distributed run loads its own
-  rank's checkpoint (``RANK``);
+  rank's checkpoint (``RANK``); from then on each seeding call from entropy is given the value
+  the run recorded for it (:mod:`bisect_repro.capture.entropy`);
 - ``skip {until, hashes_at}``: train untraced up to a step, returning what the recorder would have
   logged for each step (data order, batch, loss) and the state hashes at the steps asked for;
 - ``fetch {}``: take the next batch and keep, in memory, everything the step starts from;
@@ -53,6 +54,7 @@ import torch
 from ..capture import compiled, env
 from ..capture.batch import batch_tensors, combine_digests
 from ..capture.data import describe_loader, next_micro_batches
+from ..capture.entropy import EntropyFeed
 from ..capture.hashing import hash_tensor, hash_tensors
 from ..capture.hidden import hidden_streams, recipe_streams, stream_kind
 from ..capture.parallel import local
@@ -197,6 +199,7 @@ class StepServer:
         if run.distributed:  # each rank restores its own records
             run = run.open_rank(int(os.environ.get("RANK", 0)))
         self.state.load_state_dict(run.checkpoint(request.step), python=not request.rebuilt)
+        self.feed_entropy(run, request)
         if built is not None:
             overlay_hyperparameters(self.trainee, built)
         self.position = self.current = request.step
@@ -319,6 +322,12 @@ class StepServer:
         if commit:
             self.position = request.step + 1
         self.channel.send(*run.result(request.step).to_reply())
+
+    def feed_entropy(self, run: RunDirectory, request: Restore) -> None:
+        """From here on, each seeding call from entropy is given the value ``run`` recorded for it
+        (see :mod:`bisect_repro.capture.entropy`), or, from ``request.kept_from`` on, leaves its
+        stream as it is."""
+        self.watch.feed = EntropyFeed.of_steps(run.steps, request.step, lambda: self.current, kept_from=request.kept_from)
 
     # -- state ---------------------------------------------------------------------------------
     def _state_hashes(self, *, grads: bool = False) -> dict[str, str]:

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..capture.entropy import check_value
 from ..errors import RunFormatError, RunNotFoundError
 from . import codec, files
 from .meta import DISTRIBUTED_FORMAT, FORMAT, Distributed, RankMeta, RunMeta
@@ -171,7 +172,8 @@ _SEEDING_TEXT = ("call", "stream", "where")
 def _check_step_line(record: dict[str, Any]) -> int:
     """A ``steps.jsonl`` line's step, after checking every field a reader uses: ``loss`` a number or
     null, ``order`` and ``batch`` text or null, ``seeded`` a list of seeding calls (``call``,
-    ``stream``, ``where`` text, ``entropy`` true or false). ``ValueError`` names the first bad field."""
+    ``stream``, ``where`` text, ``entropy`` true or false, ``value`` what entropy gave the call, as
+    :func:`~bisect_repro.capture.entropy.check_value` allows). ``ValueError`` names the first bad field."""
     step = record["step"]
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         raise ValueError(f"step {step!r:.40} is not a step number (0 to {MAX_STEP})")
@@ -190,6 +192,9 @@ def _check_step_line(record: dict[str, Any]) -> int:
         ok = isinstance(call, dict) and all(call.get(k) is None or isinstance(call[k], str) for k in _SEEDING_TEXT)
         if not ok or not isinstance(call.get("entropy", False), bool):
             raise ValueError(f"step {step}: a seeding call {call!r:.80} is not call, stream, where and entropy")
+        wrong = check_value(call.get("call") or "", call.get("value"))
+        if wrong is not None:
+            raise ValueError(f"step {step}: the value of seeding call {call.get('call')!r:.40} {wrong}")
     return step
 
 

@@ -112,7 +112,7 @@ def test_the_users_own_torchrun_is_recorded_on_each_rank_and_replayed_under_torc
     script.write_text((SCRIPTS / "ddp_torchrun.py").read_text())
     _recorded(tmp_path, "a", "torchrun", "--nproc-per-node", "2", "train.py")
     _recorded(tmp_path, "again", "torchrun", "--nproc_per_node=2", "--standalone", "train.py")
-    _recorded(tmp_path, "b", "torchrun", "--nproc-per-node", "2", "train.py", "--reseed-at", "5")
+    _recorded(tmp_path, "b", "torchrun", "--nproc-per-node", "2", "train.py", "--reseed-at", "9")
     shown = json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)
     assert shown["complete"] and shown["steps_logged"] == 12 and (tmp_path / "a" / "rank1" / "steps.jsonl").is_file()
     same = _cli("compare", "a", "again", "--json", cwd=tmp_path)
@@ -123,8 +123,9 @@ def test_the_users_own_torchrun_is_recorded_on_each_rank_and_replayed_under_torc
     result = json.loads(done.stdout)
     verdict = result["verdict"]
     where = (verdict["step"], verdict["rank"], verdict["phase"], verdict["layer"], verdict["cause"], verdict["rng"], verdict["confidence"])
-    assert where == (5, 1, "forward", "module.2", "rng_state", ["torch"], "proven"), verdict
+    assert where == (9, 1, "forward", "module.2", "rng_state", ["torch"], "proven"), verdict
+    assert result["replay"]["faithful"] and result["replay"]["parted"] == [], result["replay"]  # the reseed given its recorded seed
     assert verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
     followed = result["ranks"][0]["verdict"]  # rank 0 reseeded nothing: it parts through DDP's all-reduce
-    assert (followed["step"], followed["cause"], followed["confidence"]) == (5, "rng_state", "inferred")
+    assert (followed["step"], followed["cause"], followed["confidence"]) == (9, "rng_state", "inferred")
     assert "rank 1 parted first" in followed["explanation"]
