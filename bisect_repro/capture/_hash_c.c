@@ -346,3 +346,36 @@ BR_EXPORT int br_hash_lanes(size_t count, const void *const *data, const uint64_
     free(offsets);
     return 0;
 }
+
+/* The linear sketch of float32 buffers (defined in sketch.py): element i of buffer t has the
+ * global index g = offset[t] + i; it adds sign(g / k) * x[i], in double, to out[t * k + g % k],
+ * where sign is the top bit of splitmix64(row ^ seed). One thread; each row's span is a plain
+ * multiply-add loop, which the compiler vectorises. */
+static inline double br_row_sign(uint64_t row, uint64_t seed) {
+    uint64_t z = (row ^ seed) + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (z >> 63) ? -1.0 : 1.0;
+}
+
+BR_EXPORT int br_sketch_f32(size_t count, const float *const *data, const uint64_t *numel, const uint64_t *offset, uint64_t k,
+                            uint64_t seed, double *out) {
+    if (k == 0) return -1;
+    for (size_t t = 0; t < count; t++) {
+        const float *x = data[t];
+        double *acc = out + t * k;
+        uint64_t n = numel[t], g = offset[t], i = 0;
+        while (i < n) {
+            uint64_t column = g % k, span = k - column;
+            if (span > n - i) span = n - i;
+            double sign = br_row_sign(g / k, seed);
+            double *a = acc + column;
+            const float *v = x + i;
+            for (uint64_t j = 0; j < span; j++) a[j] += sign * (double)v[j];
+            i += span;
+            g += span;
+        }
+    }
+    return 0;
+}

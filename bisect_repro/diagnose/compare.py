@@ -44,6 +44,7 @@ from ..replay.replica import ReplicaFailed, processes_started
 from ..store.run import Run
 from .causes import Cause, fix_for
 from .difference import difference_stats
+from .envelope import judge
 from .experiments import StepAnalysis
 from .rebuild import streams_deciding_init
 from .records import (
@@ -102,10 +103,12 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
     result = _result_of(records, a, b)
     if records.identical:
         _identical(records, result)
+        result.numerics = judge(records, None)
         return result
     specs = _specs(records, result, allow) if replay else None
     replayed = _replay(records, specs, result, progress, announce) if specs is not None else None
     result.verdict = replayed or records_verdict(records)
+    result.numerics = judge(records, specs[0] if specs is not None else None)
     return result
 
 
