@@ -2,17 +2,21 @@
 
 The sketch of a tensor (``WIDTH`` float64 numbers, seed ``SEED``): the element at global flat
 index ``g`` (row-major over the tensor's global shape: a DTensor's whole, not its shard) adds
-``sign(g // WIDTH) * value`` to bucket ``g % WIDTH``, summed in float64, where ``sign(r)`` is -1
-when the top bit of ``splitmix64(r ^ SEED)`` is set and +1 otherwise.
+``sign(g) * value`` to bucket ``g % WIDTH``, summed in float64. With ``mix`` splitmix64's
+finaliser and ``B = g >> 16`` the element's block: ``sign(g) = s(B) * T[(g % 2**16 + r(B)) %
+2**16]``, where ``s(B)`` is -1 when the top bit of ``mix(B ^ SEED)`` is set (else +1), ``r(B)``
+its low 16 bits, and ``T[j]`` the same sign of ``mix(j ^ SEED ^ TABLE_KEY)``. Each element has its
+own sign (a constant difference does not fall alike into every bucket), and the signs within a
+block are read from the table in order, which keeps the kernel a plain multiply-add loop.
 
 Guarantees:
 - Linear: ``sketch(x) - sketch(y) = sketch(x - y)``; and keyed by the global index, so the
   sketches of a tensor's shards, each taken with its own global indices, add up to the sketch of
   the whole tensor: a sharded run and an unsharded one compare.
-- ``|sketch(x) - sketch(y)|`` estimates ``|x - y|`` (L2) without bias in its square: each bucket
-  holds elements of distinct rows, whose signs are independent. Its relative error is about
-  ``sqrt(1 / WIDTH)`` (9%) for a difference spread over many elements
-  (:func:`relative_error_bound` is what the tests hold it to).
+- ``|sketch(x) - sketch(y)|`` estimates ``|x - y|`` (L2), its square without bias (the signs of
+  distinct elements are uncorrelated). Its relative error is about ``sqrt(1 / (2 * WIDTH))`` (6%)
+  for a difference spread over many elements (:func:`relative_error_bound` is what the tests hold
+  it to).
 - Computed where the tensor lives: on the CPU by the C kernel beside the hash's (float32, one pass,
   float64 sums), elsewhere by torch ops on the tensor's device; one transfer per device.
 
@@ -35,9 +39,12 @@ import torch
 
 from . import _hash_cpu
 
-__all__ = ["SEED", "WIDTH", "relative_error_bound", "sketch_flat", "sketch_tensors"]
+__all__ = ["SEED", "TABLE_KEY", "WIDTH", "relative_error_bound", "signs", "sketch_flat", "sketch_indexed", "sketch_tensors"]
 
 WIDTH = 128
+TABLE_KEY = 0x7AB1E5
+_BLOCK_BITS = 16
+_BLOCK = 1 << _BLOCK_BITS
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 SEED = 0x5EC7C0DE
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -53,33 +60,38 @@ def _shift(z: torch.Tensor, bits: int) -> torch.Tensor:
     return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def row_signs(rows: torch.Tensor) -> torch.Tensor:
-    """``sign(r)`` (float64, +-1) of each row index, on the rows' device."""
-    z = (rows ^ SEED) + _signed(_GOLDEN)
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser of ``z + GOLDEN``, on int64 holding the unsigned values."""
+    z = z + _signed(_GOLDEN)
     z = (z ^ _shift(z, 30)) * _signed(_MIX1)
     z = (z ^ _shift(z, 27)) * _signed(_MIX2)
-    z = z ^ _shift(z, 31)
-    return torch.where(z < 0, -1.0, 1.0).to(torch.float64)
+    return z ^ _shift(z, 31)
+
+
+@functools.cache
+def _table(device: torch.device) -> torch.Tensor:
+    """``T`` (float64[2**16] of +-1) on a device."""
+    z = _mix(torch.arange(_BLOCK, dtype=torch.int64) ^ (SEED ^ TABLE_KEY))
+    return torch.where(z < 0, -1.0, 1.0).to(torch.float64).to(device)
+
+
+def signs(indices: torch.Tensor) -> torch.Tensor:
+    """``sign(g)`` (float64, +-1) of each global index, on the indices' device."""
+    z = _mix((indices >> _BLOCK_BITS) ^ SEED)
+    slots = ((indices & (_BLOCK - 1)) + (z & (_BLOCK - 1))) & (_BLOCK - 1)
+    return torch.where(z < 0, -1.0, 1.0).to(torch.float64) * _table(indices.device)[slots]
 
 
 def sketch_flat(values: torch.Tensor, offset: int = 0) -> torch.Tensor:
-    """The sketch (float64[WIDTH], on the values' device) of a 1-D tensor whose element i has the
-    global index ``offset + i``, by torch ops."""
-    values = values.detach().reshape(-1).to(torch.float64)
-    front = offset % WIDTH
-    rows = -(-(front + values.numel()) // WIDTH)
-    padded = values.new_zeros(rows * WIDTH)
-    padded[front : front + values.numel()] = values
-    first = offset // WIDTH
-    signs = row_signs(torch.arange(first, first + rows, device=values.device, dtype=torch.int64))
-    return (padded.view(rows, WIDTH) * signs[:, None]).sum(0)
+    """The sketch (float64[WIDTH], on the values' device) of a tensor whose element i (flat,
+    row-major) has the global index ``offset + i``, by torch ops."""
+    return sketch_indexed(values, torch.arange(offset, offset + values.numel(), device=values.device, dtype=torch.int64))
 
 
 def sketch_indexed(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """The sketch of values at arbitrary global indices (int64, same shape), by torch ops."""
     values, indices = values.detach().reshape(-1).to(torch.float64), indices.reshape(-1)
-    signed = values * row_signs(torch.div(indices, WIDTH, rounding_mode="floor"))
-    return values.new_zeros(WIDTH).index_add_(0, indices % WIDTH, signed)
+    return values.new_zeros(WIDTH).index_add_(0, indices % WIDTH, values * signs(indices))
 
 
 def _global_indices(shape: list[int], local_shape: list[int], offsets: list[int], device: torch.device) -> torch.Tensor:
@@ -166,4 +178,4 @@ def sketch_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], torc
 def relative_error_bound(sigmas: float = 4.0) -> float:
     """How far the sketched distance may be from the exact one, relative, at ``sigmas`` standard
     deviations, for a difference spread over many more elements than ``WIDTH``."""
-    return sigmas * math.sqrt(1.0 / WIDTH)
+    return sigmas * math.sqrt(1.0 / (2 * WIDTH))
