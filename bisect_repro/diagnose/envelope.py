@@ -15,8 +15,11 @@ checked by hash, its recorded numeric variables), and runs only where compare re
 user's consent for a run not recorded here. The replayed run is written to a temporary folder and
 deleted.
 
+A distributed run A is replayed on its own world size under ``torchrun``, each rank from its own
+checkpoint; its distance is that of the whole run (:func:`~bisect_repro.diagnose.numerics.run_sketches`).
+
 Where the guarantees stop: recipes only (a script's loop has no entry point to record it again
-from a checkpoint), single-process runs only; the replay costs another training from the first
+from a checkpoint), on one node; the replay costs another training from the first
 checkpoint to the end; the ``ulp`` experiment wraps the step function, so counters a recipe keeps
 in its step function's module are not restored there.
 """
@@ -33,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ..record.torchrun import init_process_group, torchrun_command
 from ..replay.launch import LaunchSpec
 from ..store.meta import CodeKind
 from ..store.run import Run
@@ -51,8 +55,6 @@ def measure_envelope(run: Run, spec: LaunchSpec | None) -> tuple[Envelope | None
         return None, "run A could not be replayed"
     if spec.kind is not CodeKind.RECIPE or spec.target is None:
         return None, "run A is a script; the envelope is measured for recipes"
-    if run.distributed is not None:
-        return None, "run A is distributed; the envelope is measured for single-process runs"
     if not run.checkpoints:
         return None, "run A has no checkpoint to replay from"
     start = min(run.checkpoints)
@@ -73,9 +75,13 @@ def measure_envelope(run: Run, spec: LaunchSpec | None) -> tuple[Envelope | None
 
 def judge(records: Records, spec: LaunchSpec | None) -> Numerics:
     """The ``numerics`` of two runs: their distance, run A's envelope (measured only when the
-    weights differ and run A may be replayed: ``spec``), and the decision."""
+    weights differ and run A may be replayed: ``spec``), and the decision. Runs of another world
+    size are matched step by step (the same global batch at each step is assumed: each rank's
+    batches and streams differ by design, so of the exact signals only the config is compared)."""
     measured = distances(records.a, records.b)
     signals = signals_differing(records)
+    if records.a.world_size != records.b.world_size:
+        signals = [(step, what) for step, what in signals if what.startswith("config")]
     if measured is not None and all(p.relative == 0 for p in measured.weights) and not signals:
         return Numerics(
             rounding_only=True, distance=measured.weights, sentence="the runs' weights are equal at every snapshot: no rounding to measure"
@@ -110,7 +116,8 @@ def _replayed(run: Run, spec: LaunchSpec, start: int, out: Path, *, threads: int
         else:
             environment[name] = value
     cwd = spec.cwd if spec.cwd and Path(spec.cwd).is_dir() else str(out.parent)
-    done = subprocess.run([sys.executable, "-m", __name__], env=environment, cwd=cwd, capture_output=True, text=True, check=False)
+    launcher = torchrun_command(run.world_size) if run.distributed is not None else [sys.executable]
+    done = subprocess.run([*launcher, "-m", __name__], env=environment, cwd=cwd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise _Failed(f"replaying run A with {threads} threads failed: {last}")
@@ -143,7 +150,9 @@ def _main() -> None:
     job = json.loads(os.environ[_JOB])
     if job["root"]:
         sys.path.insert(0, job["root"])
-    environment = dict(Run.open(job["source"]).environment)
+    rank = int(os.environ.get("RANK", "0")) if "LOCAL_RANK" in os.environ else 0  # under torchrun: one rank of A's world
+    ours = init_process_group() if "LOCAL_RANK" in os.environ else False
+    environment = dict(Run.open(job["source"], rank).environment)
     environment["torch.get_num_threads"] = job["threads"]
     env.apply(environment)
     trainee = build(job["target"], job["config"], expected=Path(job["path"]))
@@ -151,6 +160,10 @@ def _main() -> None:
         trainee.step = _Perturbed(trainee.step, trainee.model)
     options = RecordOptions(steps=job["steps"], every=job["every"], checkpoint_every=None, force=True)
     record(trainee, job["out"], options, target=job["target"], config=job["config"], resume_from=(job["source"], job["step"]))
+    if ours:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

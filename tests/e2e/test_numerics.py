@@ -72,3 +72,15 @@ def test_a_planted_departure_is_found_at_its_step_and_layer(runs: Path) -> None:
     assert departure["relative"] > 10 * departure["envelope"]
     assert f"until step {PLANTED}" in numerics["sentence"] and "layer 3 departs" in numerics["sentence"]
     assert "layer 3 departs" in text
+
+
+def test_ddp_on_one_rank_against_two_on_the_same_global_batch_differs_by_rounding_only(tmp_path: Path) -> None:
+    target = f"{Path(__file__).parents[2] / 'examples' / 'rounding.py'}:build_ddp"
+    for ranks in ("1", "2"):
+        args = ["record", target, "--out", str(tmp_path / ranks), "--nproc-per-node", ranks, "--steps", "4", "--every", "1", "--quiet"]
+        assert CliRunner().invoke(app, args).exit_code == 0
+    numerics, text = _numerics(tmp_path / "1", tmp_path / "2")
+    assert numerics["rounding_only"] is True and numerics["departure"] is None, numerics["sentence"]
+    assert [d["step"] for d in numerics["distance"]] == [0, 1, 2, 3, 4] and numerics["distance"][0]["relative"] == 0.0
+    assert max(d["relative"] for d in numerics["distance"]) < 1e-5
+    assert "rounding only" in text
