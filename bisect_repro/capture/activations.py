@@ -6,6 +6,11 @@ first tensor of it) are sketched (:mod:`bisect_repro.capture.sketch`, at their f
 the order the modules run. The recorder takes them during the step that starts at each snapshot
 and stores them with the next snapshot.
 
+No hooks are put on a model in a process where ``torch.compile`` has been used (``torch._dynamo``
+imported): hooks that come and go would make a compiled model compile again at each snapshot,
+and past its cache limit run uncompiled, which changes the training. Such runs compare by their
+weights alone.
+
 Where the guarantees stop: a sample, not the whole output: a difference confined to the elements
 after ``SAMPLE`` (later samples of a large batch) is not seen; the output of a module that runs
 several times in a step is its first call's; modules whose output is not a floating-point tensor
@@ -15,6 +20,7 @@ rank (another world size) do not compare.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -41,6 +47,8 @@ class ActivationSketches:
         self._found: dict[str, torch.Tensor] = {}
 
     def install(self) -> ActivationSketches:
+        if "torch._dynamo" in sys.modules:  # torch.compile in use: see the module docstring
+            return self
         for name, module in self._model.named_modules():
             if name and next(module.children(), None) is None:
                 self._handles.append(module.register_forward_hook(self._hook(name)))

@@ -4,6 +4,7 @@ global index (shards add up), the C kernel against torch ops, and the distance i
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -110,7 +111,8 @@ def test_rounding_level_differences_are_seen_in_float64() -> None:
     assert exact > 0 and abs(estimate / exact - 1) <= sketch.relative_error_bound()
 
 
-def test_activation_sketches_follow_the_modules_in_the_order_they_ran() -> None:
+def test_activation_sketches_follow_the_modules_in_the_order_they_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)  # another test of the session may have compiled
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(inplace=True), torch.nn.Linear(8, 2))
     x = torch.randn(3, 4)
     hooks = ActivationSketches(model).install()
@@ -124,3 +126,11 @@ def test_activation_sketches_follow_the_modules_in_the_order_they_ran() -> None:
     assert torch.allclose(values[0], sketch.sketch_flat(hidden.detach()))  # taken before ReLU changed it in place
     model(x)
     assert hooks.close() is None  # the hooks are gone
+
+
+def test_no_hooks_where_torch_compile_is_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch._dynamo", sys.modules.get("torch._dynamo") or object())
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    hooks = ActivationSketches(model).install()
+    model(torch.randn(1, 4))
+    assert hooks.close() is None and not model[0]._forward_hooks
