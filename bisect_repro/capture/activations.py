@@ -1,26 +1,27 @@
 """Sketches of a model's activations during one step: where a difference enters, not only where it is felt.
 
-:class:`ActivationSketches` puts a forward hook on every leaf module of a model for one step;
-the first time each module runs in that step, the first ``SAMPLE`` elements of its output (the
-first tensor of it) are sketched (:mod:`bisect_repro.capture.sketch`, at their flat indices), in
-the order the modules run. The recorder takes them during the step that starts at each snapshot
-and stores them with the next snapshot.
+:class:`ActivationSketches` puts a forward hook on every leaf module of a model once, for the
+whole recording; between :meth:`~ActivationSketches.start` and :meth:`~ActivationSketches.take`
+(one step) the first time each module runs, the first ``SAMPLE`` elements of its output (the first
+tensor of it) are copied, and :meth:`~ActivationSketches.take` sketches them
+(:mod:`bisect_repro.capture.sketch`, at their flat indices) in the order the modules ran. The
+recorder takes them during the step that starts at each snapshot and stores them with the next
+snapshot.
 
-No hooks are put on a model in a process where ``torch.compile`` has been used (``torch._dynamo``
-imported): hooks that come and go would make a compiled model compile again at each snapshot,
-and past its cache limit run uncompiled, which changes the training. Such runs compare by their
-weights alone.
+The hooks stay in place from the start of the recording to its end and return at once outside
+that step, and inside code that ``torch.compile`` traces: a compiled model sees the same hooks at
+every step, each one a no-op to the compiler, so it is never compiled again because of them.
 
 Where the guarantees stop: a sample, not the whole output: a difference confined to the elements
 after ``SAMPLE`` (later samples of a large batch) is not seen; the output of a module that runs
-several times in a step is its first call's; modules whose output is not a floating-point tensor
-(or a tuple or list starting with one) are skipped; the sketches of runs with another batch per
-rank (another world size) do not compare.
+several times in a step is its first call's; modules inside a compiled region are not seen (their
+runs compare by the weights alone); modules whose output is not a floating-point tensor (or a
+tuple or list starting with one) are skipped; the sketches of runs with another batch per rank
+(another world size) do not compare. A hook costs a Python call per leaf module per forward pass.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
@@ -39,16 +40,16 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
 
 
 class ActivationSketches:
-    """Forward hooks on a model's leaf modules, from :meth:`install` to :meth:`close`."""
+    """Forward hooks on a model's leaf modules, from :meth:`install` to :meth:`remove`, taking
+    samples of the outputs between :meth:`start` and :meth:`take`."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = model
         self._handles: list[Any] = []
         self._found: dict[str, torch.Tensor] = {}
+        self._active = False
 
     def install(self) -> ActivationSketches:
-        if "torch._dynamo" in sys.modules:  # torch.compile in use: see the module docstring
-            return self
         for name, module in self._model.named_modules():
             if name and next(module.children(), None) is None:
                 self._handles.append(module.register_forward_hook(self._hook(name)))
@@ -56,20 +57,28 @@ class ActivationSketches:
 
     def _hook(self, name: str) -> Any:
         def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            if torch.compiler.is_compiling() or not self._active or name in self._found:
+                return
             tensor = _first_tensor(output)
-            if tensor is not None and name not in self._found:
+            if tensor is not None:
                 self._found[name] = tensor.detach().reshape(-1)[:SAMPLE].clone()  # a later in-place op must not change it
 
         return hook
 
-    def close(self) -> tuple[list[str], torch.Tensor] | None:
-        """Remove the hooks; the module names in the order they ran and their sketches
-        (float64[n, WIDTH], on the CPU: a host synchronisation), or ``None`` when no module ran."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        found, self._found = self._found, {}
+    def start(self) -> None:
+        """Take the outputs of the modules from now until :meth:`take`."""
+        self._found, self._active = {}, True
+
+    def take(self) -> tuple[list[str], torch.Tensor] | None:
+        """Stop taking; the module names in the order they ran and their sketches (float64[n,
+        WIDTH], on the CPU: a host synchronisation), or ``None`` when no module ran."""
+        found, self._found, self._active = self._found, {}, False
         if not found:
             return None
         names, values = sketch_tensors(found)
         return names, values.reshape(len(names), WIDTH)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._active = [], False

@@ -117,7 +117,8 @@ class RecordingSession:
         self._stopped = False
         self._closed = self._handed_out = False
         self._reported = False
-        self._activations: ActivationSketches | None = None  # hooks on the model during a snapshot's step
+        self._activations: ActivationSketches | None = None  # hooks on the model, taking a snapshot's step
+        self._taking = False  # the hooks are taking the outputs of the current step
         self._sketched: dict[str, Any] | None = None  # that step's activation sketches, for the next snapshot
         try:
             if resume:
@@ -239,8 +240,8 @@ class RecordingSession:
 
     def _close_activations(self) -> None:
         """The activation sketches of the step that started at the last snapshot, kept for the next one."""
-        if self._activations is not None:
-            found, self._activations = self._activations.close(), None
+        if self._activations is not None and self._taking:
+            found, self._taking = self._activations.take(), False
             if found is not None:
                 self._sketched = {"step": self.step, "width": WIDTH, "seed": SEED, "names": found[0], "values": found[1]}
 
@@ -281,7 +282,7 @@ class RecordingSession:
         """Wait for what was handed to the writer, release the run's lock, give the loader back."""
         self._watch.uninstall()
         if self._activations is not None:
-            self._activations.close()
+            self._activations.remove()
         try:
             self._writer.drain()
         finally:
@@ -342,7 +343,10 @@ class RecordingSession:
         sketched, sketches = sketch_tensors(state.parameters())  # a fresh host tensor: shares nothing with the training
         self._close_activations()
         activations, self._sketched = self._sketched, None
-        self._activations = ActivationSketches(self.trainee.model).install()
+        if self._activations is None:
+            self._activations = ActivationSketches(self.trainee.model).install()
+        self._activations.start()
+        self._taking = True
         pending, self._pending = self._pending, []
         losses = fetch_losses(pending)
         self._last_loss = next((float(loss) for loss in reversed(losses) if loss is not None), self._last_loss)

@@ -4,7 +4,6 @@ global index (shards add up), the C kernel against torch ops, and the distance i
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
@@ -111,26 +110,39 @@ def test_rounding_level_differences_are_seen_in_float64() -> None:
     assert exact > 0 and abs(estimate / exact - 1) <= sketch.relative_error_bound()
 
 
-def test_activation_sketches_follow_the_modules_in_the_order_they_ran(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)  # another test of the session may have compiled
+def test_activation_sketches_follow_the_modules_in_the_order_they_ran() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(inplace=True), torch.nn.Linear(8, 2))
     x = torch.randn(3, 4)
     hooks = ActivationSketches(model).install()
     model(x)
+    assert hooks.take() is None  # not started: nothing taken
+    hooks.start()
+    model(x)
     model(x)  # a second call is not taken
-    found = hooks.close()
+    found = hooks.take()
     assert found is not None
     names, values = found
     assert names == ["0", "1", "2"] and values.shape == (3, sketch.WIDTH)
     hidden = model[0](x)
     assert torch.allclose(values[0], sketch.sketch_flat(hidden.detach()))  # taken before ReLU changed it in place
+    hooks.remove()
+    hooks.start()
     model(x)
-    assert hooks.close() is None  # the hooks are gone
+    assert hooks.take() is None and not model[0]._forward_hooks  # the hooks are gone
 
 
-def test_no_hooks_where_torch_compile_is_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torch._dynamo", sys.modules.get("torch._dynamo") or object())
-    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+def test_a_compiled_model_is_compiled_once_with_the_hooks_in_place() -> None:
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    compiled = torch.compile(model, backend="eager")
     hooks = ActivationSketches(model).install()
-    model(torch.randn(1, 4))
-    assert hooks.close() is None and not model[0]._forward_hooks
+    x = torch.randn(3, 4)
+    expected = model(x)
+    for _ in range(3):
+        hooks.start()
+        assert torch.equal(compiled(x), expected)
+        hooks.take()
+        assert torch.equal(compiled(x), expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 1
+    hooks.remove()
