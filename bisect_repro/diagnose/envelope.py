@@ -75,7 +75,9 @@ def measure_envelope(run: Run, spec: LaunchSpec | None) -> tuple[Envelope | None
 
 def judge(records: Records, spec: LaunchSpec | None) -> Numerics:
     """The ``numerics`` of two runs: their distance, run A's envelope (measured only when the
-    weights differ and run A may be replayed: ``spec``), and the decision. Runs of another world
+    weights differ from the first snapshot on and run A may be replayed: ``spec``; runs equal bit
+    for bit at a later snapshot part by an event the verdict explains, not by rounding from the
+    start), and the decision. Runs of another world
     size are matched step by step (the same global batch at each step is assumed: each rank's
     batches and streams differ by design, so of the exact signals only the config is compared)."""
     measured = distances(records.a, records.b)
@@ -86,6 +88,13 @@ def judge(records: Records, spec: LaunchSpec | None) -> Numerics:
         return Numerics(
             rounding_only=True, distance=measured.weights, sentence="the runs' weights are equal at every snapshot: no rounding to measure"
         )
+    first = records.timeline[0].step if records.timeline else None
+    if measured is not None and records.last_equal is not None and first is not None and records.last_equal > first:
+        equal = (
+            f"the runs are equal bit for bit up to step {records.last_equal}: they do not differ by rounding from the start, "
+            "and the verdict explains where they part"
+        )
+        return decide(measured, None, signals, equal)
     envelope, why = measure_envelope(records.a, spec) if measured is not None else (None, None)
     return decide(measured, envelope, signals, why)
 

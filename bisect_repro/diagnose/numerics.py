@@ -126,15 +126,18 @@ class Measured:
 
 
 def distances(a: Run, b: Run, *, exact: bool = True) -> Measured | None:
-    """The distances at every snapshot both runs hold with sketches; ``None`` when they hold none."""
+    """The distances at every snapshot both runs hold with sketches; ``None`` when they hold none.
+    ``exact`` at the first and the last checkpoint both runs hold (each reads two checkpoints)."""
     found = Measured()
     same_batches = a.world_size == b.world_size
+    both = sorted(set(a.checkpoints) & set(b.checkpoints))
+    checked = {both[0], both[-1]} if both and exact else set()
     for step in sorted(set(a.snapshots) & set(b.snapshots)):
         (sa, aa), (sb, ab) = run_sketches(a, step), run_sketches(b, step)
         if sa is None or sb is None:
             continue
         point = distance_at(step, sa, sb)
-        point.exact = _exact(a, b, step) if exact else None
+        point.exact = _exact(a, b, step) if step in checked else None
         found.weights.append(point)
         if same_batches and aa is not None and ab is not None and aa.step == ab.step and aa.step is not None:
             found.activations.append(_activation_distance(aa.step, aa.values, ab.values))

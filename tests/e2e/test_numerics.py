@@ -84,3 +84,13 @@ def test_ddp_on_one_rank_against_two_on_the_same_global_batch_differs_by_roundin
     assert [d["step"] for d in numerics["distance"]] == [0, 1, 2, 3, 4] and numerics["distance"][0]["relative"] == 0.0
     assert max(d["relative"] for d in numerics["distance"]) < 1e-5
     assert "rounding only" in text
+
+
+def test_runs_equal_bit_for_bit_until_a_late_step_measure_no_envelope(runs: Path, tmp_path: Path) -> None:
+    target = f"{Path(__file__).parents[2] / 'examples' / 'rounding.py'}:build"
+    _record(target, tmp_path / "one-planted", 1, ROUNDING_EXAMPLE_BF16_FROM=str(PLANTED))
+    result = CliRunner().invoke(app, ["compare", str(runs / "one"), str(tmp_path / "one-planted"), "--json", "--no-replay"])
+    numerics = json.loads(result.stdout)["numerics"]
+    assert numerics["envelope"] is None and numerics["rounding_only"] is False
+    assert f"equal bit for bit up to step {PLANTED}" in numerics["sentence"]
+    assert [d["relative"] == 0 for d in numerics["distance"]] == [s <= PLANTED for s in range(STEPS + 1)]
