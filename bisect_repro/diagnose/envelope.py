@@ -88,15 +88,35 @@ def judge(records: Records, spec: LaunchSpec | None) -> Numerics:
         return Numerics(
             rounding_only=True, distance=measured.weights, sentence="the runs' weights are equal at every snapshot: no rounding to measure"
         )
-    first = records.timeline[0].step if records.timeline else None
-    if measured is not None and records.last_equal is not None and first is not None and records.last_equal > first:
-        equal = (
+    unmeasured = _not_rounding(records, signals) if measured is not None else None
+    if unmeasured is not None:
+        return decide(measured, None, signals, unmeasured)
+    envelope, why = measure_envelope(records.a, spec) if measured is not None else (None, None)
+    return decide(measured, envelope, signals, why)
+
+
+def _not_rounding(records: Records, signals: list[tuple[int, str]]) -> str | None:
+    """Why the records alone show that the runs do not differ by rounding from the start, so no
+    envelope is measured (it costs another training); ``None`` when only an envelope can tell.
+
+    | the records show | envelope |
+    | --- | --- |
+    | an exact signal that differs | not measured: the signal is the cause |
+    | different weights at the first snapshot | not measured: training has not rounded anything yet |
+    | weights equal bit for bit at a later snapshot | not measured: a discrete divergence, the verdict's |
+    | none of these | measured |
+    """
+    first = records.timeline[0] if records.timeline else None
+    if signals:
+        return f"{signals[0][1]} differ from step {signals[0][0]}"
+    if first is not None and not first.equal:
+        return f"the runs start from different weights at step {first.step}; rounding in training cannot explain that"
+    if first is not None and records.last_equal is not None and records.last_equal > first.step:
+        return (
             f"the runs are equal bit for bit up to step {records.last_equal}: they do not differ by rounding from the start, "
             "and the verdict explains where they part"
         )
-        return decide(measured, None, signals, equal)
-    envelope, why = measure_envelope(records.a, spec) if measured is not None else (None, None)
-    return decide(measured, envelope, signals, why)
+    return None
 
 
 class _Failed(Exception):

@@ -18,7 +18,8 @@ envelope taken as its largest value up to that step (rounding differences do not
 | agree | leaves it at snapshot N | false | N, the layer furthest out, cause ``numerics`` |
 | differ | within the envelope | false | the first step a signal differs, cause that signal |
 | differ | leaves it at snapshot N | false | N, the layer furthest out, cause the first signal |
-| any | no envelope measured, or no sketches | false | null; ``sentence`` says why |
+| differ | no envelope measured | false | the first step a signal differs, cause that signal |
+| agree | no envelope measured, or no sketches | false | null; ``sentence`` says why |
 
 The departing layer is the one whose distance is the largest multiple of its own envelope at the
 first snapshot out of the envelope.
@@ -219,7 +220,10 @@ def decide(measured: Measured | None, envelope: Envelope | None, signals: list[t
     points = measured.weights
     if envelope is None:
         why = why_none or "no replay"
-        return Numerics(rounding_only=False, distance=points, signals=named, sentence=f"no rounding envelope was measured ({why})")
+        numerics = Numerics(rounding_only=False, distance=points, signals=named, sentence=f"no rounding envelope was measured ({why})")
+        if signals:
+            numerics.departure = Departure(step=signals[0][0], layer=None, relative=0.0, envelope=0.0, cause=named[0])
+        return numerics
     bounds = _bounds(envelope.points)
     out = next((p for p in points if not _within(p.relative, _bound_at(bounds, p.step).overall)), None)
     numerics = Numerics(rounding_only=out is None and not signals, distance=points, envelope=envelope, signals=named)

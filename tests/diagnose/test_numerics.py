@@ -63,6 +63,12 @@ def test_an_exact_signal_that_differs_is_never_rounding_only() -> None:
     assert numerics.departure.layer is None and "sample indices" in numerics.sentence
 
 
+def test_without_an_envelope_a_differing_signal_is_still_the_departure() -> None:
+    numerics = decide(Measured(_points([0.0, 1e-3])), None, [(1, "batch contents")], "batch contents differ from step 1")
+    assert not numerics.rounding_only and numerics.departure is not None
+    assert (numerics.departure.step, numerics.departure.layer, numerics.departure.cause) == (1, None, "batch contents")
+
+
 def test_no_envelope_and_no_sketches_decide_nothing() -> None:
     none = decide(Measured(_points([0.0, 1e-8])), None, [], "run A is a script; the envelope is measured for recipes")
     assert not none.rounding_only and none.departure is None and "is a script" in none.sentence and len(none.distance) == 2
