@@ -346,3 +346,72 @@ BR_EXPORT int br_hash_lanes(size_t count, const void *const *data, const uint64_
     free(offsets);
     return 0;
 }
+
+/* The linear sketch of float32 buffers (defined in sketch.py): element i of buffer t has the
+ * global index g = offset[t] + i; it adds sign(g) * x[i], in double, to out[t * k + g % k], where
+ * sign(g) = s(B) * T[(g % 2^16 + r(B)) % 2^16] for the block B = g / 2^16: s(B) and r(B) the top bit
+ * and the low 16 bits of mix(B ^ seed), T[j] the top bit of mix(j ^ seed ^ BR_TABLE_KEY) as +-1.
+ * Within a block the signs are read from T in order, so each span is a plain multiply-add loop
+ * that the compiler vectorises. One thread. */
+#define BR_BLOCK_BITS 16
+#define BR_BLOCK (1u << BR_BLOCK_BITS)
+#define BR_TABLE_KEY 0x7AB1E5ULL
+
+static inline uint64_t br_mix(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static double br_table[BR_BLOCK];
+static uint64_t br_table_seed;
+static pthread_once_t br_table_once = PTHREAD_ONCE_INIT;
+
+static void br_fill_table(void) {
+    for (uint64_t j = 0; j < BR_BLOCK; j++) br_table[j] = (br_mix(j ^ br_table_seed ^ BR_TABLE_KEY) >> 63) ? -1.0 : 1.0;
+}
+
+typedef void (*sketch_span_t)(double *a, const double *s, const float *v, uint64_t n, double sign);
+
+static void sketch_span_portable(double *a, const double *s, const float *v, uint64_t n, double sign) {
+    for (uint64_t j = 0; j < n; j++) a[j] += sign * s[j] * (double)v[j];
+}
+
+#if BR_X86
+/* The same loop, compiled for AVX2: four doubles a step. The products are exact (a sign times a
+ * float32 widened), so the fused multiply-add the compiler may choose rounds like the portable loop. */
+__attribute__((target("avx2,fma"))) static void sketch_span_avx2(double *a, const double *s, const float *v, uint64_t n, double sign) {
+    for (uint64_t j = 0; j < n; j++) a[j] += sign * s[j] * (double)v[j];
+}
+#endif
+
+BR_EXPORT int br_sketch_f32(size_t count, const float *const *data, const uint64_t *numel, const uint64_t *offset, uint64_t k,
+                            uint64_t seed, double *out) {
+    if (k == 0) return -1;
+    if (br_table_seed == 0) br_table_seed = seed; /* the first seed fills the table: sketch.py passes one constant */
+    pthread_once(&br_table_once, br_fill_table);
+    if (seed != br_table_seed) return -2;
+    sketch_span_t sketch_span = sketch_span_portable;
+#if BR_X86
+    if (br_hash_best_level() >= 1 && __builtin_cpu_supports("fma")) sketch_span = sketch_span_avx2;
+#endif
+    for (size_t t = 0; t < count; t++) {
+        const float *x = data[t];
+        double *acc = out + t * k;
+        uint64_t n = numel[t], g = offset[t], i = 0;
+        while (i < n) {
+            uint64_t z = br_mix((g >> BR_BLOCK_BITS) ^ seed);
+            double sign = (z >> 63) ? -1.0 : 1.0;
+            uint64_t at = g & (BR_BLOCK - 1), slot = (at + z) & (BR_BLOCK - 1), column = g % k;
+            uint64_t span = BR_BLOCK - at;  /* to the end of the block */
+            if (span > BR_BLOCK - slot) span = BR_BLOCK - slot;  /* to the end of the table */
+            if (span > k - column) span = k - column;  /* to the end of the row of buckets */
+            if (span > n - i) span = n - i;
+            sketch_span(acc + column, br_table + slot, x + i, span, sign);
+            i += span;
+            g += span;
+        }
+    }
+    return 0;
+}

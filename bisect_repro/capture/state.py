@@ -106,6 +106,10 @@ class TrainingState:
         """Every parameter, buffer and optimizer-state tensor this rank holds (a DTensor's local shard)."""
         return {name: local(tensor) for name, tensor in self._named_tensors().items()}
 
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """The model's parameters by name, as the model holds them (a DTensor whole, for its global indices)."""
+        return dict(self.trainee.model.named_parameters())
+
     def placements(self) -> dict[str, Any]:
         """The placements and meshes of the DTensors among :meth:`tensors` (``{}`` when none)."""
         return placements(self._named_tensors())

@@ -18,8 +18,9 @@ ranks under ``torchrun`` (:mod:`bisect_repro.replay.ranked`), in lockstep, focus
 the lockstep, the experiments and the verdict are the focus rank's, as for a single process,
 with the verdict's ``rank`` set. Where the replay fails or does not reproduce the divergence, the
 verdict is the records' and a note says why. Runs of another world size or parallel layout are
-refused (:class:`RunMismatchError`), except with ``replay=False``, which compares the ranks both
-have; the replay runs only the recorded world size.
+compared by the distance of their weights (``numerics``, :mod:`bisect_repro.diagnose.numerics`)
+and from the records of the ranks both have; no step-by-step replay runs across layouts (the
+replay runs only the recorded world size).
 
 ``compare`` returns a :class:`~bisect_repro.diagnose.verdict.CompareResult`; its ``to_json()`` is
 the ``bisect-repro/compare/2`` object documented in docs/json.md. ``announce`` is called with what
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import RunFormatError, RunMismatchError
+from ..errors import RunFormatError
 from ..replay.forks import forking
 from ..replay.launch import Consent, LaunchSpec, ReplayUnavailable, spec_for_run
 from ..replay.lockstep import Lockstep, Parted
@@ -46,6 +47,7 @@ from ..store.run import Run
 from .causes import Cause, fix_for
 from .compiled import compile_bisect
 from .difference import difference_stats
+from .envelope import judge
 from .experiments import StepAnalysis
 from .placement import closing_note, place
 from .rebuild import streams_deciding_init
@@ -106,10 +108,12 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
     result = _result_of(records, a, b)
     if records.identical:
         _identical(records, result)
+        result.numerics = judge(records, None)
         return result
     specs = _specs(records, result, allow) if replay else None
     replayed = _replay(records, specs, result, progress, announce) if specs is not None else None
     result.verdict = replayed or records_verdict(records)
+    result.numerics = judge(records, specs[0] if specs is not None else None)
     return result
 
 
@@ -204,12 +208,8 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
     """Distributed runs: rank by rank from the records, then both replayed on all their ranks,
     focused on the first divergent rank."""
     layouts = _layout(a), _layout(b)
-    if layouts[0] != layouts[1] and replay:
-        raise RunMismatchError(
-            f"{a.path} ran on {layouts[0]}, {b.path} on {layouts[1]}: they cannot be compared step by step; "
-            "record both with the same --nproc-per-node and parallel layout, or pass --no-replay to compare the ranks they share"
-        )
     layout = _whole(a), _whole(b)
+    specs = None
     ranks = []
     for rank in range(min(a.world_size, b.world_size)):
         records = read_records(a.open_rank(rank), b.open_rank(rank))
@@ -226,28 +226,36 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
     ]
     if first is None:
         _identical(records, result)
+    elif replay:
+        specs = _specs(records, result, allow)
     if layouts[0] != layouts[1]:
         shared = "rank 0" if len(ranks) == 1 else f"ranks 0 to {len(ranks) - 1}"
-        result.notes.append(f"run A ran on {layouts[0]}, run B on {layouts[1]}: only {shared}, which both have, compared")
-    elif replay and verdict is not None:
+        result.notes.append(
+            f"run A ran on {layouts[0]}, run B on {layouts[1]}: they are compared by the distance of their weights (numerics); "
+            f"the verdict is from the records of {shared}, which both have, and no step-by-step replay runs across layouts"
+        )
+    elif specs is not None and verdict is not None:
         if (layout[0].nnodes or 1) > 1:
             result.notes.append(
                 f"run A was recorded on {layout[0].nnodes} nodes of {layout[0].nproc_per_node} ranks; "
                 f"the replay runs its {a.world_size} ranks on this machine alone, where they fit"
             )
-        _replay_ranks(records, verdict, result, allow, progress, announce)
+        _replay_ranks(records, verdict, result, specs, progress, announce)
+    result.numerics = judge(records, specs[0].on_ranks(a.world_size, 0) if specs is not None else None)
     return result
 
 
 def _replay_ranks(
-    records: Records, verdict: Verdict, result: CompareResult, allow: _Allow, progress: Progress | None, announce: Announce | None
+    records: Records,
+    verdict: Verdict,
+    result: CompareResult,
+    specs: tuple[LaunchSpec, LaunchSpec],
+    progress: Progress | None,
+    announce: Announce | None,
 ) -> None:
     """Both runs replayed on every rank, focused on the rank of the records' verdict: its verdict
     replaces the records' when the replay reproduces the divergence."""
     focus = records.a.rank
-    specs = _specs(records, result, allow)
-    if specs is None:
-        return
     world = records.a.world_size
     replayed = _replay(records, (specs[0].on_ranks(world, focus), specs[1].on_ranks(world, focus)), result, progress, announce)
     if replayed is not None:

@@ -23,7 +23,21 @@ from typing import Any, TypeVar
 from .causes import Cause
 from .compiled import CompileBisect
 
-__all__ = ["SCHEMA", "CompareResult", "Confidence", "Evidence", "Outcome", "RankResult", "ReplayInfo", "TimelineRow", "Verdict"]
+__all__ = [
+    "SCHEMA",
+    "CompareResult",
+    "Confidence",
+    "Departure",
+    "Distance",
+    "Envelope",
+    "Evidence",
+    "Numerics",
+    "Outcome",
+    "RankResult",
+    "ReplayInfo",
+    "TimelineRow",
+    "Verdict",
+]
 
 SCHEMA = "bisect-repro/compare/2"
 
@@ -228,6 +242,97 @@ class RankResult:
 
 
 @dataclass(kw_only=True)
+class Distance(_ReadBack):
+    """The relative L2 distance of all weights at one snapshot (run B from run A, over A's norm),
+    from the sketches; ``exact`` from both runs' checkpoints where both have one; ``layers`` per layer."""
+
+    step: int
+    relative: float
+    exact: float | None = None
+    layers: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return plain_fields(self, "step", "relative", "exact", "layers")
+
+
+@dataclass(kw_only=True)
+class Envelope:
+    """How far rounding alone moves this training: run A replayed from its checkpoint at
+    ``from_step`` with ``method`` changed (another thread count, a one-ulp perturbation), its
+    distance from run A at each snapshot."""
+
+    method: str
+    from_step: int
+    points: list[Distance] = field(default_factory=list)
+    activations: list[Distance] = field(default_factory=list)
+    """The same for the modules' outputs, at each step whose forward pass was sketched."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "from_step": self.from_step,
+            "points": [p.to_json() for p in self.points],
+            "activations": [p.to_json() for p in self.activations],
+        }
+
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> Envelope:
+        points, activations = ([Distance.from_json(p) for p in found.get(key) or []] for key in ("points", "activations"))
+        return cls(method=found["method"], from_step=found["from_step"], points=points, activations=activations)
+
+
+@dataclass(kw_only=True)
+class Departure(_ReadBack):
+    """The first snapshot where the runs' distance leaves the envelope, and the layer that leaves
+    it furthest there; ``cause`` names an exact signal that differs, or ``numerics``."""
+
+    step: int
+    layer: str | None
+    relative: float
+    envelope: float
+    cause: str
+    last_within: int | None = None
+    """The last snapshot within the envelope before ``step``: the step that departed lies between."""
+
+    def to_json(self) -> dict[str, Any]:
+        return plain_fields(self, "step", "layer", "relative", "envelope", "cause", "last_within")
+
+
+@dataclass(kw_only=True)
+class Numerics:
+    """Whether two runs differ by rounding only (the ``numerics`` object of ``compare --json``)."""
+
+    rounding_only: bool
+    departure: Departure | None = None
+    distance: list[Distance] = field(default_factory=list)
+    envelope: Envelope | None = None
+    signals: list[str] = field(default_factory=list)
+    """The exact signals that differ (sample indices, batch contents, streams, settings, config); empty when they agree."""
+    sentence: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rounding_only": self.rounding_only,
+            "departure": self.departure.to_json() if self.departure else None,
+            "distance": [d.to_json() for d in self.distance],
+            "envelope": self.envelope.to_json() if self.envelope else None,
+            **plain_fields(self, "signals", "sentence"),
+        }
+
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> Numerics:
+        departure, envelope = found.get("departure"), found.get("envelope")
+        return cls(
+            rounding_only=found["rounding_only"],
+            departure=Departure.from_json(departure) if departure else None,
+            distance=[Distance.from_json(d) for d in found.get("distance") or []],
+            envelope=Envelope.from_json(envelope) if envelope else None,
+            signals=list(found.get("signals") or []),
+            sentence=found.get("sentence") or "",
+        )
+
+
+@dataclass(kw_only=True)
 class CompareResult:
     runs: list[str]
     identical: bool = False
@@ -248,6 +353,8 @@ class CompareResult:
     moved in either run): shown as such, never a cause."""
     compile_bisect: CompileBisect | None = None
     """Where one run compiled and the other did not: the compiler stage that changes the divergent step."""
+    numerics: Numerics | None = None
+    """The distance between the runs' weights against the rounding envelope (:mod:`bisect_repro.diagnose.numerics`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -261,14 +368,16 @@ class CompareResult:
             "ranks": [rank.to_json() for rank in self.ranks],
             "unused_streams": self.unused_streams,
             "compile_bisect": self.compile_bisect.to_json() if self.compile_bisect is not None else None,
+            "numerics": self.numerics.to_json() if self.numerics else None,
         }
 
     @classmethod
     def from_json(cls, found: Mapping[str, Any]) -> CompareResult:
         """A ``bisect-repro/compare/2`` object (``compare --json``) read back."""
-        verdict = found.get("verdict")
+        verdict, numerics = found.get("verdict"), found.get("numerics")
         return cls(
-            **_known(cls, found, but=("verdict", "replay", "timeline", "ranks", "compile_bisect")),
+            **_known(cls, found, but=("verdict", "replay", "timeline", "ranks", "compile_bisect", "numerics")),
+            numerics=Numerics.from_json(numerics) if numerics else None,
             verdict=Verdict.from_json(verdict) if verdict else None,
             compile_bisect=CompileBisect(**_known(CompileBisect, found["compile_bisect"])) if found.get("compile_bisect") else None,
             replay=ReplayInfo.from_json(found.get("replay") or {}),

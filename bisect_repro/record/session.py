@@ -5,9 +5,12 @@ process started to replay a run it serves instead: :mod:`bisect_repro.serve.serv
 
 Every step it logs the loss, a hash of the batch's sample indices (the data order) and a hash of
 the batch's tensors. Every ``every`` steps, at step 0 and at the last step, it commits a
-snapshot: a hash of every parameter, buffer and optimizer-state tensor, the full state of every
-random stream, and the data position. Every ``checkpoint_every`` steps, and at the first step, it
-commits a checkpoint from which training resumes exactly.
+snapshot: a hash of every parameter, buffer and optimizer-state tensor, a linear sketch of every
+parameter (:mod:`bisect_repro.capture.sketch`, for the distance between runs that differ by
+rounding) with the activation sketches of the step that started at the previous snapshot
+(:mod:`bisect_repro.capture.activations`), the full state of every random stream, and the data
+position. Every ``checkpoint_every`` steps, and at the first step, it commits a checkpoint from
+which training resumes exactly.
 
 "The state at step s" is the state before the s-th call of ``step()``, counted from 0.
 
@@ -63,11 +66,13 @@ from typing import Any
 import torch
 
 from ..capture import env
+from ..capture.activations import ActivationSketches
 from ..capture.batch import batch_tensors
 from ..capture.data import next_micro_batches
 from ..capture.hashing import PendingHashes
 from ..capture.parallel import RankInfo, rank_info
 from ..capture.seeding import SeedingCall, SeedingWatch
+from ..capture.sketch import SEED, WIDTH, sketch_tensors
 from ..capture.state import TrainingState
 from ..errors import BisectReproError, RecordingError, RecordingWarning
 from ..store import codec
@@ -112,6 +117,9 @@ class RecordingSession:
         self._stopped = False
         self._closed = self._handed_out = False
         self._reported = False
+        self._activations: ActivationSketches | None = None  # hooks on the model, taking a snapshot's step
+        self._taking = False  # the hooks are taking the outputs of the current step
+        self._sketched: dict[str, Any] | None = None  # that step's activation sketches, for the next snapshot
         try:
             if resume:
                 self.options = self._resume(Path(out), options, target, config, info)
@@ -227,7 +235,15 @@ class RecordingSession:
     def end_step(self) -> None:
         """The current step is done (its optimizer step taken)."""
         self._handed_out = False
+        self._close_activations()
         self.step += 1
+
+    def _close_activations(self) -> None:
+        """The activation sketches of the step that started at the last snapshot, kept for the next one."""
+        if self._activations is not None and self._taking:
+            found, self._taking = self._activations.take(), False
+            if found is not None:
+                self._sketched = {"step": self.step, "width": WIDTH, "seed": SEED, "names": found[0], "values": found[1]}
 
     def log(self, loss: torch.Tensor | float | None) -> None:
         """The loss of the current step; a tensor stays on its device until the next snapshot."""
@@ -265,6 +281,8 @@ class RecordingSession:
     def _shut_down(self) -> None:
         """Wait for what was handed to the writer, release the run's lock, give the loader back."""
         self._watch.uninstall()
+        if self._activations is not None:
+            self._activations.remove()
         try:
             self._writer.drain()
         finally:
@@ -322,6 +340,13 @@ class RecordingSession:
         deferred, self._deferred, self._deferred_bytes = self._deferred, {}, 0  # hashed with the state, in one call
         self._batch_hashes.add(deferred | {f"state:{name}": tensor for name, tensor in tensors.items()})  # batch names are "<step>:..."
         lanes, self._batch_hashes = self._batch_hashes.fetch_lanes(), PendingHashes()
+        sketched, sketches = sketch_tensors(state.parameters())  # a fresh host tensor: shares nothing with the training
+        self._close_activations()
+        activations, self._sketched = self._sketched, None
+        if self._activations is None:
+            self._activations = ActivationSketches(self.trainee.model).install()
+        self._activations.start()
+        self._taking = True
         pending, self._pending = self._pending, []
         losses = fetch_losses(pending)
         self._last_loss = next((float(loss) for loss in reversed(losses) if loss is not None), self._last_loss)
@@ -338,7 +363,10 @@ class RecordingSession:
         def commit() -> Commit:  # on the writer's thread
             digests = lanes.digests()
             hashes = {name: digests[f"state:{name}"] for name in names} | extra
-            tree = {"step": step, "hashes": hashes, "streams": streams, "data": data, **placed, "settings": settings}
+            sketch = {"width": WIDTH, "seed": SEED, "names": sketched, "values": sketches}
+            tree = {"step": step, "hashes": hashes, "streams": streams, "data": data, **placed, "settings": settings, "sketch": sketch}
+            if activations is not None:
+                tree["activations"] = activations
             files = [("snapshot", codec.prepare(tree))] + ([("checkpoint", checkpoint)] if checkpoint is not None else [])
             return Commit(step, step_records(pending, losses, digests, seeded), files)
 

@@ -35,6 +35,7 @@ from ..diagnose.verdict import CompareResult, RankResult, TimelineRow, Verdict
 from ..errors import BisectReproError
 from ..store.run import Run
 from ..version import __version__
+from .numerics_html import numerics_section
 from .page import badge, document, esc, key_values, section, table, value
 from .svg import Cell, Series, bars, downsample, heatmap, line_chart
 from .text import named_by, replay_summary, verdict_where
@@ -351,7 +352,8 @@ def comparison_html(result: CompareResult, losses: Sequence[Losses] = ()) -> str
     runs = result.runs
     title = "bisect-repro compare: " + " vs ".join(str(r) for r in runs)
     heading = "<h1>bisect-repro compare</h1>" + _run_names(runs)
-    body = heading + _verdict(result) + _ranks(result.ranks) + curves + _timeline(result.timeline, result.unused_streams)
+    body = heading + _verdict(result) + numerics_section(result.numerics) + _ranks(result.ranks) + curves
+    body += _timeline(result.timeline, result.unused_streams)
     body += _difference(verdict) + _ops(result.ops_context) + _diffs(result) + _replay(result)
     return document(title, body, footer=f"bisect-repro {__version__}, {COMPARE_SCHEMA}")
 

@@ -194,6 +194,9 @@ def render_comparison(result: CompareResult, console: Console) -> None:
             f"first divergent tensor [bold]{safe_text(verdict.tensor)}[/]: max |a-b| = {verdict.max_abs_diff:.3g}, "
             f"max ULP distance = {verdict.max_ulp}, {100 * (verdict.fraction_differing or 0):.2f}% of elements differ"
         )
+    if result.numerics is not None:
+        style = "green" if result.numerics.rounding_only else "yellow"
+        console.print(f"[bold]numerics:[/] [{style}]{safe_text(result.numerics.sentence)}[/]")
     if len(result.ranks) > 1:
         console.print(_ranks_table(result.ranks))
     console.print(_timeline_table(result.timeline, result.unused_streams))

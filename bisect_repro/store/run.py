@@ -57,6 +57,7 @@ from ..capture.entropy import check_value
 from ..errors import RunFormatError, RunNotFoundError
 from . import codec, files
 from .meta import DISTRIBUTED_FORMAT, FORMAT, Distributed, RankMeta, RunMeta
+from .sketches import Sketches, read_sketches
 
 __all__ = ["DISTRIBUTED_FORMAT", "FORMAT", "FileEntry", "Run", "file_name", "rank_folder"]
 
@@ -326,6 +327,11 @@ class Run:
                 file = self.folder / self.snapshots[step].file
                 raise RunFormatError(file, f"{key!r} is a {type(tree[key]).__name__}", "the file is damaged")
         return tree
+
+    def sketches(self, step: int) -> Sketches | None:
+        """The parameters' sketches in the snapshot of ``step``, checked; ``None`` where the run
+        predates them."""
+        return read_sketches(self.snapshot(step), self.folder / self.snapshots[step].file)
 
     def checkpoint(self, step: int) -> dict[str, Any]:
         if step not in self.checkpoints:

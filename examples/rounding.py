@@ -1,0 +1,85 @@
+"""Runs that can never match bit for bit: a small network whose first layer centres its input on
+the mean of the whole batch, a reduction that ATen splits across the intra-op threads, so the
+rounding depends on the thread count. Recorded with one thread and with two, the runs differ by
+rounding only:
+
+    OMP_NUM_THREADS=1 bisect-repro record examples/rounding.py:build --out runs/r1 --steps 12 --every 1
+    OMP_NUM_THREADS=2 bisect-repro record examples/rounding.py:build --out runs/r2 --steps 12 --every 1
+    bisect-repro compare runs/r1 runs/r2
+
+A departure that no recorded signal shows: with ``ROUNDING_EXAMPLE_BF16_FROM=N`` in the
+environment (a variable the recorder does not fingerprint), layer ``3`` rounds its output through
+bfloat16 from its N-th training step on, counted by a buffer so that a replay from a checkpoint
+counts alike.
+
+``build_ddp``: the same kind of network (without the batch-wide centring, which a rank could only
+take over its own share of the batch) under DistributedDataParallel, with a global batch of 64
+whatever the world size; world size 1 and 2 differ by rounding only:
+
+    bisect-repro record examples/rounding.py:build_ddp --nproc-per-node 1 --out runs/d1 --steps 8 --every 1
+    bisect-repro record examples/rounding.py:build_ddp --nproc-per-node 2 --out runs/d2 --steps 8 --every 1
+    bisect-repro compare runs/d1 runs/d2
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from bisect_repro import Trainee
+
+PLANT = "ROUNDING_EXAMPLE_BF16_FROM"
+
+
+class Centre(nn.Module):
+    """``x - x.mean()`` over every element of the batch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean()
+
+
+class Planted(nn.Linear):
+    """A linear layer whose output is rounded through bfloat16 from the step ``PLANT`` names."""
+
+    def __init__(self, features: int, out: int) -> None:
+        super().__init__(features, out)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        start = os.environ.get(PLANT)
+        if self.training:
+            self.calls += 1
+        if start is not None and int(self.calls) > int(start):
+            return y.to(torch.bfloat16).to(y.dtype)
+        return y
+
+
+def build(seed: int = 0, features: int = 1024, hidden: int = 32, samples: int = 512) -> Trainee:
+    torch.manual_seed(seed)
+    data = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(samples, features, generator=data), torch.randn(samples, 1, generator=data)
+    loader = DataLoader(TensorDataset(inputs, targets), batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    model = nn.Sequential(Centre(), nn.Linear(features, hidden), nn.Tanh(), Planted(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)
+
+
+def build_ddp(seed: int = 0, features: int = 256, hidden: int = 32, samples: int = 512, global_batch: int = 64) -> Trainee:
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    torch.manual_seed(seed)
+    data = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(samples, features, generator=data), torch.randn(samples, 1, generator=data)
+    dataset = TensorDataset(inputs, targets)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)  # the same permutation on every world size, dealt out by rank
+    loader = DataLoader(dataset, batch_size=global_batch // dist.get_world_size(), sampler=sampler)
+    network = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+    model = DistributedDataParallel(network)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)

@@ -1,0 +1,148 @@
+"""The linear sketch: its definition (against a plain-Python reference), linearity, keying by the
+global index (shards add up), the C kernel against torch ops, and the distance it estimates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bisect_repro.capture import sketch
+from bisect_repro.capture.activations import ActivationSketches
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _reference_sign(g: int) -> float:
+    z = _mix((g >> 16) ^ sketch.SEED)
+    slot = ((g & 0xFFFF) + (z & 0xFFFF)) & 0xFFFF
+    table = -1.0 if _mix(slot ^ sketch.SEED ^ sketch.TABLE_KEY) >> 63 else 1.0
+    return (-1.0 if z >> 63 else 1.0) * table
+
+
+def _reference(values: list[float], offset: int) -> list[float]:
+    """The definition, element by element, in Python floats (float64)."""
+    out = [0.0] * sketch.WIDTH
+    for i, value in enumerate(values):
+        g = offset + i
+        out[g % sketch.WIDTH] += _reference_sign(g) * value
+    return out
+
+
+@pytest.mark.parametrize(("size", "offset"), [(1, 0), (127, 0), (300, 5), (1000, 128 * 7 + 3), (2049, (1 << 40) - 1000), (70_000, 65_000)])
+def test_every_path_computes_the_definition(size: int, offset: int) -> None:
+    values = torch.randn(size, generator=torch.Generator().manual_seed(size))
+    expected = torch.tensor(_reference(values.double().tolist(), offset), dtype=torch.float64)
+    assert torch.allclose(sketch.sketch_flat(values, offset), expected, rtol=1e-12, atol=1e-12)
+    indices = torch.arange(offset, offset + size)
+    assert torch.allclose(sketch.sketch_indexed(values, indices), expected, rtol=1e-12, atol=1e-12)
+    if sketch._kernel() is not None:  # the C kernel, where it was built
+        assert torch.allclose(sketch._native([(values, offset)])[0], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_signs_are_balanced_and_uncorrelated_between_buckets() -> None:
+    signs = sketch.signs(torch.arange(1 << 18))
+    assert abs(float(signs.mean())) < 0.01
+    assert set(signs.unique().tolist()) == {-1.0, 1.0}
+    # a constant difference spreads over the buckets as independent sums, not one value repeated
+    buckets = sketch.sketch_flat(torch.ones(1 << 18))
+    assert float(buckets.std()) > 0.5 * float(buckets.abs().mean())
+
+
+def test_linear() -> None:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(5000, generator=g, dtype=torch.float64), torch.randn(5000, generator=g, dtype=torch.float64)
+    assert torch.allclose(sketch.sketch_flat(x) + 3 * sketch.sketch_flat(y), sketch.sketch_flat(x + 3 * y), rtol=1e-12, atol=1e-10)
+
+
+def test_shards_add_up_to_the_whole_by_their_global_indices() -> None:
+    whole = torch.randn(96, 70, generator=torch.Generator().manual_seed(2))
+    expected = sketch.sketch_tensors({"w": whole})[1][0]
+    rows = sketch.sketch_flat(whole[:40], 0) + sketch.sketch_flat(whole[40:], 40 * 70)  # Shard(0): contiguous ranges
+    assert torch.allclose(rows, expected, rtol=1e-12, atol=1e-10)
+    index = sketch._global_indices([96, 70], [96, 30], [0, 40], torch.device("cpu"))  # Shard(1): a block of columns
+    assert torch.equal(index, torch.arange(96 * 70).reshape(96, 70)[:, 40:])
+    left = sketch._global_indices([96, 70], [96, 40], [0, 0], torch.device("cpu"))
+    columns = sketch.sketch_indexed(whole[:, :40], left) + sketch.sketch_indexed(whole[:, 40:], index)
+    assert torch.allclose(columns, expected, rtol=1e-12, atol=1e-10)
+    # keyed by position: the same values at other global indices sketch differently
+    assert not torch.allclose(sketch.sketch_flat(whole[40:], 0), sketch.sketch_flat(whole[40:], 40 * 70))
+
+
+def test_tensors_of_every_kind_by_name() -> None:
+    tensors = {
+        "f32": torch.randn(1000),
+        "f64": torch.randn(10, 10, dtype=torch.float64),
+        "bf16": torch.randn(300).to(torch.bfloat16),
+        "strided": torch.randn(30, 20).t(),
+        "ints": torch.arange(10),
+    }
+    names, values = sketch.sketch_tensors(tensors)
+    assert names == ["f32", "f64", "bf16", "strided"] and values.shape == (4, sketch.WIDTH) and values.dtype == torch.float64
+    for name, row in zip(names, values, strict=True):
+        assert torch.allclose(row, sketch.sketch_flat(tensors[name]), rtol=1e-12, atol=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_distance_estimate_is_within_its_error_of_the_exact_one(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(40_000, generator=g)
+    b = a + torch.randn(40_000, generator=g) * 10.0 ** -(seed % 6 + 1) * torch.rand(40_000, generator=g)
+    estimate = float((sketch.sketch_flat(a) - sketch.sketch_flat(b)).norm())
+    exact = float((a.double() - b.double()).norm())
+    assert abs(estimate / exact - 1) <= sketch.relative_error_bound()
+    assert sketch.relative_error_bound() < 0.5  # an estimate worth having on a log scale
+
+
+def test_rounding_level_differences_are_seen_in_float64() -> None:
+    a = torch.randn(100_000, generator=torch.Generator().manual_seed(3))
+    b = torch.nextafter(a, torch.full_like(a, math.inf))  # every element one ulp up
+    estimate = float((sketch.sketch_tensors({"a": a})[1] - sketch.sketch_tensors({"a": b})[1]).norm())
+    exact = float((a.double() - b.double()).norm())
+    assert exact > 0 and abs(estimate / exact - 1) <= sketch.relative_error_bound()
+
+
+def test_activation_sketches_follow_the_modules_in_the_order_they_ran() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(inplace=True), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    hooks = ActivationSketches(model).install()
+    model(x)
+    assert hooks.take() is None  # not started: nothing taken
+    hooks.start()
+    model(x)
+    model(x)  # a second call is not taken
+    found = hooks.take()
+    assert found is not None
+    names, values = found
+    assert names == ["0", "1", "2"] and values.shape == (3, sketch.WIDTH)
+    hidden = model[0](x)
+    assert torch.allclose(values[0], sketch.sketch_flat(hidden.detach()))  # taken before ReLU changed it in place
+    hooks.remove()
+    hooks.start()
+    model(x)
+    assert hooks.take() is None and not model[0]._forward_hooks  # the hooks are gone
+
+
+def test_a_compiled_model_is_compiled_once_with_the_hooks_in_place() -> None:
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    compiled = torch.compile(model, backend="eager")
+    hooks = ActivationSketches(model).install()
+    x = torch.randn(3, 4)
+    expected = model(x)
+    for _ in range(3):
+        hooks.start()
+        assert torch.equal(compiled(x), expected)
+        hooks.take()
+        assert torch.equal(compiled(x), expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 1
+    hooks.remove()

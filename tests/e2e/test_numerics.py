@@ -1,0 +1,96 @@
+"""Runs that can never match bit for bit, end to end through the CLI: one recipe recorded on one
+torch thread and on two (rounding only), and on two with a planted departure that no exact signal
+shows (one layer's output rounded through bfloat16 from a given step on)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from bisect_repro.cli import app
+from bisect_repro.diagnose.verdict import CompareResult
+from bisect_repro.report.text import render_comparison
+
+pytestmark = pytest.mark.slow
+
+STEPS, PLANTED = 8, 4  # layer 3 rounds its output from its 5th step on (step 4): the weights at step 5 depart
+
+
+def _record(target: str, out: Path, threads: int, **variables: str) -> None:
+    environment = {**os.environ, "OMP_NUM_THREADS": str(threads), **variables}
+    command = [sys.executable, "-m", "bisect_repro.cli", "record", target, "--out", str(out), "--steps", str(STEPS), "--every", "1"]
+    command.append("--quiet")
+    subprocess.run(command, env=environment, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("numerics")
+    target = f"{Path(__file__).parents[2] / 'examples' / 'rounding.py'}:build"
+    _record(target, folder / "one", 1)
+    _record(target, folder / "two", 2)
+    _record(target, folder / "planted", 2, ROUNDING_EXAMPLE_BF16_FROM=str(PLANTED))
+    return folder
+
+
+def _numerics(a: Path, b: Path) -> tuple[dict, str]:
+    """``compare --json``'s numerics, and the text report of the same result."""
+    result = CliRunner().invoke(app, ["compare", str(a), str(b), "--json"])
+    assert result.exit_code == 1, result.output
+    found = json.loads(result.stdout)
+    console = Console(record=True, width=400)
+    render_comparison(CompareResult.from_json(found), console)
+    return found["numerics"], console.export_text()
+
+
+def test_one_thread_against_two_differs_by_rounding_only(runs: Path) -> None:
+    numerics, _ = _numerics(runs / "one", runs / "two")
+    assert numerics["rounding_only"] is True and numerics["departure"] is None and numerics["signals"] == []
+    distance = numerics["distance"]
+    assert [d["step"] for d in distance] == list(range(STEPS + 1))
+    assert distance[0]["relative"] == 0.0 and distance[0]["exact"] == 0.0  # the same initialisation
+    assert all(0 < d["relative"] < 1e-5 for d in distance[1:])  # rounding: tiny, never zero once the threads differ
+    envelope = numerics["envelope"]
+    assert envelope["method"] == "2 torch threads instead of 1" and envelope["from_step"] == 0
+    assert max(p["relative"] for p in envelope["points"]) > 0
+    assert "rounding only" in numerics["sentence"]
+
+
+def test_a_planted_departure_is_found_at_its_step_and_layer(runs: Path) -> None:
+    numerics, text = _numerics(runs / "one", runs / "planted")
+    assert numerics["rounding_only"] is False and numerics["signals"] == []  # no exact signal shows it
+    departure = numerics["departure"]
+    assert departure["step"] == PLANTED + 1 and departure["last_within"] == PLANTED
+    assert departure["layer"] == "3" and departure["cause"] == "numerics"
+    assert departure["relative"] > 10 * departure["envelope"]
+    assert f"until step {PLANTED}" in numerics["sentence"] and "layer 3 departs" in numerics["sentence"]
+    assert "layer 3 departs" in text
+
+
+def test_ddp_on_one_rank_against_two_on_the_same_global_batch_differs_by_rounding_only(tmp_path: Path) -> None:
+    target = f"{Path(__file__).parents[2] / 'examples' / 'rounding.py'}:build_ddp"
+    for ranks in ("1", "2"):
+        args = ["record", target, "--out", str(tmp_path / ranks), "--nproc-per-node", ranks, "--steps", "4", "--every", "1", "--quiet"]
+        assert CliRunner().invoke(app, args).exit_code == 0
+    numerics, text = _numerics(tmp_path / "1", tmp_path / "2")
+    assert numerics["rounding_only"] is True and numerics["departure"] is None, numerics["sentence"]
+    assert [d["step"] for d in numerics["distance"]] == [0, 1, 2, 3, 4] and numerics["distance"][0]["relative"] == 0.0
+    assert max(d["relative"] for d in numerics["distance"]) < 1e-5
+    assert "rounding only" in text
+
+
+def test_runs_equal_bit_for_bit_until_a_late_step_measure_no_envelope(runs: Path, tmp_path: Path) -> None:
+    target = f"{Path(__file__).parents[2] / 'examples' / 'rounding.py'}:build"
+    _record(target, tmp_path / "one-planted", 1, ROUNDING_EXAMPLE_BF16_FROM=str(PLANTED))
+    result = CliRunner().invoke(app, ["compare", str(runs / "one"), str(tmp_path / "one-planted"), "--json", "--no-replay"])
+    numerics = json.loads(result.stdout)["numerics"]
+    assert numerics["envelope"] is None and numerics["rounding_only"] is False
+    assert f"equal bit for bit up to step {PLANTED}" in numerics["sentence"]
+    assert [d["relative"] == 0 for d in numerics["distance"]] == [s <= PLANTED for s in range(STEPS + 1)]
