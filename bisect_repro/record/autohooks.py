@@ -156,6 +156,7 @@ class AutoHooks:
         if id(module) in self._parts and len(self._parts) > 1 and torch.is_grad_enabled():
             outputs, _ = batch_tensors(output)
             self._made.update(t.untyped_storage().data_ptr() for t in outputs.values() if t.device.type != "meta")
+
     def _drawn(self, batches: Any, tap: IndexTap | None) -> Any:
         """The loader's batches, each noted with its sample indices as it is drawn."""
         for batch in batches:

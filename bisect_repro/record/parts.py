@@ -8,7 +8,8 @@ modules into one :class:`Parts` module whose children are named by their variabl
 module among the variables that holds every optimizer's parameters is the model itself.
 
 The variables looked at are the locals of the script's functions running at the moment (the
-frames outside torch and bisect-repro, innermost first), then the globals of ``__main__``; the
+frames outside torch and bisect-repro, innermost first; in a method, the attributes of its
+``self`` too: a trainer's ``self.netG``), then the globals of ``__main__``; the
 first name found for a module is its name, and a part no variable names is named by its class
 (``Generator``), with a number after it where two would be named alike.
 
@@ -24,6 +25,8 @@ from pathlib import Path
 from types import FrameType
 
 import torch
+
+from ..trainee import optimizer_prefix
 
 __all__ = ["Parts", "model_of", "script_variables"]
 
@@ -46,14 +49,26 @@ def script_variables(frame: FrameType | None) -> list[tuple[str, torch.nn.Module
     main = sys.modules.get("__main__")
     scopes.append(vars(main) if main is not None else {})
     for scope in scopes:
-        for name, value in list(scope.items()):
-            if isinstance(value, torch.nn.Module) and name != "self" and id(value) not in found:
+        owner = scope.get("self")
+        attributes = vars(owner) if owner is not None and not isinstance(owner, torch.nn.Module) and hasattr(owner, "__dict__") else {}
+        for name, value in [*scope.items(), *attributes.items()]:
+            if isinstance(value, torch.nn.Module) and not isinstance(value, Parts) and name != "self" and id(value) not in found:
                 found[id(value)] = (name, value)
     return list(found.values())
 
 
 def _ids(module: torch.nn.Module) -> set[int]:
     return {id(p) for p in module.parameters()}
+
+
+def _holder(optimizer: torch.optim.Optimizer, ids: set[int]) -> torch.nn.Module:
+    """A module holding the parameters ``ids`` of ``optimizer`` that no module found holds."""
+    holder = torch.nn.Module()
+    for g, group in enumerate(optimizer.param_groups):
+        for i, param in enumerate(group["params"]):
+            if id(param) in ids and isinstance(param, torch.nn.Parameter):
+                holder.register_parameter(f"group{g}_param{i}", param)
+    return holder
 
 
 def model_of(optimizers: list[torch.optim.Optimizer], first: torch.nn.Module, frame: FrameType | None) -> torch.nn.Module:
@@ -76,9 +91,13 @@ def model_of(optimizers: list[torch.optim.Optimizer], first: torch.nn.Module, fr
         best = max(holding, key=lambda m: (len(sizes[id(m)] & ids), -len(sizes[id(m)])))
         if not any(sizes[id(best)] <= sizes[id(other)] for other in chosen):
             chosen.append(best)
-    if len(chosen) == 1:
+    loose = [(o, ids - set().union(*(sizes[id(m)] for m in chosen))) for o, ids in enumerate(held)]
+    if len(chosen) == 1 and not any(ids for _, ids in loose):
         return chosen[0]
     parts = Parts()
+    for o, ids in loose:
+        if ids:
+            parts.add_module(optimizer_prefix(o), _holder(optimizers[o], ids))
     for module in chosen:
         name = names.get(id(module)) or type(module).__name__
         unique, number = name, 1
