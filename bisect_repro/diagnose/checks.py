@@ -39,7 +39,7 @@ from .difference import difference_stats
 from .findings import Finding, Severity
 from .selfcheck import check_repeats
 
-__all__ = ["RecipeChecks"]
+__all__ = ["RecipeChecks", "threads_finding"]
 
 
 def _described(trace: StepResult, index: int) -> str:
@@ -224,3 +224,21 @@ class RecipeChecks:
     def dataset_draws_from(self, name: str, batch: int) -> bool | None:
         """Whether the dataset's items of step ``batch`` change with ``name`` one draw further (``None``: cannot tell)."""
         return self.replica.items_change(batch, name)
+
+
+def threads_finding(findings: list[Finding], local: RecipeChecks) -> None:
+    """Prove or weaken the ``threads-unpinned`` warning by running step 0 on another thread count."""
+    unpinned = next((f for f in findings if f.id == "threads-unpinned"), None)
+    if unpinned is None:
+        return
+    threads = int(local.environment.get("torch.get_num_threads") or 1)
+    other = 1 if threads > 1 else 2
+    if local.unrepeatable_step == 0:
+        unpinned.evidence += "; not tested here, as step 0 already differs from itself"
+        return
+    changed = local.step_changes(0, environment={"torch.get_num_threads": other})
+    if changed is not None:
+        unpinned.evidence += f"; shown here: step 0 on {other} thread(s) instead of {threads} computes a different {changed}"
+    else:
+        unpinned.severity = Severity.INFO
+        unpinned.evidence += f"; step 0 on {other} thread(s) instead of {threads} computes the same results, so this recipe may not care"

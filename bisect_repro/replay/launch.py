@@ -3,7 +3,7 @@
 A run names what produced it (``run.json``'s ``launch``, see :mod:`bisect_repro.record.provenance`):
 a recipe TARGET with its config, or a script or module with its ``argv``. :func:`spec_for_run`
 turns that into a :class:`LaunchSpec`; a recipe built here without a run (``doctor``) gets
-:func:`spec_for_recipe`.
+:func:`spec_for_recipe`, and a script ``doctor`` runs unchanged :func:`spec_for_command`.
 
 The trust model. A run directory never decides what code runs:
 
@@ -51,7 +51,7 @@ from ..store.printable import printable
 from ..store.run import Run
 from ..store.signing import verify
 
-__all__ = ["REPLAYED_VARIABLES", "Consent", "LaunchSpec", "ReplayUnavailable", "spec_for_recipe", "spec_for_run"]
+__all__ = ["REPLAYED_VARIABLES", "Consent", "LaunchSpec", "ReplayUnavailable", "spec_for_command", "spec_for_recipe", "spec_for_run"]
 
 REPLAYED_VARIABLES = frozenset(
     {*NUMERIC_ENV_VARS, "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_NTHREADS", "NCCL_BUFFSIZE"}
@@ -322,6 +322,21 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
         raise ReplayUnavailable(f"{run.path}: its module {printable(module)} is not the recorded file {printable(path)}; "
                                 "the run was edited, record it again")  # fmt: skip
     return LaunchSpec(kind=CodeKind.MODULE, path=str(path), sha256=digest, module=module, root=str(root), argv=argv, **common)
+
+
+def spec_for_command(path: Path, argv: Sequence[str], variables: dict[str, str | None] | None = None) -> LaunchSpec:
+    """A script the user names here (``doctor -- python train.py ARGS``): run unchanged under the
+    hooks (``auto``), in this process's working directory and environment, less what ``variables``
+    say otherwise."""
+    return LaunchSpec(
+        kind=CodeKind.SCRIPT,
+        path=str(path),
+        sha256=file_digest(path),
+        argv=list(argv),
+        cwd=os.getcwd(),
+        variables=_replayed(dict(variables or {}), None),
+        auto=True,
+    )
 
 
 def spec_for_recipe(target: str, config: dict[str, Any] | None = None, variables: dict[str, str | None] | None = None) -> LaunchSpec:
