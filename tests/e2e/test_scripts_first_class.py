@@ -59,3 +59,33 @@ def test_an_optimizer_made_after_the_first_step_is_a_one_line_note(tmp_path: Pat
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     notes = [line for line in done.stderr.splitlines() if "an optimizer (SGD) was made after the first step began" in line]
     assert len(notes) == 1 and "not followed" in notes[0]
+
+
+@pytest.mark.slow
+def test_doctor_runs_a_scripts_proof_and_finds_the_step_that_reseeds(tmp_path: Path) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text((SCRIPTS / "tiny_regression.py").read_text())
+    clean = _cli("doctor", "--steps", "2", "--json", "--", "python", "loop.py", cwd=tmp_path)
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-2000:]
+    report = json.loads(clean.stdout)
+    assert report["reproducible"] and report["target"] == "python loop.py" and report["steps"] == 2
+    assert not [f for f in report["findings"] if f["severity"] != "info"], report["findings"]
+    buggy = _cli("doctor", "--steps", "2", "--json", "--", "python", "loop.py", "--reseed-at", "1", cwd=tmp_path)
+    assert buggy.returncode == 1, buggy.stderr[-2000:]
+    errors = [f for f in json.loads(buggy.stdout)["findings"] if f["severity"] == "error"]
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "torch.seed()" in text)
+    assert any(f["id"] == "reseeded-stream:torch" and f"loop.py:{line}" in f["evidence"] for f in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--", "python", "-m", "somewhere.train"], "doctor: give the script itself, as in: doctor -- python train.py ARGS"),
+        (["--set", "lr=1", "--", "python", "loop.py"], "doctor: --set is for a recipe; a script takes its own arguments after --"),
+        (["--", "python", "missing.py"], "missing.py: no such script; check the path"),
+    ],
+)
+def test_doctor_refuses_what_is_not_a_script_in_one_line(tmp_path: Path, args: list[str], says: str) -> None:
+    (tmp_path / "loop.py").write_text("print('never run')\n")
+    done = _cli("doctor", *args, cwd=tmp_path)
+    assert done.returncode == 2 and says in " ".join(done.stderr.split()) and "Traceback" not in done.stderr, done.stderr
