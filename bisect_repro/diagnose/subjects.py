@@ -13,24 +13,30 @@ A :class:`Subject` makes a :class:`~bisect_repro.replay.replica.Replica` of the 
   steps they repeat) start with the global streams seeded alike, so that a stream the script never
   seeds and never draws from does not pass for one reseeded during a step.
 
+A module (``doctor -- python -m pkg.train ARGS``) runs the same way, imported from the folder its
+name is found in from this working directory, as ``python -m`` would.
+
 Where the guarantees stop: a script's steps are re-run from its start, so a step that repeats
-only because everything before it was reproduced is judged with everything before it; a module
-(``-m``) or torchrun command is refused: give the script's path.
+only because everything before it was reproduced is judged with everything before it; a torchrun
+command is refused: give the script's command.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BisectReproError
+from ..record.recipe import module_file
 from ..record.script import parse_command
-from ..replay.launch import spec_for_command, spec_for_recipe
+from ..replay.launch import LaunchSpec, spec_for_command, spec_for_recipe
 from ..replay.replica import Replica
-from ..store.meta import CodeKind
+from ..store.printable import printable
 
 __all__ = ["Subject", "recipe_subject", "script_subject"]
 
@@ -58,21 +64,36 @@ def recipe_subject(target: str, config: Mapping[str, Any]) -> Subject:
 
 
 def script_subject(words: list[str]) -> Subject:
-    """``python train.py ARGS``: a one-line error for anything else (see the module docstring)."""
+    """``python train.py ARGS`` or ``python -m pkg.train ARGS``: a one-line error for anything else
+    (see the module docstring)."""
     command = parse_command(words)
-    if command.kind is not CodeKind.SCRIPT or command.nproc is not None or command.path is None:
-        raise BisectReproError(
-            "doctor: give the script itself, as in: doctor -- python train.py ARGS (a module or torchrun is not audited yet)"
-        )
-    name = shlex.join(["python", *command.argv])
-    path = Path(command.path)
+    if command.nproc is not None:
+        raise BisectReproError("doctor: give the script itself, as in: doctor -- python train.py ARGS (torchrun is not audited yet)")
+    name = shlex.join(["python", *(["-m"] if command.module else []), *command.argv])
+    path = Path(command.path) if command.path else _module_path(command.module or "")
+
+    def spec(hash_seed: str) -> LaunchSpec:
+        return spec_for_command(path, command.argv, {"PYTHONHASHSEED": hash_seed}, module=command.module)
 
     def start(hash_seed: str) -> Replica:
-        spec = spec_for_command(path, command.argv, {"PYTHONHASHSEED": hash_seed})
-        return Replica(spec, f"{name} (PYTHONHASHSEED={hash_seed})").from_start()
+        return Replica(spec(hash_seed), f"{name} (PYTHONHASHSEED={hash_seed})").from_start()
 
     def pinned() -> Replica:
-        spec = spec_for_command(path, command.argv, {"PYTHONHASHSEED": "1"}).with_seeds(_PINNED)
-        return Replica(spec, f"{name} (global streams seeded)").from_start()
+        return Replica(spec("1").with_seeds(_PINNED), f"{name} (global streams seeded)").from_start()
 
+    spec("1")  # a module that is not its file is refused here, before anything runs
     return Subject(name, start, pinned)
+
+
+def _module_path(module: str) -> Path:
+    """The file ``python -m module`` runs from this working directory (its package's ``__main__.py``
+    for a package)."""
+    sys.path.insert(0, os.getcwd())  # as python -m does
+    try:
+        path = module_file(module)
+        package = module_file(f"{module}.__main__") if path is not None and path.name == "__init__.py" else None
+    finally:
+        sys.path.pop(0)
+    if path is None:
+        raise BisectReproError(f"doctor: no module {printable(module)} is found from {printable(os.getcwd())}; check its name")
+    return package or path

@@ -324,14 +324,21 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     return LaunchSpec(kind=CodeKind.MODULE, path=str(path), sha256=digest, module=module, root=str(root), argv=argv, **common)
 
 
-def spec_for_command(path: Path, argv: Sequence[str], variables: dict[str, str | None] | None = None) -> LaunchSpec:
-    """A script the user names here (``doctor -- python train.py ARGS``): run unchanged under the
-    hooks (``auto``), in this process's working directory and environment, less what ``variables``
-    say otherwise."""
+def spec_for_command(
+    path: Path, argv: Sequence[str], variables: dict[str, str | None] | None = None, *, module: str | None = None
+) -> LaunchSpec:
+    """A script (or ``module``, whose file is ``path``) the user names here (``doctor -- python
+    train.py ARGS``): run unchanged under the hooks (``auto``), in this process's working directory
+    and environment, less what ``variables`` say otherwise; a module is imported from its root."""
+    root = _module_root(module, path, main=True) if module is not None and _MODULE.fullmatch(module) else None
+    if module is not None and root is None:
+        raise BisectReproError(f"doctor: the module {printable(module)} is not the file {printable(path)}; give the script's path")
     return LaunchSpec(
-        kind=CodeKind.SCRIPT,
+        kind=CodeKind.MODULE if module is not None else CodeKind.SCRIPT,
         path=str(path),
         sha256=file_digest(path),
+        module=module,
+        root=str(root) if root is not None else None,
         argv=list(argv),
         cwd=os.getcwd(),
         variables=_replayed(dict(variables or {}), None),

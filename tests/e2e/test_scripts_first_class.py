@@ -81,7 +81,7 @@ def test_doctor_runs_a_scripts_proof_and_finds_the_step_that_reseeds(tmp_path: P
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--", "python", "-m", "somewhere.train"], "doctor: give the script itself, as in: doctor -- python train.py ARGS"),
+        (["--", "python", "-m", "somewhere.train"], "doctor: no module somewhere.train is found from"),
         (["--set", "lr=1", "--", "python", "loop.py"], "doctor: --set is for a recipe; a script takes its own arguments after --"),
         (["--", "python", "missing.py"], "missing.py: no such script; check the path"),
     ],
