@@ -63,6 +63,20 @@ def recipe_subject(target: str, config: Mapping[str, Any]) -> Subject:
     return Subject(target, start)
 
 
+class _FromStart(Replica):
+    """A script's replica: every process runs the script from its own start and restores nothing, so
+    a step runs again in a fresh process trained from the start to it."""
+
+    def __init__(self, spec: LaunchSpec, label: str) -> None:
+        super().__init__(spec, label)
+        self._restored, self.step = (Path(spec.path or "."), 0, None), 0
+
+    def request(self, op: str, tree: Any = None, progress: Any = None, **args: Any) -> tuple[dict[str, Any], Any]:
+        if op == "restore":  # nothing to restore: the process stands at the script's own start
+            return {"step": args.get("step", 0)}, None
+        return super().request(op, tree, progress, **args)
+
+
 def script_subject(words: list[str]) -> Subject:
     """``python train.py ARGS`` or ``python -m pkg.train ARGS``: a one-line error for anything else
     (see the module docstring)."""
@@ -76,10 +90,10 @@ def script_subject(words: list[str]) -> Subject:
         return spec_for_command(path, command.argv, {"PYTHONHASHSEED": hash_seed}, module=command.module)
 
     def start(hash_seed: str) -> Replica:
-        return Replica(spec(hash_seed), f"{name} (PYTHONHASHSEED={hash_seed})").from_start()
+        return _FromStart(spec(hash_seed), f"{name} (PYTHONHASHSEED={hash_seed})")
 
     def pinned() -> Replica:
-        return Replica(spec("1").with_seeds(_PINNED), f"{name} (global streams seeded)").from_start()
+        return _FromStart(spec("1").with_seeds(_PINNED), f"{name} (global streams seeded)")
 
     spec("1")  # a module that is not its file is refused here, before anything runs
     return Subject(name, start, pinned)

@@ -119,7 +119,7 @@ class Replica:
         self.channel: Channel | None = None
         self.hello: Hello | None = None
         self.step: int | None = None
-        self._restored: tuple[Path | None, int, dict[str, Any] | None] | None = None
+        self._restored: tuple[Path, int, dict[str, Any] | None] | None = None
         self._pool = ThreadPoolExecutor(SPARES)
         self._spares: list[tuple[Future[Replica], int]] = []
         """The spares under way or ready, oldest first, each with the step it is replayed to."""
@@ -211,8 +211,7 @@ class Replica:
         try:
             fresh.connect()
             path, first, environment = self._restored
-            if path is not None:  # else each process starts at the code's own start (see from_start)
-                fresh.request("restore", run=str(path), step=first, environment=environment or {}, rebuilt=False)
+            fresh.request("restore", run=str(path), step=first, environment=environment or {}, rebuilt=False)
             fresh.step = first
             if step > first:
                 fresh.step = fresh.skip(step).step
@@ -268,13 +267,6 @@ class Replica:
         return reply, payload
 
     # -- requests ------------------------------------------------------------------------------
-    def from_start(self) -> Replica:
-        """Run the code from its own start, restoring nothing (``doctor`` on a script): where each
-        step runs once a process, a step repeats in a fresh process trained from the start to it."""
-        self._restored = (None, 0, None)
-        self.step = 0
-        return self
-
     def restore(self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False) -> None:
         """Load a run's checkpoint and recorded settings; ``rebuilt``: keep the hyperparameters the
         code was built with (another config), not the checkpoint's. A framework's run restores only
