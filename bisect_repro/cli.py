@@ -350,22 +350,32 @@ def demo_command(
     stdout.print(f"\nTry it yourself: bisect-repro compare {run_a} {run_b} --json")
 
 
-@app.command("doctor")
+@app.command("doctor", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 @_exits_cleanly
 def doctor_command(
-    target: Annotated[str | None, typer.Argument(help="The recipe: path/to/file.py:function or package.module:function.")] = None,
+    context: typer.Context,
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="The recipe (path/to/file.py:function or package.module:function), or after -- a script: python train.py ARGS."
+        ),
+    ] = None,
     steps: Annotated[int, typer.Option(help="Steps to train and re-run.")] = DEFAULT_STEPS,
     settings: Settings = [],  # noqa: B006 - typer reads the default
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (schema bisect-repro/doctor/1).")] = False,
 ) -> None:
-    """Audit a recipe for every known source of irreproducibility, proving each finding by a run.
+    """Audit a recipe, or a script run unchanged (-- python train.py ARGS), for every known source of
+    irreproducibility, proving each finding by a run.
 
     Without TARGET, audit this environment and process. Exit code 0: reproducible on this machine
     (warnings may remain); 1: not; 2: bad input.
     """
     console = Console(stderr=True, quiet=as_json)
+    command = [target, *context.args] if target is not None and (context.args or is_interpreter(target) or is_launcher([target])) else None
     with console.status("doctor") as status:
-        report = doctor(target, parse_settings(settings), steps=steps, progress=lambda stage: status.update(stage))
+        report = doctor(
+            None if command else target, parse_settings(settings), steps=steps, progress=lambda stage: status.update(stage), command=command
+        )
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:

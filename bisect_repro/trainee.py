@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -19,7 +19,7 @@ import torch
 from .errors import RecipeError
 from .stateful import Stateful
 
-__all__ = ["Calls", "NoOptimizer", "RandomSource", "Trainee"]
+__all__ = ["Calls", "NoOptimizer", "RandomSource", "Trainee", "optimizer_prefix"]
 
 RandomSource = Union[torch.Generator, np.random.Generator, np.random.RandomState, random.Random]  # noqa: UP007 (a runtime alias on 3.10)
 """A random stream a recipe may own: a torch, NumPy or Python generator."""
@@ -34,6 +34,13 @@ class Calls:
     def __iter__(self) -> Iterator[Any]:
         while True:
             yield self.fetch()
+
+
+def optimizer_prefix(index: int) -> str:
+    """How the state of a trainee's ``index``-th optimizer is named: ``optimizer`` for the first,
+    ``optimizer1``, ``optimizer2``, ... for the others (``optimizer1.netG.main.0.weight.exp_avg``,
+    ``optimizer1.group0.lr``)."""
+    return "optimizer" if index == 0 else f"optimizer{index}"
 
 
 class NoOptimizer(torch.optim.Optimizer):
@@ -55,8 +62,12 @@ class Trainee:
     """The model; its parameters and buffers are hashed by ``named_parameters`` names. A model
     wrapped by ``torch.compile`` is held as the module it wraps (its names, not ``_orig_mod.``
     ones, so that a compiled run compares with an eager one); the step calls what it calls."""
-    optimizer: torch.optim.Optimizer | None
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None
     """The optimizer whose ``step`` the step function calls; its state is hashed per parameter.
+    A list (``[opt_d, opt_g]``, a GAN's two, one per model part) gives several: each one's state
+    and settings are hashed, saved and restored, named by :func:`optimizer_prefix`; the first is
+    then ``optimizer`` and all of them ``optimizers``. A step is still one call of ``step``,
+    however many optimizers it steps.
     ``None`` for a loop that updates the weights itself (``p.data.add_(p.grad, alpha=-lr)``): the
     step is then whatever the loop does between two batches, and the model's parameters, buffers
     and gradients are the whole state (an :class:`NoOptimizer` holds the parameters)."""
@@ -74,6 +85,8 @@ class Trainee:
     ``state_dict()`` / ``load_state_dict()``, saved in checkpoints, hashed in snapshots and restored
     with the rest, so that a replayed step sees what the recorded one saw. A step that reads state
     kept anywhere else (a closure, a global) cannot be replayed exactly, and compare says so."""
+    optimizers: Sequence[torch.optim.Optimizer] = ()
+    """Every optimizer, the first being :attr:`optimizer`; set from ``optimizer`` when left empty."""
 
     @classmethod
     def supervised(
@@ -109,23 +122,44 @@ class Trainee:
         assert isinstance(self.loader, Iterable), "wrapped in __post_init__"
         return self.loader
 
+    def _optimizers(self) -> None:
+        """``optimizer`` one optimizer and ``optimizers`` all of them, the first first; a list given
+        as ``optimizer`` (or ``optimizers`` alone) sets both."""
+        given = self.optimizer
+        if isinstance(given, torch.optim.Optimizer):
+            self.optimizers = (given, *(o for o in self.optimizers if o is not given))
+        elif isinstance(given, (list, tuple)):
+            if not given:
+                raise RecipeError("Trainee: optimizer is an empty list; give one optimizer or more, or None")
+            self.optimizers = tuple(given)
+        elif given is None:
+            self.optimizers = tuple(self.optimizers) or (NoOptimizer(self.model.parameters()),)
+        else:
+            self.optimizers = [given]  # type: ignore[list-item]  # not an optimizer: refused just below
+        for optimizer in self.optimizers:
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise RecipeError(
+                    f"Trainee: optimizer is a {type(optimizer).__name__}, expected a torch.optim.Optimizer; "
+                    "give optimizer=None for a loop that updates the weights itself"
+                )
+        self.optimizer = self.optimizers[0]
+
     @property
     def optim(self) -> torch.optim.Optimizer:
         """The optimizer; for a loop without one, the :class:`NoOptimizer` holding the model's parameters."""
-        assert self.optimizer is not None, "set in __post_init__"
+        assert isinstance(self.optimizer, torch.optim.Optimizer), "set in __post_init__"
         return self.optimizer
+
+    @property
+    def named_optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
+        """Every optimizer with the prefix its state is named by (:func:`optimizer_prefix`)."""
+        return [(optimizer_prefix(index), optimizer) for index, optimizer in enumerate(self.optimizers)]
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
             raise RecipeError(f"Trainee: model is a {type(self.model).__name__}, expected a torch.nn.Module")
         self.model = _uncompiled(self.model)
-        if self.optimizer is None:
-            self.optimizer = NoOptimizer(self.model.parameters())
-        if not isinstance(self.optimizer, torch.optim.Optimizer):
-            raise RecipeError(
-                f"Trainee: optimizer is a {type(self.optimizer).__name__}, expected a torch.optim.Optimizer; "
-                "give optimizer=None for a loop that updates the weights itself"
-            )
+        self._optimizers()
         if callable(self.loader) and not isinstance(self.loader, Iterable):
             self.loader = Calls(self.loader)
         if not isinstance(self.loader, Iterable):

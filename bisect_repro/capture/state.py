@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..trainee import Trainee
+from ..trainee import Trainee, optimizer_prefix
 from .data import DataStream
 from .hidden import recipe_streams
 from .parallel import distribute_like, distribute_optimizer_state, local, localize, locals_and_placements, model_placements, placements
@@ -47,13 +47,14 @@ def model_structure(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     }
 
 
-def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:
-    """``id(param)`` to its model name, for every parameter the optimizer holds."""
+def parameter_names(model: torch.nn.Module, *optimizers: torch.optim.Optimizer) -> dict[int, str]:
+    """``id(param)`` to its model name, for every parameter the optimizers hold."""
     names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
     found: dict[int, str] = {}
-    for g, group in enumerate(optimizer.param_groups):
-        for i, param in enumerate(group["params"]):
-            found[id(param)] = names.get(id(param), f"group{g}.param{i}")
+    for o, optimizer in enumerate(optimizers):
+        for g, group in enumerate(optimizer.param_groups):
+            for i, param in enumerate(group["params"]):
+                found[id(param)] = names.get(id(param), f"{optimizer_prefix(o)}.group{g}.param{i}")
     return found
 
 
@@ -85,21 +86,22 @@ class TrainingState:
             scope = Scope(step.__globals__, (step,))  # a recipe's own step function: its module and closure
         self.python = PythonState(scope or Scope())
         self.data = DataStream(trainee.source, self.streams)
-        self._names = parameter_names(trainee.model, trainee.optim)
+        self._names = parameter_names(trainee.model, *trainee.optimizers)
         self.extra: dict[str, Any] = dict(trainee.state or {})
 
     def close(self) -> None:
         self.data.close()
 
     def _named_tensors(self) -> dict[str, torch.Tensor]:
-        model, optimizer = self.trainee.model, self.trainee.optim
+        model = self.trainee.model
         found: dict[str, torch.Tensor] = dict(model.named_parameters())
         found.update(model.named_buffers())
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                for key, value in optimizer.state.get(param, {}).items():
-                    if isinstance(value, torch.Tensor):
-                        found[f"optimizer.{self._names[id(param)]}.{key}"] = value
+        for prefix, optimizer in self.trainee.named_optimizers:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    for key, value in optimizer.state.get(param, {}).items():
+                        if isinstance(value, torch.Tensor):
+                            found[f"{prefix}.{self._names[id(param)]}.{key}"] = value
         return found
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -122,7 +124,7 @@ class TrainingState:
         scheduler = self.trainee.scheduler
         return {
             "model": localize(self.trainee.model.state_dict()),
-            "optimizer": localize(self.trainee.optim.state_dict()),
+            **{prefix: localize(optimizer.state_dict()) for prefix, optimizer in self.trainee.named_optimizers},
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "data": self.data.state_dict(),
             "streams": self.streams.state_dict(),
@@ -132,14 +134,16 @@ class TrainingState:
 
     def settings(self) -> dict[str, Any]:
         """The trainee's non-tensor state, flat and JSON-safe, for snapshots: each optimizer group's
-        hyperparameters (``optimizer.group0.lr``, ``...betas``, ``...weight_decay``) and the
+        hyperparameters (``optimizer.group0.lr``, ``...betas``, ``...weight_decay``; a second
+        optimizer's ``optimizer1.group0.lr``) and the
         scheduler's state (``scheduler.milestones``, ``scheduler.last_epoch``); values JSON cannot
         hold plainly (objects, tensors) are left out."""
         found: dict[str, Any] = {}
-        for index, group in enumerate(self.trainee.optim.param_groups):
-            for key, value in group.items():
-                if key != "params" and (plain := _plain(value)) is not _SKIP:
-                    found[f"optimizer.group{index}.{key}"] = plain
+        for prefix, optimizer in self.trainee.named_optimizers:
+            for index, group in enumerate(optimizer.param_groups):
+                for key, value in group.items():
+                    if key != "params" and (plain := _plain(value)) is not _SKIP:
+                        found[f"{prefix}.group{index}.{key}"] = plain
         scheduler = self.trainee.scheduler
         for key, value in (scheduler.state_dict() if scheduler is not None else {}).items():
             if not key.startswith("_") and (plain := _plain(value)) is not _SKIP:
@@ -154,9 +158,11 @@ class TrainingState:
         """Restore a checkpoint; ``streams=False`` leaves the random streams as they are,
         ``python=False`` the code's counters. Local shards are made DTensors again where the model
         holds DTensors."""
-        model, optimizer = self.trainee.model, self.trainee.optim
+        model = self.trainee.model
         model.load_state_dict(distribute_like(state["model"], model.state_dict()))
-        optimizer.load_state_dict(distribute_optimizer_state(state["optimizer"], optimizer))
+        for prefix, optimizer in self.trainee.named_optimizers:
+            if prefix in state:  # a checkpoint holds every optimizer the trainee had when it was saved
+                optimizer.load_state_dict(distribute_optimizer_state(state[prefix], optimizer))
         if self.trainee.scheduler is not None and state.get("scheduler") is not None:
             self.trainee.scheduler.load_state_dict(state["scheduler"])
         for name, value in (state.get("extra") or {}).items():

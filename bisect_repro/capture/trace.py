@@ -7,7 +7,8 @@ the order they happen:
 - forward: every leaf module's (and every module owning parameters) inputs and outputs;
 - backward: the gradient of each such module's outputs as autograd computes it, and each
   parameter's ``.grad`` once accumulated;
-- optimizer: every parameter and optimizer-state tensor after ``optimizer.step()`` (in a step that
+- optimizer: every parameter and optimizer-state tensor after each ``optimizer.step()``, of every
+  optimizer, in the order they step (in a step that
   calls no optimizer, a loop that updates the weights itself: every parameter as the step leaves it).
 
 Two traces of the same code line up entry by entry, so the first entry whose hash differs names
@@ -69,7 +70,8 @@ class StepTracer:
     """Hooks that hash every tensor a step computes; use as a context manager around the step."""
 
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizers: list[tuple[str, torch.optim.Optimizer]]
+    """Each optimizer with the prefix its state is named by (``optimizer``, ``optimizer1``, ...)."""
     parameter_names: dict[int, str]
     keep: set[int] = field(default_factory=set)
     """Entry indices whose tensors are also copied to the host (to measure a difference)."""
@@ -107,7 +109,8 @@ class StepTracer:
             for name, parameter in self.model.named_parameters():
                 if parameter.requires_grad:
                     self._handles.append(parameter.register_post_accumulate_grad_hook(self._grad_hook(name)))
-        self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_hook))
+        for prefix, optimizer in self.optimizers:
+            self._handles.append(optimizer.register_step_post_hook(self._optimizer_hook(prefix)))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
@@ -150,15 +153,18 @@ class StepTracer:
 
         return hook
 
-    def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._stepped = True
-        for group in optimizer.param_groups:
-            for parameter in group["params"]:
-                name = self.parameter_names.get(id(parameter), "?")
-                self._note("optimizer", _layer_of(name), name, parameter)
-                for key, value in optimizer.state.get(parameter, {}).items():
-                    if isinstance(value, torch.Tensor):
-                        self._note("optimizer", _layer_of(name), f"optimizer.{name}.{key}", value)
+    def _optimizer_hook(self, prefix: str) -> Any:
+        def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            self._stepped = True
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    name = self.parameter_names.get(id(parameter), "?")
+                    self._note("optimizer", _layer_of(name), name, parameter)
+                    for key, value in optimizer.state.get(parameter, {}).items():
+                        if isinstance(value, torch.Tensor):
+                            self._note("optimizer", _layer_of(name), f"{prefix}.{name}.{key}", value)
+
+        return hook
 
     def result(self) -> list[TraceEntry]:
         """The entries with their digests (one host transfer)."""

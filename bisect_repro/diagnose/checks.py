@@ -39,7 +39,7 @@ from .difference import difference_stats
 from .findings import Finding, Severity
 from .selfcheck import check_repeats
 
-__all__ = ["RecipeChecks"]
+__all__ = ["RecipeChecks", "threads_finding"]
 
 
 def _described(trace: StepResult, index: int) -> str:
@@ -157,6 +157,9 @@ class RecipeChecks:
         if check.trace is not None and check.first is not None:
             stats = self._difference(s, check.first)
             where = f"; the step first differs at {_described(check.trace, check.first)}{_stats_text(stats)}"
+        fresh = not self.replica.reruns and check.trace is not None and check.first is not None
+        if check.op is None and fresh and check.trace.entries[check.first].phase == "data":  # a script's fresh process drew another batch
+            return [_unseeded_data(s, where)]
         if check.op is None:
             evidence = f"step {s} run twice from the same state, batch and random streams gives different results{where}"
             return [Finding("nondeterministic-op", "error", evidence, causes.op_fix(None))]
@@ -224,3 +227,32 @@ class RecipeChecks:
     def dataset_draws_from(self, name: str, batch: int) -> bool | None:
         """Whether the dataset's items of step ``batch`` change with ``name`` one draw further (``None``: cannot tell)."""
         return self.replica.items_change(batch, name)
+
+
+def _unseeded_data(step: int, where: str) -> Finding:
+    """A script's step, run again in a fresh process started with the global streams seeded alike, takes another batch."""
+    evidence = (
+        f"step {step} of the script, run again in a fresh process with the global random streams seeded alike, takes another "
+        f"batch{where}: the data draws from a source that no global seed reaches (a generator made without a seed, "
+        "np.random.default_rng(), torch.Generator().seed(), random.Random(), or values from time or os.urandom)"
+    )
+    fix = "give every generator the script makes a seed (np.random.default_rng(seed), torch.Generator().manual_seed(seed))"
+    return Finding("unseeded-source", "error", evidence, fix)
+
+
+def threads_finding(findings: list[Finding], local: RecipeChecks) -> None:
+    """Prove or weaken the ``threads-unpinned`` warning by running step 0 on another thread count."""
+    unpinned = next((f for f in findings if f.id == "threads-unpinned"), None)
+    if unpinned is None:
+        return
+    threads = int(local.environment.get("torch.get_num_threads") or 1)
+    other = 1 if threads > 1 else 2
+    if local.unrepeatable_step == 0:
+        unpinned.evidence += "; not tested here, as step 0 already differs from itself"
+        return
+    changed = local.step_changes(0, environment={"torch.get_num_threads": other})
+    if changed is not None:
+        unpinned.evidence += f"; shown here: step 0 on {other} thread(s) instead of {threads} computes a different {changed}"
+    else:
+        unpinned.severity = Severity.INFO
+        unpinned.evidence += f"; step 0 on {other} thread(s) instead of {threads} computes the same results, so this recipe may not care"

@@ -1,6 +1,7 @@
-"""``doctor``: audit a recipe for every known source of irreproducibility, proving each by a run.
+"""``doctor``: audit a recipe or a script for every known source of irreproducibility, proving each by a run.
 
-With a TARGET, the recipe is built and trained in two fresh processes
+With a TARGET (or a script's command, ``doctor -- python train.py ARGS``: the same audit, the
+script run unchanged, see :mod:`bisect_repro.diagnose.subjects`), it is built and trained in two fresh processes
 (:class:`~bisect_repro.replay.replica.Replica` s, the engine ``compare`` replays with) that
 differ only in ``PYTHONHASHSEED``:
 
@@ -43,13 +44,12 @@ from ..capture import env
 from ..capture.rng import GLOBAL_STREAMS
 from ..errors import BisectReproError, RecipeError
 from ..record.recipe import recipe_file
-from ..replay.launch import spec_for_recipe
-from ..replay.replica import Replica
 from . import causes
 from .audit import environment_findings
-from .checks import RecipeChecks
+from .checks import RecipeChecks, threads_finding
 from .findings import SEVERITIES, Finding, Severity
 from .probe import Probe, differences, probe
+from .subjects import Subject, recipe_subject, script_subject
 
 __all__ = ["DEFAULT_STEPS", "SCHEMA", "DoctorReport", "doctor"]
 
@@ -63,7 +63,7 @@ class DoctorReport:
     findings: list[Finding]
     """Most severe first."""
     target: str | None
-    """The recipe audited; ``None``: this environment and process."""
+    """The recipe audited, or the script's command line; ``None``: this environment and process."""
     config: dict[str, Any]
     """The ``--set`` settings the recipe was built with."""
     steps: int | None
@@ -298,48 +298,36 @@ def _hash_seed_findings(unexplained: list[str], pair: tuple[Probe, ...], again: 
     return [Finding("unseeded-source", "error", evidence, fix)]
 
 
-def _threads_finding(findings: list[Finding], local: RecipeChecks) -> None:
-    """Prove or weaken the ``threads-unpinned`` warning by running step 0 on another thread count."""
-    unpinned = next((f for f in findings if f.id == "threads-unpinned"), None)
-    if unpinned is None:
-        return
-    threads = int(local.environment.get("torch.get_num_threads") or 1)
-    other = 1 if threads > 1 else 2
-    if local.unrepeatable_step == 0:
-        unpinned.evidence += "; not tested here, as step 0 already differs from itself"
-        return
-    changed = local.step_changes(0, environment={"torch.get_num_threads": other})
-    if changed is not None:
-        unpinned.evidence += f"; shown here: step 0 on {other} thread(s) instead of {threads} computes a different {changed}"
-    else:
-        unpinned.severity = Severity.INFO
-        unpinned.evidence += f"; step 0 on {other} thread(s) instead of {threads} computes the same results, so this recipe may not care"
-
-
 def doctor(
     target: str | None = None,
     config: Mapping[str, Any] | None = None,
     *,
     steps: int = DEFAULT_STEPS,
     progress: Progress | None = None,
+    command: list[str] | None = None,
 ) -> DoctorReport:
-    """Audit a recipe (or, without a TARGET, this environment)."""
+    """Audit a recipe, or a script by its ``command`` (``["python", "train.py", ...]``), or without
+    either this environment."""
     started = time.perf_counter()
     say = progress or (lambda stage: None)
     config = dict(config or {})
-    if target is None:
+    if command is not None:
+        if config:
+            raise BisectReproError("doctor: --set is for a recipe; a script takes its own arguments after --")
+        subject = script_subject(command)
+        target = subject.name
+        findings, fingerprint = _diagnose(subject, _checked_steps(steps), say)
+    elif target is None:
         if config:
             raise BisectReproError("doctor: --set needs a TARGET to pass the settings to")
         fingerprint = env.fingerprint()
         pinned = fingerprint.get("env.OMP_NUM_THREADS") is not None
         findings = environment_findings(fingerprint, threads_pinned=pinned, audit=True)
     else:
-        if steps < 1:
-            raise BisectReproError(f"--steps {steps}: must be at least 1")
         path = recipe_file(target)  # checks the TARGET's form
         if path is not None and not path.is_file():
             raise RecipeError(f"{path}: no such recipe file; check the TARGET path")
-        findings, fingerprint = _diagnose(target, config, steps, say)
+        findings, fingerprint = _diagnose(recipe_subject(target, config), _checked_steps(steps), say)
     order = {severity: rank for rank, severity in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
     return DoctorReport(
@@ -352,13 +340,15 @@ def doctor(
     )
 
 
-def _replica(target: str, config: dict[str, Any], hash_seed: str) -> Replica:
-    return Replica(spec_for_recipe(target, config, {"PYTHONHASHSEED": hash_seed}), f"{target} (PYTHONHASHSEED={hash_seed})")
+def _checked_steps(steps: int) -> int:
+    if steps < 1:
+        raise BisectReproError(f"--steps {steps}: must be at least 1")
+    return steps
 
 
-def _probes(target: str, config: dict[str, Any], steps: int) -> tuple[Probe, ...]:
+def _probes(subject: Subject, steps: int) -> tuple[Probe, ...]:
     """Two more processes, trained and read, then closed."""
-    replicas = [_replica(target, config, seed) for seed in _HASH_SEEDS]
+    replicas = [subject.start(seed) for seed in _HASH_SEEDS]
     try:
         for replica in replicas:
             replica.connect()
@@ -368,9 +358,9 @@ def _probes(target: str, config: dict[str, Any], steps: int) -> tuple[Probe, ...
             replica.close()
 
 
-def _diagnose(target: str, config: dict[str, Any], steps: int, say: Progress) -> tuple[list[Finding], dict[str, Any]]:
+def _diagnose(subject: Subject, steps: int, say: Progress) -> tuple[list[Finding], dict[str, Any]]:
     say("building the recipe in two processes")
-    first, second = (_replica(target, config, seed) for seed in _HASH_SEEDS)
+    first, second = (subject.start(seed) for seed in _HASH_SEEDS)
     try:
         first.connect()
         second.connect()
@@ -378,7 +368,13 @@ def _diagnose(target: str, config: dict[str, Any], steps: int, say: Progress) ->
         a, outcomes = probe(first, steps, keep=True)
         b, _ = probe(second, steps)
         second.close()
-        local = RecipeChecks(first, outcomes, a.built.environment, fresh=lambda: _replica(target, config, _HASH_SEEDS[0]))
+        if subject.pinned is not None:  # a script: its steps run again in processes whose global streams start alike
+            first.close()
+            first = subject.pinned()
+            first.connect()
+            outcomes = probe(first, steps, keep=True)[1]
+        fresh = subject.pinned or (lambda: subject.start(_HASH_SEEDS[0]))
+        local = RecipeChecks(first, outcomes, a.built.environment, fresh=fresh)
         say(f"re-running the first {steps} step(s) from the same states")
         local.rerun_steps()  # first: nothing else may have run in between (a compiled step would recompile)
         say("running step 0 under deterministic algorithms")
@@ -388,11 +384,11 @@ def _diagnose(target: str, config: dict[str, Any], steps: int, say: Progress) ->
         findings = [*diagnosis.run(), *local.findings]
         if diagnosis.unexplained:
             say("two more processes, to tell string hashing from other entropy")
-            findings += _hash_seed_findings(diagnosis.unexplained, (a, b), _probes(target, config, steps))
+            findings += _hash_seed_findings(diagnosis.unexplained, (a, b), _probes(subject, steps))
         fingerprint = a.built.environment
         pinned = fingerprint.get("env.OMP_NUM_THREADS") is not None or bool(a.built.threads_set)
         findings += environment_findings(fingerprint, threads_pinned=pinned, audit=False, convolutions=a.built.convolutions)
-        _threads_finding(findings, local)
+        threads_finding(findings, local)
         return findings, fingerprint
     finally:
         first.close()

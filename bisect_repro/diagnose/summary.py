@@ -8,9 +8,11 @@ not in the store, because a distributed run's summary says where its replicas pa
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..store.meta import CodeKind
 from ..store.nodes import Layout, read_layout
 from ..store.run import Run
 from ..store.trust import provenance
@@ -78,6 +80,13 @@ class RunSummary:
     """Files of a run this user signed that no longer match their signed index lines."""
     layout: Layout | None = None
     """The nodes and ranks, with the ranks missing or incomplete (the run is then partial)."""
+    command: str | None = None
+    """A script's or module's run (no ``target``): the command, as typed (``python train.py --lr 0.1``)."""
+    cwd: str | None = None
+    """The working directory the run was recorded in."""
+    script: str | None = None
+    """The file that ran (the script or the module's file), as recorded."""
+    script_sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -103,6 +112,10 @@ class RunSummary:
             "model": self.model,
             "loader": self.loader,
             "environment": self.environment,
+            "command": self.command,
+            "cwd": self.cwd,
+            "script": self.script,
+            "script_sha256": self.script_sha256,
         }
         if self.distributed is not None:
             found["distributed"] = self.distributed
@@ -146,6 +159,16 @@ def run_summary(run: Run, *, verify: bool = False) -> RunSummary:
     return summary
 
 
+def _launch(run: Run) -> dict[str, Any]:
+    """The command, working directory and file of a run recorded from a script or module (``{}`` for a recipe)."""
+    launch = run.meta.launch
+    code = launch.code if launch is not None else None
+    if launch is None or code is None or code.kind is CodeKind.RECIPE or run.meta.target:
+        return {}
+    words = ["python", *(("-m",) if code.kind is CodeKind.MODULE else ()), *launch.argv]
+    return {"command": shlex.join(words), "cwd": launch.cwd, "script": code.path, "script_sha256": code.sha256}
+
+
 def _rank_summary(run: Run, *, verify: bool) -> RunSummary:
     losses = [loss for loss in run.losses().values() if loss is not None]
     meta = run.meta
@@ -177,4 +200,5 @@ def _rank_summary(run: Run, *, verify: bool) -> RunSummary:
         model={kind: len(names) for kind, names in meta.model.items()},
         loader=meta.loader,
         environment=meta.environment,
+        **_launch(run),
     )

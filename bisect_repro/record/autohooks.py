@@ -4,13 +4,24 @@
 :class:`AutoHooks` (see :mod:`bisect_repro.record.script`), and ``compare`` replays it the same
 way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's run:
 
-- **the optimizer** is the first ``torch.optim.Optimizer`` the script makes (its constructor is
-  wrapped while the hooks are installed); **a step** is one call of its ``step()`` (torch's global
-  optimizer step hooks). A script that makes none (it updates the weights itself) is stepped by
-  its ``backward()`` calls: the model's first forward after one starts the next step;
+- **the optimizers**: every ``torch.optim.Optimizer`` the script makes before the model's first
+  forward (their constructors are wrapped while the hooks are installed); each one's state and
+  settings are hashed, saved and restored, the first's named ``optimizer.``, the others'
+  ``optimizer1.``, ``optimizer2.``, ... in the order they were made;
+- **a step** is one iteration of the loop: with one optimizer, one call of its ``step()`` (torch's
+  global optimizer step hooks); with several (a GAN's two), it ends when each of them has stepped
+  at least once since it began, so that a discriminator stepped five times per generator step
+  makes one step of six updates. A script that makes none (it updates the weights itself) is
+  stepped by its ``backward()`` calls: the model's first forward after one starts the next step;
 - **the model** is the outermost module whose parameters the optimizer holds (with no optimizer:
   whose parameters require gradients), found at its first forward call with gradients enabled;
-  its layers are named as usual;
+  its layers are named as usual. With several optimizers over separate modules (``netD`` and
+  ``netG``), the model is made of those parts, each the largest module in the script's variables
+  (its globals, and the locals of the functions running at that first forward) holding an
+  optimizer's parameters, named by its variable (``netD.main.0.weight``; by its class where no
+  variable names it), so that a difference names the part and the optimizer;
+- **the loss** of a step is the tensor its ``backward()`` is called on; with several calls (a
+  GAN's, or gradient accumulation) their sum;
 - **the data**: each batch a ``DataLoader`` yields with gradients enabled, with its sample indices
   (its sampler is tapped while it is iterated, as the Recorder does), so that a different order is
   told from different content; and the positional inputs of each of the model's forward calls
@@ -26,8 +37,9 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
 The state at step 0 is taken at the model's first forward call, after the first batch was
 drawn; the state at step s > 0 right after the optimizer step of step s - 1.
 
-Where the guarantees stop: one optimizer (a second one, a GAN's, is not followed) and one model,
-and an optimizer made after the model's first forward is not followed; inputs passed only as
+Where the guarantees stop: an optimizer made after the model's first forward is not followed (a
+one-line note on stderr says so when it is made); an
+optimizer that never steps, beside others that do, makes the whole run one step; inputs passed only as
 keyword arguments are hashed only when a ``DataLoader`` yields them; a loader's own generator, a
 dataset's generators and the script's counters are not captured (the replay runs the script from
 its start, so they are reproduced anyway); a batch a loop prefetches from a ``DataLoader`` before
@@ -37,18 +49,21 @@ it where no hook sees it). A script that never steps an optimizer records nothin
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.data import DataLoader
 
 from ..capture.batch import batch_tensors
 from ..capture.data import IndexTap, tap_indices, untap_indices
 from ..trainee import NoOptimizer, Trainee
 from .options import RecordOptions
+from .parts import Parts, model_of
 from .recorder import FrameworkRecorder
 
 __all__ = ["AutoHooks"]
@@ -59,8 +74,12 @@ class AutoHooks:
 
     def __init__(self, out: Path | str, options: RecordOptions) -> None:
         self.out, self.options = out, options
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.optimizers: list[torch.optim.Optimizer] = []  # those made before the model's first forward, in order
         self.model: torch.nn.Module | None = None
+        self._parts: set[int] = set()  # the modules whose forward is the model's (several optimizers: each part)
+        self._stepped_now: set[int] = set()  # the optimizers that stepped since the step began
+        self._losses: list[torch.Tensor] = []  # what backward() was called on since the step began
+        self._made: set[int] = set()  # storage of the parts' outputs this step: a part's input made by another is no batch
         self.recorder: FrameworkRecorder | None = None
         self._undo: list[Callable[[], None]] = []
         self._backwards = 0  # backward() calls since the step began (a loop with no optimizer)
@@ -75,6 +94,7 @@ class AutoHooks:
 
         def counted(*args: Any, **kwargs: Any) -> Any:  # Tensor.backward calls torch.autograd.backward
             hooks._backwards += 1
+            hooks._note_loss(args[0] if args else kwargs.get("tensors"), args[1] if len(args) > 1 else kwargs.get("grad_tensors"))
             return backward(*args, **kwargs)
 
         torch.autograd.backward = counted
@@ -82,8 +102,8 @@ class AutoHooks:
 
         def init(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
             original(optimizer, *args, **kwargs)
-            if hooks.optimizer is None and not isinstance(optimizer, NoOptimizer):
-                hooks.optimizer = optimizer
+            if not isinstance(optimizer, NoOptimizer):
+                hooks._made_optimizer(optimizer)
 
         torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign,assignment]
         self._undo.append(lambda: setattr(torch.optim.Optimizer, "__init__", original))
@@ -100,9 +120,42 @@ class AutoHooks:
         DataLoader.__iter__ = tapped  # type: ignore[method-assign]
         self._undo += [lambda: setattr(DataLoader, "__iter__", iterate), self._untap]
         forward = torch.nn.modules.module.register_module_forward_pre_hook(self._forward)
+        outputs = torch.nn.modules.module.register_module_forward_hook(self._output)
         stepped = register_optimizer_step_post_hook(self._stepped)
-        self._undo += [forward.remove, stepped.remove]
+        self._undo += [forward.remove, outputs.remove, stepped.remove]
         return self
+
+    def _made_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Follow an optimizer made before the model's first forward; note one made later."""
+        if self.model is None:
+            self.optimizers.append(optimizer)
+            return
+        print(
+            f"bisect-repro: note: an optimizer ({type(optimizer).__name__}) was made after the first step began; it is not followed "
+            "(its state is not recorded, and a difference in it shows only through the model); make it before the training loop",
+            file=sys.stderr,
+        )
+
+    def _note_loss(self, tensors: Any, gradients: Any) -> None:
+        """A ``backward()`` on a single number (no gradient given): part of the step's loss."""
+        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 and gradients is None:
+            self._losses.append(tensors.detach())
+
+    def _log_loss(self) -> None:
+        """The step's loss to the recorder: what backward() was called on, summed over its calls."""
+        losses, self._losses = self._losses, []
+        if not losses or self.recorder is None:
+            return
+        if len(losses) == 1:
+            self.recorder.log(losses[0])
+            return
+        with _disable_current_modes(), torch.no_grad():  # untraced: this is no op of the step
+            self.recorder.log(torch.stack([loss.reshape(()).float() for loss in losses]).sum())
+
+    def _output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if id(module) in self._parts and len(self._parts) > 1 and torch.is_grad_enabled():
+            outputs, _ = batch_tensors(output)
+            self._made.update(t.untyped_storage().data_ptr() for t in outputs.values() if t.device.type != "meta")
 
     def _drawn(self, batches: Any, tap: IndexTap | None) -> Any:
         """The loader's batches, each noted with its sample indices as it is drawn."""
@@ -129,41 +182,52 @@ class AutoHooks:
         if torch.compiler.is_compiling() or not torch.is_grad_enabled():
             return
         if self.model is None:
-            if self.optimizer is not None:
-                held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+            if self.optimizers:
+                held = {id(p) for optimizer in self.optimizers for group in optimizer.param_groups for p in group["params"]}
                 if not any(id(p) in held for p in module.parameters()):
                     return
             elif not any(p.requires_grad for p in module.parameters()):
                 return
-            self.model = module  # with no optimizer: the first module with trainable parameters a forward reaches
-            trainee = Trainee(module, self.optimizer, ())
+            # with no optimizer: the first module with trainable parameters a forward reaches
+            self.model = module if len(self.optimizers) < 2 else model_of(self.optimizers, module, sys._getframe(1))
+            self._parts = {id(m) for m in self.model.children()} if isinstance(self.model, Parts) else {id(self.model)}
+            trainee = Trainee(self.model, list(self.optimizers) or None, ())
             self.recorder = FrameworkRecorder(self.out, trainee, self.options, config={}, environment={}, start_step=0, auto=True)
             self._backwards = 0
             self.recorder.begin_step()
             for batch, indices in self._early:
                 self.recorder.note_batch(batch, indices)
             self._early.clear()
-        elif module is self.model:
+        elif id(module) in self._parts:
             self._after_backward()
-        if module is self.model and self.recorder is not None:
+        if id(module) in self._parts and self.recorder is not None:
             inputs, _ = batch_tensors(list(args))
+            if any(t.device.type != "meta" and t.untyped_storage().data_ptr() in self._made for t in inputs.values()):
+                return  # another part's output (a GAN's fake images): computed by the step, not drawn
             if not inputs or any(id(t) not in self._drawn_ids for t in inputs.values()):  # not the loader's batch as drawn
                 self.recorder.note_batch(list(args))
 
     def _after_backward(self) -> None:
         """No optimizer: a batch drawn, or a forward, after a backward starts the next step."""
-        if self.optimizer is None and self._backwards and self.recorder is not None:
+        if not self.optimizers and self._backwards and self.recorder is not None:
             self._next_step()
 
     def _next_step(self) -> None:
         assert self.recorder is not None
         self._backwards = 0
         self._drawn_ids.clear()
+        self._made.clear()
+        self._stepped_now.clear()
+        self._log_loss()
         self.recorder.end_step()
         self.recorder.begin_step()
 
     def _stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if optimizer is self.optimizer and self.recorder is not None and self.model is not None:
+        """An optimizer stepped: the step ends once every optimizer followed has (see the module docstring)."""
+        if self.recorder is None or self.model is None or not any(optimizer is o for o in self.optimizers):
+            return
+        self._stepped_now.add(id(optimizer))
+        if len(self._stepped_now) == len(self.optimizers):
             self._next_step()
 
     def close(self, *, failed: bool = False) -> None:

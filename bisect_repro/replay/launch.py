@@ -3,7 +3,7 @@
 A run names what produced it (``run.json``'s ``launch``, see :mod:`bisect_repro.record.provenance`):
 a recipe TARGET with its config, or a script or module with its ``argv``. :func:`spec_for_run`
 turns that into a :class:`LaunchSpec`; a recipe built here without a run (``doctor``) gets
-:func:`spec_for_recipe`.
+:func:`spec_for_recipe`, and a script ``doctor`` runs unchanged :func:`spec_for_command`.
 
 The trust model. A run directory never decides what code runs:
 
@@ -56,7 +56,7 @@ from ..store.run import Run
 from ..store.trust import provenance
 from .deadline import step_seconds
 
-__all__ = ["REPLAYED_VARIABLES", "Consent", "LaunchSpec", "ReplayUnavailable", "spec_for_recipe", "spec_for_run"]
+__all__ = ["REPLAYED_VARIABLES", "Consent", "LaunchSpec", "ReplayUnavailable", "spec_for_command", "spec_for_recipe", "spec_for_run"]
 
 REPLAYED_VARIABLES = frozenset(
     {*NUMERIC_ENV_VARS, "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_NTHREADS", "NCCL_BUFFSIZE"}
@@ -332,6 +332,28 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
         raise ReplayUnavailable(f"{run.path}: its module {printable(module)} is not the recorded file {printable(path)}; "
                                 "the run was edited, record it again")  # fmt: skip
     return LaunchSpec(kind=CodeKind.MODULE, path=str(path), sha256=digest, module=module, root=str(root), argv=argv, **common)
+
+
+def spec_for_command(
+    path: Path, argv: Sequence[str], variables: dict[str, str | None] | None = None, *, module: str | None = None
+) -> LaunchSpec:
+    """A script (or ``module``, whose file is ``path``) the user names here (``doctor -- python
+    train.py ARGS``): run unchanged under the hooks (``auto``), in this process's working directory
+    and environment, less what ``variables`` say otherwise; a module is imported from its root."""
+    root = _module_root(module, path, main=True) if module is not None and _MODULE.fullmatch(module) else None
+    if module is not None and root is None:
+        raise BisectReproError(f"doctor: the module {printable(module)} is not the file {printable(path)}; give the script's path")
+    return LaunchSpec(
+        kind=CodeKind.MODULE if module is not None else CodeKind.SCRIPT,
+        path=str(path),
+        sha256=file_digest(path),
+        module=module,
+        root=str(root) if root is not None else None,
+        argv=list(argv),
+        cwd=os.getcwd(),
+        variables=_replayed(dict(variables or {}), None),
+        auto=True,
+    )
 
 
 def spec_for_recipe(target: str, config: dict[str, Any] | None = None, variables: dict[str, str | None] | None = None) -> LaunchSpec:

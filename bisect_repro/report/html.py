@@ -358,13 +358,24 @@ def comparison_html(result: CompareResult, losses: Sequence[Losses] = ()) -> str
     return document(title, body, footer=f"bisect-repro {__version__}, {COMPARE_SCHEMA}")
 
 
+def _what_ran(summary: RunSummary) -> list[tuple[str, str]]:
+    """A recipe's target, or a script's command, working directory and file with its hash."""
+    if summary.command is None:
+        return [("target", f"<code>{esc(summary.target)}</code>")]
+    return [
+        ("command", f"<code>{esc(summary.command)}</code>"),
+        ("directory", f"<code>{esc(summary.cwd)}</code>"),
+        ("script", f"<code>{esc(summary.script)}</code> (sha256 {esc(summary.script_sha256)})"),
+    ]
+
+
 def summary_html(summary: RunSummary, losses: Losses) -> str:
     """The report of one run, with ``losses`` its ``Run.losses()``."""
     status = badge("complete") if summary.complete else badge(f"incomplete: last complete step {summary.last_step}", "incomplete")
     options = summary.options
     snapshots, checkpoints = summary.snapshots, summary.checkpoints
     pairs = [
-        ("target", f"<code>{esc(summary.target)}</code>"),
+        *_what_ran(summary),
         ("config", esc(", ".join(f"{k}={v!r}" for k, v in summary.config.items()) or "-")),
         ("options", esc(", ".join(f"{k}={options.get(k)}" for k in ("steps", "every", "checkpoint_every")))),
         ("steps logged", value(summary.steps_logged)),

@@ -44,11 +44,19 @@ def _recorded_by(summary: RunSummary) -> str:
     return "[yellow]someone else, or edited since[/]: compare replays it only with your consent (--trust)"
 
 
+def _what_ran(summary: RunSummary) -> list[tuple[str, object]]:
+    """A recipe's target, or a script's command, working directory and file with its hash."""
+    if summary.command is None:
+        return [("target", summary.target)]
+    return [("command", summary.command), ("directory", summary.cwd), ("script", f"{summary.script} (sha256 {summary.script_sha256})")]
+
+
 def render_summary(summary: RunSummary, console: Console) -> None:
     status = "[green]complete[/]" if summary.complete else f"[yellow]incomplete[/] (last complete step {summary.last_step})"
     console.print(f"[bold]{safe_text(summary.path)}[/]  {status}")
     table = Table(show_header=False, box=None, padding=(0, 2))
-    table.add_row("target", safe_text(summary.target))
+    for label, shown in _what_ran(summary):
+        table.add_row(label, safe_text(shown))
     table.add_row("config", safe_text(", ".join(f"{k}={v!r}" for k, v in summary.config.items()) or "-"))
     options = summary.options
     table.add_row(

@@ -61,7 +61,7 @@ class InstrumentedStep:
         model = trainee.model
         self.tracer = None
         if request.trace != "none":
-            self.tracer = StepTracer(model, trainee.optim, state._names, keep=set(request.keep), full=request.trace == "full")
+            self.tracer = StepTracer(model, trainee.named_optimizers, state._names, keep=set(request.keep), full=request.trace == "full")
         self.ops = ScopedOps(model, skip=_SKIP.get(request.ops)) if request.ops else None
         self.alerts = DeterminismAlerts(model) if request.alerts else None
         self.seeding: list[SeedingCall] = []

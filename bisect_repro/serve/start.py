@@ -52,7 +52,7 @@ def keep_start(
     trainee = state.trainee
     tensors = {
         "model": {k: v.detach().clone() for k, v in trainee.model.state_dict().items()},
-        "optimizer": copy.deepcopy(trainee.optim.state_dict()),
+        "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in trainee.optimizers],
         "scheduler": copy.deepcopy(trainee.scheduler.state_dict()) if trainee.scheduler is not None else None,
         "grads": [p.grad.detach().clone() if p.grad is not None else None for p in trainee.model.parameters()],
         "extra": {name: copy.deepcopy(value.state_dict()) for name, value in state.extra.items()},
@@ -65,7 +65,8 @@ def load_start(state: TrainingState, start: KeptStart, streams: dict[str, Any] |
     """Put the trainee back at ``start`` (under ``streams`` instead of its own, when given)."""
     trainee, saved = state.trainee, start.tensors
     trainee.model.load_state_dict(saved["model"])
-    trainee.optim.load_state_dict(copy.deepcopy(saved["optimizer"]))
+    for optimizer, kept in zip(trainee.optimizers, saved["optimizers"], strict=True):
+        optimizer.load_state_dict(copy.deepcopy(kept))
     if trainee.scheduler is not None:
         trainee.scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
     for parameter, grad in zip(trainee.model.parameters(), saved["grads"], strict=True):
@@ -91,9 +92,14 @@ class BuiltSettings:
     scheduler: dict[str, Any]
 
 
+def _groups(trainee: Trainee) -> list[dict[str, Any]]:
+    """The parameter groups of every optimizer of ``trainee``, the first optimizer's first."""
+    return [group for optimizer in trainee.optimizers for group in optimizer.param_groups]
+
+
 def hyperparameters(trainee: Trainee) -> BuiltSettings:
     """The settings of ``trainee`` as built (see :class:`BuiltSettings`)."""
-    groups = [{k: v for k, v in group.items() if k != "params"} for group in trainee.optim.param_groups]
+    groups = [{k: v for k, v in group.items() if k != "params"} for group in _groups(trainee)]
     scheduler = trainee.scheduler
     settings = {k: copy.deepcopy(v) for k, v in scheduler.state_dict().items() if k not in _PROGRESS} if scheduler is not None else {}
     return BuiltSettings(groups, list(getattr(scheduler, "base_lrs", None) or []) or None, settings)
@@ -104,7 +110,7 @@ def overlay_hyperparameters(trainee: Trainee, built: BuiltSettings) -> None:
     checkpoint's tensors and position but the built optimizer's hyperparameters (a learning rate
     a scheduler has moved is scaled by the ratio of the two initial rates) and the built
     scheduler's settings (its milestones, its decay)."""
-    for group, settings in zip(trainee.optim.param_groups, built.groups, strict=False):
+    for group, settings in zip(_groups(trainee), built.groups, strict=False):
         for key, value in settings.items():
             if key == "lr" and group.get("initial_lr") and settings.get("initial_lr"):
                 group["lr"] = group["lr"] * settings["initial_lr"] / group["initial_lr"]

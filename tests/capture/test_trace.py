@@ -14,7 +14,7 @@ def make() -> tuple[nn.Module, torch.optim.Optimizer]:
 
 
 def traced_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor) -> list:
-    tracer = StepTracer(model, optimizer, parameter_names(model, optimizer))
+    tracer = StepTracer(model, [("optimizer", optimizer)], parameter_names(model, optimizer))
     tracer.note_batch((batch,), [0, 1])
     with tracer:
         optimizer.zero_grad()

@@ -18,7 +18,7 @@ from tests.fakes import fake_ranks
 KEYS = [
     "schema", "path", "format", "target", "config", "options", "recorded_by_you", "edited", "complete", "steps_logged", "last_step",
     "snapshots", "checkpoints", "streams", "tensors_hashed", "verified", "first_loss", "last_loss", "bytes", "model", "loader",
-    "environment",
+    "environment", "command", "cwd", "script", "script_sha256",
 ]  # fmt: skip
 
 

@@ -414,11 +414,7 @@ def test_the_precondition_check_catches_a_verdict_its_records_contradict(report:
     assert (broken is None and problems == []) or (broken is not None and any(broken in p for p in problems)), problems
 
 
-DOCTOR_REASON = "doctor takes no command: `doctor -- python script.py ARGS` exits 2, got unexpected extra arguments"
-
-
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=DOCTOR_REASON)
 @pytest.mark.parametrize(
     "command",
     [py("mnist_classifier.py", "--epochs", "1"), py("-m", "imgclf.train", "--epochs", "1")],
@@ -432,7 +428,6 @@ def test_doctor_on_a_seeded_corpus_script_finds_it_reproducible(command: tuple[s
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=DOCTOR_REASON)
 def test_doctor_on_a_corpus_script_with_an_unseeded_split_finds_numpy(corpus: Corpus) -> None:
     done = _cli("doctor", "--json", "--", *py("tabular_numpy_split.py", "--epochs", "1"), cwd=_tree(corpus.root, "pristine"))
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
