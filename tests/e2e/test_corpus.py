@@ -91,6 +91,7 @@ CASES = [
         Expected(step=5, phase="data", cause="rng_state", rng=("torch",), reseeded_at="torch.seed()"),
         "80 samples in batches of 16: 5 steps an epoch; sample() calls torch.seed() after epoch 1's evaluation, so "
         "epoch 2's shuffle, drawn from the global stream when its loader is iterated, is the first thing that differs",
+        wrong="step 5, phase forward, layer fc3 (randn_like), rng_state: the reseeded shuffle of step 5 is never mentioned",
     ),
     Case(
         "gan_generator_lr",
@@ -99,6 +100,8 @@ CASES = [
         Expected(step=0, phase="optimizer", cause="config", flag="--lrG"),
         "iteration 0 steps the discriminator's Adam (same lr) and then the generator's (0.0002 vs 0.0004): the "
         "generator's first update is the first difference",
+        wrong="step 1, data, data_order: the generator's optimizer is not followed",
+        precondition_broken="data_order while the sample indices are equal (first order difference: none)",
     ),
     Case(
         "gan_seed_flag_missing",
@@ -106,6 +109,8 @@ CASES = [
         Run(py("dcgan.py", "--niter", "1")),
         Expected(step=0, phase="init", cause="config", flag="--manualSeed"),
         "without --manualSeed the script seeds torch from random.randint(1, 10000): the weights differ at init",
+        wrong="step 0, init, main.0, rng_state: the missing --manualSeed is not mentioned",
+        precondition_broken="rng_state while its records do not show the stream it names differing",
     ),
     Case(
         "char_rnn_data_file_edited",
@@ -115,6 +120,8 @@ CASES = [
         "run B's input.txt has one word reversed (same length, same characters, same vocabulary); the sampler is "
         "seeded, so the sample indices are equal and the first batch whose windows cover the word differs: the word is chosen to be "
         "first read by step 2",
+        wrong="step 2, data, data_order",
+        precondition_broken="data_order while the sample indices are equal (first order difference: none)",
     ),
     Case(
         "char_rnn_worker_count",
@@ -130,6 +137,8 @@ CASES = [
         Expected(step=0, phase="data", cause="data_content"),
         "the dataset's token dropout draws from Python's random: in the main process (seeded by --seed) with 0 "
         "workers, in each worker (seeded by the loader's base seed) with 2; the shuffle is the same",
+        wrong="step 0, data, data_order",
+        precondition_broken="data_order while the sample indices are equal (first order difference: none)",
     ),
     Case(
         "regression_eval_draws_from_the_training_stream",
@@ -138,6 +147,8 @@ CASES = [
         Expected(step=2, phase="data", cause="config", flag="--eval-every"),
         "get_batch() draws from torch's global stream; with --eval-every 2 the evaluation after step 1 draws a batch "
         "of 256 from it, so step 2's training batch differs",
+        wrong="step 2, data, data_order; --eval-every is not compared",
+        precondition_broken="data_order with no sample indices at all (no DataLoader)",
     ),
     Case(
         "random_split_seed_flag",
@@ -146,6 +157,8 @@ CASES = [
         Expected(step=0, phase="data", cause="config", flag="--split-seed"),
         "random_split's generator is seeded from --split-seed: another training subset from the first batch on "
         "(the loader's indices into the subset are the same)",
+        wrong="step 0, data, data_order; --split-seed is not compared",
+        precondition_broken="data_order while the sample indices are equal (first order difference: none)",
     ),
     Case(
         "numpy_split_unseeded",
@@ -154,6 +167,7 @@ CASES = [
         Expected(step=0, phase="data", cause="rng_state", rng=("numpy",)),
         "set_seed() seeds random and torch, not NumPy; the hold-out split is np.random.permutation, so each run "
         "trains on other rows (standardised with other statistics) from the first batch",
+        wrong="step 0, data, data_content: the unseeded NumPy permutation is not named",
     ),
     Case(
         "seed_defaults_to_a_random_value",
@@ -161,6 +175,8 @@ CASES = [
         Run(py("bow_sentiment.py", "--epochs", "1"), copy=1),
         Expected(step=0, phase="init", cause="config", flag="--seed"),
         "--seed defaults to random.randint(...) drawn from entropy: the parsed seed differs and the weights differ at init",
+        wrong="step 0, init, embedding, rng_state: the parsed --seed is not compared",
+        precondition_broken="rng_state while its records do not show the stream it names differing",
     ),
     Case(
         "config_file_edited",
@@ -168,6 +184,7 @@ CASES = [
         Run(py("config_train.py", "--config", "configs/base.json"), tree="edited_config"),
         Expected(step=0, phase="optimizer", cause="config", flag="weight_decay"),
         "run B's configs/base.json has weight_decay 0.05 instead of 0.01; AdamW's decay is applied in its first step",
+        wrong="step 0, optimizer, stem, cause unknown (unexplained): the config file is not compared",
     ),
     Case(
         "package_module_dropout_flag",
@@ -175,6 +192,7 @@ CASES = [
         Run(py("-m", "imgclf.train", "--epochs", "1", "--dropout", "0.3")),
         Expected(step=0, phase="forward", layer="drop", cause="config", flag="--dropout"),
         "the dropout probability is a flag of `python -m imgclf.train`: the first mask (and its scale) differs",
+        wrong="step 0, forward, drop, cause unknown (unexplained): --dropout is not compared",
     ),
     Case(
         "accumulation_gradient_clipping_flag",
@@ -182,6 +200,7 @@ CASES = [
         Run(py("accumulate_ema.py", "--steps", "3", "--clip-grad", "0.5")),
         Expected(step=0, phase="optimizer", cause="config", flag="--clip-grad"),
         "two micro-batches accumulate the same gradients; their norm (about 370) is clipped to 0.5 before AdamW's first step in run B only",
+        wrong="step 0, optimizer, conv, cause unknown (unexplained): --clip-grad is not compared",
     ),
 ]
 
@@ -263,6 +282,8 @@ class Corpus:
             first, second = self.recorded(a), self.recorded(b)
             done = _cli("compare", str(first), str(second), "--json", cwd=self.root)
             assert done.returncode in (0, 1), done.stderr[-2000:]
+            (self.root / "reports").mkdir(exist_ok=True)  # kept beside the runs, to read after a failure
+            (self.root / "reports" / f"{first.name}-{second.name}.json").write_text(done.stdout)
             self.reports[a, b] = (done.returncode, json.loads(done.stdout), done.stderr)
         return self.reports[a, b]
 
