@@ -131,10 +131,12 @@ def precondition_violations(report: dict[str, Any]) -> list[str]:
     rule = PRECONDITIONS.get(verdict["cause"])
     if rule is not None and not rule[1](report):
         problems.append(f"cause {verdict['cause']} needs: {rule[0]}")
-    if verdict["phase"] == "data":
-        first = report["first_log_difference"]
-        if not (_at_or_before(first["order"], verdict["step"]) or _at_or_before(first["batch"], verdict["step"])):
-            problems.append("phase data needs the sample indices or the batch to differ at or before the step")
+    first = report["first_log_difference"]
+    data_differs = _at_or_before(first["order"], verdict["step"]) or _at_or_before(first["batch"], verdict["step"])
+    if verdict["phase"] == "data" and not data_differs:
+        problems.append("phase data needs the sample indices or the batch to differ at or before the step")
+    if verdict["phase"] in ("forward", "backward", "optimizer") and data_differs:
+        problems.append(f"phase {verdict['phase']} while the records show the step's data differing: the data comes first")
     lines = [verdict["explanation"], verdict["fix"], *(e["detail"] for e in verdict["evidence"])]
     problems += [f"prints None: {line}" for line in lines if re.search(r"\bNone\b", line)]
     return problems
@@ -226,6 +228,7 @@ def _fake_report(cause: str, **records: Any) -> dict[str, Any]:
         (_fake_report("rng_state", rng=["torch"], reseeded=[{"where": "vae.py:9"}]), None),
         (_fake_report("unknown", first_log_difference={"order": None, "batch": None, "loss": None}), "phase data needs"),
         (_fake_report("unknown", explanation="equal up to step None"), "prints None"),
+        (_fake_report("rng_state", phase="forward", rng=["torch"], reseeded=[{"where": "vae.py:9"}]), "the data comes first"),
     ],
 )
 def test_the_precondition_check_catches_a_verdict_its_records_contradict(report: dict[str, Any], broken: str | None) -> None:
