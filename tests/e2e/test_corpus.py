@@ -98,11 +98,11 @@ def _at_or_before(value: int | None, step: int) -> bool:
     return value is not None and value <= step
 
 
-def _moved_streams_differ(report: dict[str, Any]) -> bool:
+def _named_streams_differ(report: dict[str, Any]) -> bool:
     verdict = report["verdict"]
-    named, unused = set(verdict["rng"]), set(report.get("unused_streams", []))
+    named = set(verdict["rng"])
     seen = {stream for entry in report["timeline"] for stream in entry["streams"]}
-    return bool(named) and not named & unused and (bool(verdict["reseeded"]) or named <= seen)
+    return bool(named) and (bool(verdict["reseeded"]) or named <= seen)
 
 
 PRECONDITIONS: dict[str, tuple[str, Any]] = {
@@ -113,8 +113,8 @@ PRECONDITIONS: dict[str, tuple[str, Any]] = {
                      and _at_or_before(r["first_log_difference"]["batch"], r["verdict"]["step"])),
     "config": ("a config value, an argument of the command line or an optimizer setting differs, and is named",
                lambda r: bool(r["config_diff"]) or bool(r["verdict"]["config_keys"])),
-    "rng_state": ("a stream the run draws from differs or was reseeded",
-                  _moved_streams_differ),
+    "rng_state": ("the streams it names differ in the records or were reseeded",
+                  _named_streams_differ),
     "environment": ("an environment setting or variable differs",
                     lambda r: bool(r["environment_diff"]) or bool(r["verdict"]["environment_keys"])),
     "nondeterministic_op": ("a run differs from itself",
@@ -224,7 +224,8 @@ def _fake_report(cause: str, **records: Any) -> dict[str, Any]:
         (_fake_report("config"), "cause config needs"),
         (_fake_report("config", config_diff={"--gamma": [0.7, 0.5]}, config_keys=["--gamma"]), None),
         (_fake_report("config", config_keys=["--gamma"]), None),
-        (_fake_report("rng_state", rng=["numpy"], unused_streams=["numpy"], timeline=[{"streams": ["numpy"]}]), "cause rng_state needs"),
+        (_fake_report("rng_state", rng=["numpy"], timeline=[{"streams": ["python"]}]), "cause rng_state needs"),
+        (_fake_report("rng_state", rng=["numpy"], timeline=[{"streams": ["numpy"]}]), None),
         (_fake_report("rng_state", rng=["torch"], reseeded=[{"where": "vae.py:9"}]), None),
         (_fake_report("unknown", first_log_difference={"order": None, "batch": None, "loss": None}), "phase data needs"),
         (_fake_report("unknown", explanation="equal up to step None"), "prints None"),
