@@ -17,11 +17,10 @@ CHAR_ARGS = ("--max-iters", "6")  # char_rnn.py: block 16, batch 8, seed 3407 (i
 
 @dataclass(frozen=True)
 class Run:
-    """One recording: the command after ``--``, the copy of the corpus it runs in, extra environment."""
+    """One recording: the command after ``--`` and the copy of the corpus it runs in."""
 
     command: tuple[str, ...]
     tree: str = "pristine"
-    env: tuple[tuple[str, str], ...] = ()
     copy: int = 0  # a second recording of the same command (run A2)
 
 

@@ -17,7 +17,6 @@ reports are shared by the tests that read them.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -51,9 +50,9 @@ def _tree(root: Path, name: str) -> Path:
 # --- recording and comparing through the CLI, each once -----------------------------------------
 
 
-def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bisect_repro.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "bisect_repro.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=900
     )  # fmt: skip
 
 
@@ -69,8 +68,7 @@ class Corpus:
         if run not in self.runs:
             tree = _tree(self.root, run.tree)
             out = self.root / "runs" / f"r{len(self.runs)}"
-            env = {**os.environ, **dict(run.env)}
-            done = _cli("record", "--quiet", "--out", str(out), "--", *run.command, cwd=tree, env=env)
+            done = _cli("record", "--quiet", "--out", str(out), "--", *run.command, cwd=tree)
             assert done.returncode == 0, (run, done.stderr[-2000:])
             self.runs[run] = out
         return self.runs[run]
@@ -191,7 +189,7 @@ def test_every_corpus_verdict_satisfies_its_causes_precondition(case: Case, corp
 @pytest.mark.slow
 @pytest.mark.parametrize("run", list(SAME_TWICE.values()), ids=list(SAME_TWICE))
 def test_the_same_command_recorded_twice_is_identical(run: Run, corpus: Corpus) -> None:
-    code, report, stderr = corpus.compared(run, Run(run.command, run.tree, run.env, copy=1))
+    code, report, stderr = corpus.compared(run, Run(run.command, run.tree, copy=1))
     assert code == 0 and report["identical"] and report["verdict"] is None, (report["verdict"], stderr[-2000:])
 
 
