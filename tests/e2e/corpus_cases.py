@@ -1,0 +1,214 @@
+"""The corpus's cases: each pair of runs of a script in ``tests/e2e/corpus/``, the bug planted
+between them and the verdict that bug calls for, derived from the bug (not from the tool)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import RandomSampler
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+CHAR_ARGS = ("--max-iters", "6")  # char_rnn.py: block 16, batch 8, seed 3407 (its defaults)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One recording: the command after ``--`` and the copy of the corpus it runs in."""
+
+    command: tuple[str, ...]
+    tree: str = "pristine"
+    copy: int = 0  # a second recording of the same command (run A2)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The truth about a pair. ``None`` leaves a field unchecked (where nothing in the bug fixes it)."""
+
+    identical: bool = False
+    step: int | None = None
+    phase: str | None = None
+    layer: str | None = None
+    cause: str | None = None
+    rng: tuple[str, ...] | None = None
+    flag: str | None = None  # a config verdict names the flag (or key) that differs
+    reseeded_at: str | None = None  # a reseed's call site: the text of its line in the script
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    a: Run
+    b: Run
+    expected: Expected
+    why: str
+    wrong: str | None = None  # what the tool says instead, while it is wrong
+    precondition_broken: str | None = None  # what the verdict claims that its records contradict
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def py(*args: str) -> tuple[str, ...]:
+    return ("python", *args)
+
+
+CASES = [
+    Case(
+        "classifier_gamma_flag",
+        Run(py("mnist_classifier.py", "--epochs", "2")),
+        Run(py("mnist_classifier.py", "--epochs", "2", "--gamma", "0.5")),
+        Expected(step=6, phase="optimizer", cause="config", flag="--gamma"),
+        "96 samples in batches of 16: 6 steps an epoch; StepLR lowers the lr after epoch 1, so Adadelta's update of "
+        "step 6 (epoch 2's first) is the first to use 1.0*0.5 instead of 1.0*0.7; nothing else differs",
+        wrong="step 6, optimizer, conv1, cause unknown (unexplained); config_diff {} and the argv is never compared",
+    ),
+    Case(
+        "vae_reseeded_after_sampling",
+        Run(py("vae.py", "--epochs", "2")),
+        Run(py("vae.py", "--epochs", "2", "--sample-seed", "-1")),
+        Expected(step=5, phase="data", cause="rng_state", rng=("torch",), reseeded_at="torch.seed()"),
+        "80 samples in batches of 16: 5 steps an epoch; sample() calls torch.seed() after epoch 1's evaluation, so "
+        "epoch 2's shuffle, drawn from the global stream when its loader is iterated, is the first thing that differs",
+        wrong="step 5, phase forward, layer fc3 (randn_like), rng_state: the reseeded shuffle of step 5 is never mentioned",
+        precondition_broken="phase forward at step 5 while its records show step 5's sample order differing (order: 5)",
+    ),
+    Case(
+        "gan_generator_lr",
+        Run(py("dcgan.py", "--niter", "1", "--manualSeed", "7")),
+        Run(py("dcgan.py", "--niter", "1", "--manualSeed", "7", "--lrG", "0.0004")),
+        Expected(step=0, phase="optimizer", cause="config", flag="--lrG"),
+        "iteration 0 steps the discriminator's Adam (same lr) and then the generator's (0.0002 vs 0.0004): the "
+        "generator's first update is the first difference",
+        wrong="step 1, data, data_order: the generator's optimizer is not followed",
+        precondition_broken="data_order while the sample indices are equal (first order difference: none)",
+    ),
+    Case(
+        "gan_seed_flag_missing",
+        Run(py("dcgan.py", "--niter", "1", "--manualSeed", "7")),
+        Run(py("dcgan.py", "--niter", "1")),
+        Expected(step=0, phase="init", cause="config", flag="--manualSeed"),
+        "without --manualSeed the script seeds torch from random.randint(1, 10000): the weights differ at init",
+        wrong="step 0, init, main.0, rng_state: the missing --manualSeed is not mentioned",
+        precondition_broken="its evidence prints None: 'the snapshots are equal up to step None and differ at step 0'",
+    ),
+    Case(
+        "char_rnn_data_file_edited",
+        Run(py("char_rnn.py", *CHAR_ARGS)),
+        Run(py("char_rnn.py", *CHAR_ARGS), tree="edited_text"),
+        Expected(step=2, phase="data", cause="data_content"),
+        "run B's input.txt has one word reversed (same length, same characters, same vocabulary); the sampler is "
+        "seeded, so the sample indices are equal and the first batch whose windows cover the word differs: the word is chosen to be "
+        "first read by step 2",
+        wrong="step 2, data, data_order",
+        precondition_broken="data_order while the sample indices are equal (first order difference: none)",
+    ),
+    Case(
+        "char_rnn_worker_count",
+        Run(py("char_rnn.py", *CHAR_ARGS)),
+        Run(py("char_rnn.py", *CHAR_ARGS, "--num-workers", "2")),
+        Expected(identical=True),
+        "the sampler has its own seeded generator and the dataset draws nothing: 4 or 2 workers load the same batches",
+    ),
+    Case(
+        "seq2seq_worker_count",
+        Run(py("seq2seq.py", "--epochs", "1")),
+        Run(py("seq2seq.py", "--epochs", "1", "--workers", "2")),
+        Expected(step=0, phase="data", cause="data_content"),
+        "the dataset's token dropout draws from Python's random: in the main process (seeded by --seed) with 0 "
+        "workers, in each worker (seeded by the loader's base seed) with 2; the shuffle is the same",
+        wrong="step 0, data, data_order",
+        precondition_broken="data_order while the sample indices are equal (first order difference: none)",
+    ),
+    Case(
+        "regression_eval_draws_from_the_training_stream",
+        Run(py("regression.py", "--steps", "6")),
+        Run(py("regression.py", "--steps", "6", "--eval-every", "2")),
+        Expected(step=2, phase="data", cause="config", flag="--eval-every"),
+        "get_batch() draws from torch's global stream; with --eval-every 2 the evaluation after step 1 draws a batch "
+        "of 256 from it, so step 2's training batch differs",
+        wrong="step 2, data, data_order; --eval-every is not compared",
+        precondition_broken="data_order with no sample indices at all (no DataLoader)",
+    ),
+    Case(
+        "random_split_seed_flag",
+        Run(py("split_seeded.py", "--epochs", "1")),
+        Run(py("split_seeded.py", "--epochs", "1", "--split-seed", "7")),
+        Expected(step=0, phase="data", cause="config", flag="--split-seed"),
+        "random_split's generator is seeded from --split-seed: another training subset from the first batch on "
+        "(the loader's indices into the subset are the same)",
+        wrong="step 0, data, data_order; --split-seed is not compared",
+        precondition_broken="data_order while the sample indices are equal (first order difference: none)",
+    ),
+    Case(
+        "numpy_split_unseeded",
+        Run(py("tabular_numpy_split.py", "--epochs", "1")),
+        Run(py("tabular_numpy_split.py", "--epochs", "1"), copy=1),
+        Expected(step=0, phase="data", cause="rng_state", rng=("numpy",)),
+        "set_seed() seeds random and torch, not NumPy; the hold-out split is np.random.permutation, so each run "
+        "trains on other rows (standardised with other statistics) from the first batch",
+        wrong="step 0, data, data_content: the unseeded NumPy permutation is not named",
+    ),
+    Case(
+        "seed_defaults_to_a_random_value",
+        Run(py("bow_sentiment.py", "--epochs", "1")),
+        Run(py("bow_sentiment.py", "--epochs", "1"), copy=1),
+        Expected(step=0, phase="init", cause="config", flag="--seed"),
+        "--seed defaults to random.randint(...) drawn from entropy: the parsed seed differs and the weights differ at init",
+        wrong="step 0, init, embedding, rng_state: the parsed --seed is not compared",
+    ),
+    Case(
+        "config_file_edited",
+        Run(py("config_train.py", "--config", "configs/base.json")),
+        Run(py("config_train.py", "--config", "configs/base.json"), tree="edited_config"),
+        Expected(step=0, phase="optimizer", cause="config", flag="weight_decay"),
+        "run B's configs/base.json has weight_decay 0.05 instead of 0.01; AdamW's decay is applied in its first step",
+        wrong="step 0, optimizer, stem, cause unknown (unexplained): the config file is not compared",
+    ),
+    Case(
+        "package_module_dropout_flag",
+        Run(py("-m", "imgclf.train", "--epochs", "1")),
+        Run(py("-m", "imgclf.train", "--epochs", "1", "--dropout", "0.3")),
+        Expected(step=0, phase="forward", layer="drop", cause="config", flag="--dropout"),
+        "the dropout probability is a flag of `python -m imgclf.train`: the first mask (and its scale) differs",
+        wrong="step 0, forward, drop, cause unknown (unexplained): --dropout is not compared",
+    ),
+    Case(
+        "accumulation_gradient_clipping_flag",
+        Run(py("accumulate_ema.py", "--steps", "3")),
+        Run(py("accumulate_ema.py", "--steps", "3", "--clip-grad", "0.5")),
+        Expected(step=0, phase="optimizer", cause="config", flag="--clip-grad"),
+        "two micro-batches accumulate the same gradients; their norm (about 370) is clipped to 0.5 before AdamW's first step in run B only",
+        wrong="step 0, optimizer, conv, cause unknown (unexplained): --clip-grad is not compared",
+    ),
+]
+
+SAME_TWICE = {  # the same command recorded twice (run A2)
+    "classifier": Run(py("mnist_classifier.py", "--epochs", "2")),
+    "gan_with_two_optimizers_and_workers": Run(py("dcgan.py", "--niter", "1", "--manualSeed", "7")),
+    "package_module": Run(py("-m", "imgclf.train", "--epochs", "1")),
+}
+
+
+# --- run B's edited data file ---------------------------------------------------------------------
+
+
+def window_batches(length: int, steps: int, block: int = 16, batch: int = 8, seed: int = 3407) -> list[set[int]]:
+    """The text positions each of char_rnn.py's first batches reads: its sampler, rebuilt with the same seed."""
+    generator = torch.Generator().manual_seed(seed)
+    sampler = iter(RandomSampler(range(length - block), replacement=True, num_samples=int(1e10), generator=generator))
+    batches = [[next(sampler) for _ in range(batch)] for _ in range(steps)]
+    return [{p for start in starts for p in range(start, start + block + 1)} for starts in batches]
+
+
+def reverse_a_word_first_read_at(text: str, step: int) -> tuple[str, int]:
+    """``text`` with one word reversed whose changed characters are first read by batch ``step``."""
+    covered = window_batches(len(text), step + 1)
+    for match in re.finditer(r"[a-z]{4,}", text):
+        word = match.group()
+        changed = {match.start() + i for i in range(len(word)) if word[i] != word[::-1][i]}
+        first = next((k for k, positions in enumerate(covered) if changed & positions), None)
+        if first == step:
+            return text[: match.start()] + word[::-1] + text[match.end() :], step
+    raise AssertionError(f"no word of input.txt is first read at step {step}")
