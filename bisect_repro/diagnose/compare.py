@@ -45,17 +45,10 @@ from ..store.run import Run
 from .causes import Cause, fix_for
 from .difference import difference_stats
 from .experiments import StepAnalysis
+from .from_records import rank_verdict, records_verdict, structure_verdict
 from .rebuild import streams_deciding_init
-from .records import (
-    Records,
-    first_divergence,
-    layer_of,
-    rank_verdict,
-    read_records,
-    records_verdict,
-    structure_verdict,
-    through_collectives,
-)
+from .records import Records, first_divergence, layer_of, read_records, through_collectives
+from .rules import Signals, downgrade_unfaithful, enforce, expected_to_part, reconcile
 from .verdict import CompareResult, Confidence, Evidence, RankResult, Verdict
 
 __all__ = ["compare"]
@@ -105,7 +98,10 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
         return result
     specs = _specs(records, result, allow) if replay else None
     replayed = _replay(records, specs, result, progress, announce) if specs is not None else None
-    result.verdict = replayed or records_verdict(records)
+    if replayed is None:
+        replayed, notes = enforce(records_verdict(records), Signals.of_records(records))
+        result.notes += notes
+    result.verdict = replayed
     return result
 
 
@@ -146,7 +142,10 @@ def _replay(
         if result.replay.performed:
             result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")
         return None
-    return _named_by_the_records(replayed, records)
+    signals = Signals.of_records(records)
+    checked, notes = reconcile(_named_by_the_records(replayed, records), signals, lambda: records_verdict(records))
+    result.notes += notes
+    return checked
 
 
 def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
@@ -293,19 +292,17 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
         result.notes += lockstep.notes
         if divergence is None and lockstep.parted:
             verdict = _parted_verdict(records, lockstep.parted)
-        expected = verdict is not None and (bool(verdict.reseeded) or verdict.cause is Cause.NONDETERMINISTIC_OP or entropy)
+        expected = expected_to_part(verdict, unrecorded_data=entropy)
         unfaithful = [
             p for p in lockstep.parted if divergence is None or p.step < divergence.step or (p.step == divergence.step and not expected)
         ]
         info.faithful = not unfaithful
-        if verdict is not None and divergence is not None and unfaithful and verdict.cause is not Cause.HIDDEN_STATE:
+        if verdict is not None and divergence is not None and unfaithful and downgrade_unfaithful(verdict):
             where = ", ".join(f"run {p.run} at step {p.step} ({p.what})" for p in unfaithful)
             result.notes.append(
                 f"the replay parted from the records ({where}): the steps read state no checkpoint holds, "
                 "or ran in another environment; the verdict is about the replayed runs"
             )
-            if verdict.confidence is Confidence.PROVEN:
-                verdict.confidence = Confidence.INFERRED
         return verdict
     finally:
         info.seconds = round(lockstep.seconds, 3)

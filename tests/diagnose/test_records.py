@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from bisect_repro.diagnose.causes import Cause
-from bisect_repro.diagnose.records import read_records, records_verdict
+from bisect_repro.diagnose.from_records import records_verdict
+from bisect_repro.diagnose.records import read_records
 from bisect_repro.diagnose.verdict import Confidence, Evidence, Verdict
 from bisect_repro.store.run import Run
 from tests.fakes import write_run
@@ -107,7 +108,7 @@ def test_a_config_key_that_differs_is_named_with_both_values(tmp_path: Path) -> 
     assert records.config_diff == {"lr": [0.1, 0.2]} and records.run_names == ["out"]  # a folder named after each run is no cause
     verdict = verdict_of(a, b)
     assert (verdict.step, verdict.cause, verdict.config_keys) == (3, Cause.CONFIG, ["lr"])
-    assert verdict.explanation.endswith("; the settings differ (lr)")
+    assert verdict.explanation.endswith("; the settings differ (lr 0.1 in run A, 0.2 in run B)")
     assert verdict.fix == "record both runs with the same settings (lr: 0.1 vs 0.2)"
 
 
