@@ -359,6 +359,9 @@ class StepAnalysis:
         if verdict.confidence is not Confidence.PROVEN:
             data_by = None  # not shown by fetching the batch again
         keys = verdict.config_keys or verdict.environment_keys
+        if verdict.cause is Cause.CONFIG:
+            config = self.records.config_diff
+            keys = [f"{k} {config[k][0]!r} in run A, {config[k][1]!r} in run B" if k in config else k for k in keys]
         verdict.explanation = explanation_for(
             verdict.cause, where=where, streams=verdict.rng, reseeds=verdict.reseeded, keys=keys, data_by=data_by, reseeded=self.reseeded
         )

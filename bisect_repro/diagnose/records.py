@@ -22,6 +22,8 @@ from typing import Any
 from ..capture import env
 from ..capture.rng import tree_digest
 from ..errors import BisectReproError
+from ..record.arguments import argv_flags
+from ..store.meta import CodeKind
 from ..store.run import Run
 from .causes import Cause, cause_title
 from .settings import SettingsDifference, settings_difference
@@ -176,8 +178,17 @@ def _names_its_run(value: Any, run: Run) -> Any:
     return "/".join("\0run" if part == run.path.name else part for part in value.split("/"))
 
 
+def run_config(run: Run) -> dict[str, Any]:
+    """A run's config as compared: a script's also holds its command line flag by flag, unless
+    its parsed arguments (keys ``--name``) are recorded, which say more (defaults, aliases)."""
+    config, launch = run.meta.config, run.meta.launch
+    if launch is None or launch.code is None or launch.code.kind is CodeKind.RECIPE or any(k.startswith("-") for k in config):
+        return config
+    return {**argv_flags(launch.argv), **config}
+
+
 def read_records(a: Run, b: Run) -> Records:
-    config_a, config_b = a.meta.config, b.meta.config
+    config_a, config_b = run_config(a), run_config(b)
     differ = [k for k in dict.fromkeys([*config_a, *config_b]) if config_a.get(k) != config_b.get(k)]
     run_names = [k for k in differ if _names_its_run(config_a.get(k), a) == _names_its_run(config_b.get(k), b)]
     records = Records(

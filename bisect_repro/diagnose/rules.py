@@ -300,4 +300,3 @@ def expected_to_part(verdict: Verdict | None, *, unrecorded_data: bool = False) 
     if verdict is None:
         return False
     return unrecorded_data or bool(verdict.reseeded) or RULES[verdict.cause].parts_from_records
-

@@ -62,6 +62,8 @@ class AutoHooks:
         self.optimizer: torch.optim.Optimizer | None = None
         self.model: torch.nn.Module | None = None
         self.recorder: FrameworkRecorder | None = None
+        self.config: dict[str, Any] = {}
+        """The run's config: the script's parsed arguments (:mod:`bisect_repro.record.arguments`), filled as it runs."""
         self._undo: list[Callable[[], None]] = []
         self._backwards = 0  # backward() calls since the step began (a loop with no optimizer)
         self._taps: dict[int, tuple[DataLoader[Any], IndexTap | None]] = {}  # each loader iterated, by id
@@ -135,7 +137,7 @@ class AutoHooks:
                 return
             self.model = module  # with no optimizer: the first module with trainable parameters a forward reaches
             trainee = Trainee(module, self.optimizer, ())
-            self.recorder = FrameworkRecorder(self.out, trainee, self.options, config={}, environment={}, start_step=0, auto=True)
+            self.recorder = FrameworkRecorder(self.out, trainee, self.options, config=self.config, environment={}, start_step=0, auto=True)
             self._backwards = 0
             self.recorder.begin_step()
             for batch, indices in self._early:
