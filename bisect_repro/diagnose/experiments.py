@@ -155,6 +155,7 @@ class StepAnalysis:
         if machine:
             verdict.cause, verdict.confidence, verdict.environment_keys = Cause.ENVIRONMENT, Confidence.INFERRED, machine
             shown = ", ".join(f"{k} {here[k][0]} recorded, {here[k][1]} here" for k in machine)
+            self._add("environment", "this machine against the recording's", "differs", f"this machine differs: {shown}")
             verdict.explanation = (
                 f"the replay of step {step} does not reproduce the records, and this machine differs from the recording's ({shown})"
             )

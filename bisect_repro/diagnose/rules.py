@@ -13,8 +13,9 @@ difference vanish) is read from the verdict's own evidence.
 :data:`RULES` holds one :class:`Rule` per cause; :func:`violation` checks a verdict against its
 cause's rule and says, in one sentence, what the records show instead. ``compare`` checks every
 verdict, from the records or from a replay, before reporting it: a replayed verdict that fails
-its rule, or that places the divergence outside the data of a step whose batch the records show
-differing, is replaced by the records' verdict, with a note (:func:`reconcile`).
+its rule, or that places the divergence after data the records show differing (the sample order
+of its step, the batch of an earlier one) and outside the data, is replaced by the records'
+verdict, with a note (:func:`reconcile`).
 
 :data:`PRECEDENCE` is the order in which the records alone name a cause (the first signal
 present wins); :mod:`bisect_repro.diagnose.from_records` reads it.
@@ -84,6 +85,8 @@ class Signals:
         unrecorded = verdict is not None and verdict.tensor == "batch" and logs.get("order") is None
         settings = any(e.subject == "the snapshots' settings" for e in (verdict.evidence if verdict else []))
         reseeded = [int(step) for e in (verdict.evidence if verdict else []) if (step := _reseed_step(e)) is not None]
+        if verdict is not None and verdict.reseeded:  # the calls a replay saw, or the step logs show, up to the step
+            reseeded.append(verdict.step)
         unused = set(result.unused_streams)
         return cls(
             order=logs.get("order"),
@@ -96,9 +99,6 @@ class Signals:
             structure=verdict.tensor if verdict is not None and verdict.cause is Cause.STRUCTURE else None,
         )
 
-    def data_at(self) -> int | None:
-        """The first step whose batch or sample order differs."""
-        return min((s for s in (self.order, self.batch) if s is not None), default=None)
 
 
 def _reseed_step(evidence: Evidence) -> int | None:
@@ -127,7 +127,9 @@ def _order(s: Signals, v: Verdict) -> bool:
 
 
 def _content(s: Signals, v: Verdict) -> bool:
-    return _before(s.batch, v) and s.order_recorded and (s.order is None or (s.batch is not None and s.order > s.batch))
+    redrawn = _shown(v, ("self_rerun",), Outcome.DIFFERS, one_run=True)  # one state, another batch: content, whatever the order
+    equal_order = s.order_recorded and (s.order is None or (s.batch is not None and s.order > s.batch))
+    return _before(s.batch, v) and (equal_order or redrawn)
 
 
 def _config(s: Signals, v: Verdict) -> bool:
@@ -183,7 +185,7 @@ RULES: dict[Cause, Rule] = {
         "inferred from the step logs: the batches hold different samples",
     ),
     Cause.DATA_CONTENT: Rule(
-        "the batch differs at or before the step while its sample order is equal",
+        "the batch differs at or before the step while its sample order is equal (or one run draws another batch from one state)",
         _content,
         "run B's batch fetched again under run A's streams, or the same step drawing another batch from one state",
         "inferred from the step logs: the same samples give different tensors",
@@ -255,8 +257,8 @@ def reconcile(replayed: Verdict, signals: Signals, records: Callable[[], Verdict
     satisfies its cause's rule and agrees with the data the records show; otherwise the records'
     verdict (``records()``), at the replay's finer location where the step is the same, with a note."""
     problem = violation(replayed, signals)
-    data = signals.data_at()
-    if problem is None and (data is None or data > replayed.step or replayed.phase == "data"):
+    data = _data_before(signals, replayed)
+    if problem is None and (data is None or replayed.phase == "data"):
         return replayed, []
     named = records()
     if problem is None:
@@ -272,6 +274,18 @@ def reconcile(replayed: Verdict, signals: Signals, records: Callable[[], Verdict
         f"the verdict is the records' ({named.cause.value}, {named.confidence.value})"
     )
     return named, [note]
+
+
+def _data_before(signals: Signals, verdict: Verdict) -> int | None:
+    """The step whose data the records show differing before the verdict's place in its step: the
+    sample order of that step or an earlier one (a step's order is drawn before its first forward
+    pass), or the batch of an earlier step (a step's later micro-batches may be drawn after its
+    first forward)."""
+    if signals.order is not None and signals.order <= verdict.step:
+        return signals.order
+    if signals.batch is not None and signals.batch < verdict.step:
+        return signals.batch
+    return None
 
 
 def downgrade_unfaithful(verdict: Verdict) -> bool:
