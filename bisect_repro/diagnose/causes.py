@@ -264,13 +264,20 @@ def explanation_for(
     keys: Sequence[str] = (),
     data_by: str | None = None,
     reseeded: bool = False,
+    between: int | None = None,
 ) -> str:
     """What a proven or observed cause means at the place it shows (``where``: step, pass, tensor, op);
     ``reseeded``: the streams ended the step in another state each time it ran from the same state (else
-    ``reseeds`` are calls the step logs show before the step, which left the streams it draws from apart)."""
+    ``reseeds`` are calls the step logs show before the step, which left the streams it draws from apart);
+    ``between``: the step whose data was drawn from a stream reseeded since the step before it ended."""
     named = ", ".join(streams or keys)
     if cause is Cause.RNG_STATE and reseeds:
         calls = "; ".join(dict.fromkeys(SeedingCall.from_json(r).describe() for r in reseeds))
+        if between is not None:
+            return (
+                f"{named} was reseeded from entropy between steps {between - 1} and {between} ({calls}), and the data of "
+                f"step {between} was drawn from it: {where} differs"
+            )
         if not reseeded:
             return (
                 f"{named} was reseeded from entropy before this step ({calls}), so the runs draw from it in different states: "

@@ -363,8 +363,16 @@ class StepAnalysis:
         if verdict.cause is Cause.CONFIG:
             config = self.records.config_diff
             keys = [f"{k} {config[k][0]!r} in run A, {config[k][1]!r} in run B" if k in config else k for k in keys]
+        between = self.step if verdict.phase == "data" and verdict.reseeded and self.step > 0 else None
         verdict.explanation = explanation_for(
-            verdict.cause, where=where, streams=verdict.rng, reseeds=verdict.reseeded, keys=keys, data_by=data_by, reseeded=self.reseeded
+            verdict.cause,
+            where=where,
+            streams=verdict.rng,
+            reseeds=verdict.reseeded,
+            keys=keys,
+            data_by=data_by,
+            reseeded=self.reseeded,
+            between=between,
         )
         if verdict.phase == "data" and verdict.rng and verdict.confidence is not Confidence.PROVEN:
             verdict.explanation += f"; the streams the loader draws from differ there: {', '.join(verdict.rng)}"

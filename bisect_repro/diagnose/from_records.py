@@ -115,7 +115,7 @@ def _batch(records: Records, w: _Window) -> _Finding | None:
         what = "the batches differ (the loader's sample indices were not recorded, so order and content are not told apart)"
         rng = [s for s in [*w.changed, *w.all_along] if loader_draws_from(s)]
         return _Finding(Cause.DATA_ORDER, what, step, "data", "batch", rng=rng)
-    return _Finding(Cause.DATA_CONTENT, "the same samples give different batch contents (the sample order is equal)", step, "data")
+    return _Finding(Cause.DATA_CONTENT, "the same samples give different batch contents (the sample order is equal)", step, "data", "batch")
 
 
 def _reseed(records: Records, w: _Window) -> _Finding | None:

@@ -22,8 +22,8 @@ present wins); :mod:`bisect_repro.diagnose.from_records` reads it.
 
 Where the guarantees stop: a precondition is necessary, not sufficient: a cause that satisfies it
 may still not be the reason the runs part (that is what the experiments are for). Signals read
-from a finished comparison cannot tell whether sample indices were recorded; a data verdict on
-``batch`` (not ``batch.indices``) is taken to say they were not.
+from a finished comparison cannot tell whether sample indices were recorded; a ``data_order``
+verdict on ``batch`` (not ``batch.indices``) is taken to say they were not.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Signals:
     @classmethod
     def of_result(cls, result: CompareResult) -> Signals:
         logs, verdict = result.first_log_difference, result.verdict
-        unrecorded = verdict is not None and verdict.tensor == "batch" and logs.get("order") is None
+        unrecorded = verdict is not None and verdict.cause is Cause.DATA_ORDER and verdict.tensor == "batch" and logs.get("order") is None
         settings = any(e.subject == "the snapshots' settings" for e in (verdict.evidence if verdict else []))
         reseeded = [int(step) for e in (verdict.evidence if verdict else []) if (step := _reseed_step(e)) is not None]
         if verdict is not None and verdict.reseeded:  # the calls a replay saw, or the step logs show, up to the step
