@@ -202,6 +202,9 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
     first = first_divergence(ranks)
     records, verdict = first if first is not None else (ranks[0][0], None)
     result = _result_of(records, a, b)
+    if verdict is not None:
+        verdict, notes = enforce(verdict, Signals.of_records(records))
+        result.notes += notes
     result.verdict = verdict
     followed = [(r, through_collectives(v, verdict) if verdict is not None else v) for r, v in ranks]
     result.ranks = [RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline) for r, v in followed]
