@@ -1,0 +1,1 @@
+"""A tiny image classifier laid out as a package: ``python -m imgclf.train``."""
