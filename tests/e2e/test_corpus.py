@@ -30,6 +30,8 @@ import pytest
 import torch
 from torch.utils.data import RandomSampler
 
+from tests.rules_check import assert_rules_hold
+
 CORPUS = Path(__file__).resolve().parent / "corpus"
 CHAR_ARGS = ("--max-iters", "6")  # char_rnn.py: block 16, batch 8, seed 3407 (its defaults)
 
@@ -82,7 +84,6 @@ CASES = [
         Expected(step=6, phase="optimizer", cause="config", flag="--gamma"),
         "96 samples in batches of 16: 6 steps an epoch; StepLR lowers the lr after epoch 1, so Adadelta's update of "
         "step 6 (epoch 2's first) is the first to use 1.0*0.5 instead of 1.0*0.7; nothing else differs",
-        wrong="step 6, optimizer, conv1, cause unknown (unexplained); config_diff {} and the argv is never compared",
     ),
     Case(
         "vae_reseeded_after_sampling",
@@ -365,6 +366,7 @@ def test_the_verdict_on_a_corpus_script_is_the_planted_bug(case: Case, corpus: C
 def test_every_corpus_verdict_satisfies_its_causes_precondition(case: Case, corpus: Corpus) -> None:
     _, report, _ = corpus.compared(case.a, case.b)
     assert precondition_violations(report) == [], (report["verdict"], report["first_log_difference"], report["config_diff"])
+    assert_rules_hold(report)  # the package's own rule table (bisect_repro/diagnose/rules.py) agrees
 
 
 @pytest.mark.slow
