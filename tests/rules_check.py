@@ -1,5 +1,6 @@
 """The property every comparison must have: its verdict satisfies its cause's precondition
-(:mod:`bisect_repro.diagnose.rules`), read from the finished result alone (or its JSON).
+(:mod:`bisect_repro.diagnose.rules`), read from the finished result alone (or its JSON), and no
+line of it prints ``None``.
 
 :func:`every_comparison_is_checked` (an autouse fixture in ``tests/conftest.py``) checks each
 comparison a test makes in its own process, through the API or the CLI alike; end-to-end tests
@@ -8,6 +9,7 @@ that run the CLI in a subprocess call :func:`assert_rules_hold` on its JSON.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -22,10 +24,12 @@ __all__ = ["assert_rules_hold", "every_comparison_is_checked", "rule_violations"
 
 def rule_violations(result: CompareResult) -> list[str]:
     """What is wrong with the result's verdict by the rules (empty: nothing)."""
-    if result.verdict is None:
+    verdict = result.verdict
+    if verdict is None:
         return []
-    problem = violation(result.verdict, Signals.of_result(result))
-    return [problem] if problem is not None else []
+    problem = violation(verdict, Signals.of_result(result))
+    lines = [verdict.explanation, verdict.fix, *(e.detail for e in verdict.evidence)]
+    return [problem] * (problem is not None) + [f"prints None: {line}" for line in lines if re.search(r"\bNone\b", line)]
 
 
 def assert_rules_hold(result: CompareResult | Mapping[str, Any]) -> None:

@@ -150,3 +150,9 @@ def test_records_evidence_naming_a_reseed_counts_for_the_rng_rule_in_a_finished_
     assert rule_violations(result) == []
     result.verdict.step = 1  # before the reseed the logs show
     assert rule_violations(result) != []
+
+
+def test_the_property_checker_catches_a_line_that_prints_none() -> None:
+    result = CompareResult(runs=["a", "b"], first_log_difference={"loss": 4})
+    result.verdict = Verdict(step=4, explanation="the snapshots are equal up to step None")
+    assert rule_violations(result) == ["prints None: the snapshots are equal up to step None"]
