@@ -23,6 +23,8 @@ __all__ = [
     "Cause",
     "alert_fix",
     "cause_title",
+    "config_value",
+    "config_values",
     "explanation_for",
     "data_fix",
     "environment_fix",
@@ -224,6 +226,16 @@ def hidden_state_fix() -> str:
     )
 
 
+def config_value(value: Any) -> str:
+    """A config value or argument as a verdict shows it (``unset`` where a run does not set it, or sets it to ``None``)."""
+    return "unset" if value is None else repr(value)
+
+
+def config_values(config: Mapping[str, Sequence[Any]], keys: Sequence[str]) -> list[str]:
+    """Each key with both runs' values: ``--gamma 0.7 in run A, 0.5 in run B``."""
+    return [f"{k} {config_value(config[k][0])} in run A, {config_value(config[k][1])} in run B" if k in config else k for k in keys]
+
+
 def fix_for(
     cause: Cause,
     *,
@@ -246,7 +258,7 @@ def fix_for(
     if cause is Cause.ENVIRONMENT:
         return environment_fix(list(keys))
     if cause is Cause.CONFIG:
-        shown = ", ".join(f"{k}: {v[0]!r} vs {v[1]!r}" for k, v in (config or {}).items() if not keys or k in keys)
+        shown = ", ".join(f"{k}: {config_value(v[0])} vs {config_value(v[1])}" for k, v in (config or {}).items() if not keys or k in keys)
         return f"record both runs with the same settings ({shown})" if shown else "record both runs with the same settings"
     if cause is Cause.STRUCTURE:
         return "compare runs of the same model: the same code, settings and versions"

@@ -45,7 +45,7 @@ from ..replay.lockstep import Divergence, Lockstep
 from ..replay.ranked import start_replica
 from ..replay.replica import Replica
 from ..serve.protocol import StepResult
-from .causes import Cause, explanation_for, fix_for
+from .causes import Cause, config_values, explanation_for, fix_for
 from .difference import difference_stats
 from .records import Records
 from .selfcheck import OPS_PHASE, RERUNS, Repeatability, check_repeats, ops_context
@@ -361,8 +361,7 @@ class StepAnalysis:
             data_by = None  # not shown by fetching the batch again
         keys = verdict.config_keys or verdict.environment_keys
         if verdict.cause is Cause.CONFIG:
-            config = self.records.config_diff
-            keys = [f"{k} {config[k][0]!r} in run A, {config[k][1]!r} in run B" if k in config else k for k in keys]
+            keys = config_values(self.records.config_diff, keys)
         between = self.step if verdict.phase == "data" and verdict.reseeded and self.step > 0 else None
         verdict.explanation = explanation_for(
             verdict.cause,

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..capture.rng import loader_draws_from
 from ..capture.seeding import SeedingCall
-from .causes import Cause, fix_for
+from .causes import Cause, config_values, fix_for
 from .records import Records, layer_of
 from .rules import PRECEDENCE
 from .verdict import Confidence, Evidence, Outcome, Verdict
@@ -138,7 +138,7 @@ def _config(records: Records, w: _Window) -> _Finding | None:
         return None
     named = records.settings.config_keys if records.settings is not None else []
     keys = named or list(records.config_diff)
-    shown = ", ".join(f"{k} {records.config_diff[k][0]!r} in run A, {records.config_diff[k][1]!r} in run B" for k in keys[:4])
+    shown = ", ".join(config_values(records.config_diff, keys[:4]))
     return _Finding(Cause.CONFIG, f"the settings differ ({shown})", config_keys=keys)
 
 
