@@ -10,6 +10,9 @@
 3. The experiments (:mod:`bisect_repro.diagnose.experiments`, and
    :mod:`bisect_repro.diagnose.rebuild` when the runs differ before their first step), each a
    re-run under controlled conditions, which name the cause only when one of them shows it.
+4. The rules (:mod:`bisect_repro.diagnose.rules`): every verdict, the replay's or the records'
+   (:mod:`bisect_repro.diagnose.from_records`), is checked against its cause's precondition on
+   the records before it is reported; a replay that contradicts the records yields to them, with a note.
 
 Distributed runs are compared rank by rank from their records first: the first divergence over
 all ranks (:func:`~bisect_repro.diagnose.records.first_divergence`) names a step and a rank, and

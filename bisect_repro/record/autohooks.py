@@ -21,7 +21,9 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   batches drawn before the model's first forward belong to step 0; forward calls and loader
   batches under ``torch.no_grad()`` (evaluation) are not batches;
 - **the random streams**: the global ones (Python, NumPy, torch, each CUDA device), which is where
-  a loader without a generator of its own draws.
+  a loader without a generator of its own draws;
+- **the config**: :attr:`AutoHooks.config`, filled by whoever records the script (the values its
+  ``argparse`` parser read, see :mod:`bisect_repro.record.arguments`) before the model's first forward.
 
 The state at step 0 is taken at the model's first forward call, after the first batch was
 drawn; the state at step s > 0 right after the optimizer step of step s - 1.
