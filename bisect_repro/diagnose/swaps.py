@@ -36,7 +36,7 @@ from ..record.arguments import shown_command
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import both
 from ..replay.ranked import start_replica
-from ..replay.replica import Replica
+from ..replay.replica import Replica, ReplicaFailed
 from ..serve.protocol import Fetched, StepResult
 from ..store.meta import CodeKind
 from .causes import Cause
@@ -229,15 +229,15 @@ class Swaps:
     def _relaunched(self, verdict: Verdict, vanishes: Callable[[Fetched, StepResult | None], bool], *, data: bool) -> bool:
         """A script's config is its command line: run B's script relaunched with run A's arguments."""
         spec_a, spec_b = self.specs
-        label = "run B relaunched with run A's arguments"
-        matched = vanishes(*self._variant(replace(spec_b, argv=list(spec_a.argv)), label, data))
+        label, command = "run B relaunched with run A's arguments", shown_command(spec_a.argv)
+        try:
+            matched = vanishes(*self._variant(replace(spec_b, argv=list(spec_a.argv)), label, data))
+        except ReplicaFailed as error:  # run B's script does not take run A's arguments
+            detail = f"run B's script run with run A's command line ({command}) did not reach step {self.step}: {error}"
+            self.evidence.append(Evidence(experiment="config", subject=label, outcome="inconclusive", detail=detail))
+            return False
         outcome = "matches run A" if matched else "still differs"
-        self._add(
-            "config",
-            label,
-            matched,
-            f"run B's script run with run A's command line ({shown_command(spec_a.argv)}): step {self.step} {outcome}",
-        )
+        self._add("config", label, matched, f"run B's script run with run A's command line ({command}): step {self.step} {outcome}")
         if matched:
             verdict.cause, verdict.config_keys, verdict.confidence = Cause.CONFIG, list(self.records.config_diff), Confidence.PROVEN
         return matched
