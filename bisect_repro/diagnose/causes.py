@@ -277,11 +277,13 @@ def explanation_for(
     data_by: str | None = None,
     reseeded: bool = False,
     between: int | None = None,
+    proven: bool = True,
 ) -> str:
     """What a proven or observed cause means at the place it shows (``where``: step, pass, tensor, op);
     ``reseeded``: the streams ended the step in another state each time it ran from the same state (else
     ``reseeds`` are calls the step logs show before the step, which left the streams it draws from apart);
-    ``between``: the step whose data was drawn from a stream reseeded since the step before it ended."""
+    ``between``: the step whose data was drawn from a stream reseeded since the step before it ended;
+    ``proven``: an experiment made the difference vanish (otherwise no sentence says one did)."""
     named = ", ".join(streams or keys)
     if cause is Cause.RNG_STATE and reseeds:
         calls = "; ".join(dict.fromkeys(SeedingCall.from_json(r).describe() for r in reseeds))
@@ -315,6 +317,8 @@ def explanation_for(
     text = sentences.get(
         cause, f"{where} differs, and neither the streams, the settings, the environment variables nor the config explain it"
     )
+    if not proven:  # no swap made the difference vanish: claim none
+        text = text.split(", and with run A's", 1)[0].split(", and under run A's", 1)[0].split(", and run B rebuilt", 1)[0]
     if cause in (Cause.DATA_ORDER, Cause.DATA_CONTENT) and data_by:
         text += f"; with run A's {data_by} run B fetches run A's batch"
     return text

@@ -372,6 +372,7 @@ class StepAnalysis:
             data_by=data_by,
             reseeded=self.reseeded,
             between=between,
+            proven=verdict.confidence is Confidence.PROVEN,
         )
         if verdict.phase == "data" and verdict.rng and verdict.confidence is not Confidence.PROVEN:
             verdict.explanation += f"; the streams the loader draws from differ there: {', '.join(verdict.rng)}"
