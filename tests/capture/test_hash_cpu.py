@@ -243,11 +243,24 @@ def test_the_environment_switch_forces_the_torch_path() -> None:
     assert child["digests"] == {name: fast_reference(t) for name, t in switch_inputs().items()}
 
 
-def test_the_installed_kernel_is_used_where_it_was_built() -> None:
-    if not _hash_cpu.library_path().is_file():
-        pytest.skip("not built beside the package here (a regular install tested from the checkout, or no compiler)")
-    with mock.patch.object(hashing, "_BACKEND", "auto"), mock.patch.object(_hash_cpu, "load", _hash_cpu.load.__wrapped__):
-        assert isinstance(hashing._native_kernel(), _hash_cpu.Kernel)
+INSTALLED = """
+import json
+from bisect_repro.capture import _hash_cpu, hashing
+path = _hash_cpu.library_path()
+print(json.dumps({"path": str(path), "built": path.is_file(), "kernel": type(hashing._native_kernel()).__name__}))
+"""
+
+
+def test_the_installed_kernel_is_used_where_it_was_built(tmp_path) -> None:
+    # The package as installed, imported from outside the checkout: beside the sources for an
+    # editable install, in site-packages for a regular one (CI's, while its tests import the checkout).
+    env = {name: value for name, value in os.environ.items() if name not in ("BISECT_REPRO_HASH_BACKEND", "PYTHONPATH")}
+    done = subprocess.run([sys.executable, "-c", INSTALLED], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    if not child["built"]:
+        pytest.skip(f"no kernel at {child['path']}: the package was installed where no C compiler was")
+    assert child["kernel"] == "Kernel", child
 
 
 @pytest.mark.parametrize("path", ["c", "torch"])

@@ -3,15 +3,21 @@
 Triton decides at import whether it interprets, so the checks run in a child pytest with
 ``TRITON_INTERPRET=1`` and ``BISECT_REPRO_HASH_BACKEND=triton``: there every hash of
 tests/test_hashing.py, and the properties below, go through the kernel on CPU tensors. On a
-CUDA machine the properties also run on the GPU in this process. Skipped where Triton is not
-installed (it is not a dependency; CUDA builds of torch bring it).
+CUDA machine the properties also run on the GPU in this process; elsewhere they carry the ``cuda``
+mark here, so that outside the interpreted run they are skipped as GPU tests.
+
+Triton is not a dependency (CUDA builds of torch bring it; ``.ci/run`` installs the release
+``constraints.txt`` pins): without it the module is skipped on a developer's machine and fails in
+CI (see tests/required.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -23,7 +29,10 @@ from hypothesis import strategies as st
 from bisect_repro.capture import _hash_torch, hashing
 from bisect_repro.capture.hashing import hash_tensor, hash_tensors
 
-pytest.importorskip("triton")
+from ..required import missing
+
+if importlib.util.find_spec("triton") is None:
+    missing("triton", "pip install -c constraints.txt triton", module_level=True)
 
 from bisect_repro.capture import _hash_triton
 
@@ -33,21 +42,27 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 ROOT = Path(__file__).resolve().parents[2]
 
 
+KERNEL_TESTS: list[str] = []
+
+
+def on_the_kernel_device(test: Callable[..., None]) -> Callable[..., None]:
+    """A property of the kernel: run on the CPU in the interpreted run, a ``cuda`` test in any other."""
+    KERNEL_TESTS.append(test.__name__)
+    return test if INTERPRETING else pytest.mark.cuda(test)
+
+
 def kernel_device() -> str:
-    if INTERPRETING:
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("runs under Triton's interpreter (see the test below) or on a CUDA GPU")
+    return "cpu" if INTERPRETING else "cuda"
 
 
+@pytest.mark.slow
 def test_the_kernel_runs_every_hash_test_under_the_interpreter() -> None:
     if INTERPRETING:
         pytest.skip("already inside the interpreted run")
     env = {**os.environ, "TRITON_INTERPRET": "1", "BISECT_REPRO_HASH_BACKEND": "triton"}
     tests = [str(ROOT / "tests" / "capture" / "test_hashing.py"), str(ROOT / "tests" / "capture" / "test_hash_triton.py")]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not cuda", *tests],
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-m", "not cuda", *tests],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -56,8 +71,11 @@ def test_the_kernel_runs_every_hash_test_under_the_interpreter() -> None:
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
+    ran = {line.split("::")[-1] for line in done.stdout.splitlines() if line.startswith("PASSED tests/capture/test_hash_triton.py::")}
+    assert ran == set(KERNEL_TESTS), done.stdout[-4000:]  # every property of the kernel ran in the child, none skipped
 
 
+@on_the_kernel_device
 def test_the_interpreted_run_really_uses_the_kernel() -> None:
     device = kernel_device()
     calls: list[int] = []
@@ -76,6 +94,7 @@ def test_the_interpreted_run_really_uses_the_kernel() -> None:
 BLOCKS = st.sampled_from([(32, 1), (32, 4), (64, 2), (_hash_triton._VECTOR, _hash_triton._ITERATIONS)])
 
 
+@on_the_kernel_device
 @settings(max_examples=40, deadline=None)
 @given(st.lists(tensors(), min_size=1, max_size=6), BLOCKS)
 def test_kernel_lanes_match_the_definition(batch: list[torch.Tensor], block: tuple[int, int]) -> None:
@@ -87,6 +106,7 @@ def test_kernel_lanes_match_the_definition(batch: list[torch.Tensor], block: tup
     assert found == [list(fast_reference_lanes(t)) for t in batch]
 
 
+@on_the_kernel_device
 @settings(max_examples=20, deadline=None)
 @given(st.lists(tensors(), min_size=1, max_size=4))
 def test_kernel_digests_match_the_torch_op_path(batch: list[torch.Tensor]) -> None:
@@ -97,6 +117,7 @@ def test_kernel_digests_match_the_torch_op_path(batch: list[torch.Tensor]) -> No
         assert hash_tensors(named) == {name: fast_reference(t) for name, t in zip(named, batch, strict=True)}
 
 
+@on_the_kernel_device
 def test_kernel_handles_full_and_partial_blocks_at_the_real_size() -> None:
     device = kernel_device()
     block = _hash_triton._BLOCK_WORDS
@@ -106,6 +127,7 @@ def test_kernel_handles_full_and_partial_blocks_at_the_real_size() -> None:
         assert hash_tensor(tensor.to(device)) == fast_reference(tensor)
 
 
+@on_the_kernel_device
 def test_tables_are_cached_per_layout() -> None:
     device = kernel_device()
     words = [torch.zeros(100, dtype=torch.int32, device=device), torch.zeros(5, dtype=torch.int32, device=device)]
@@ -117,6 +139,7 @@ def test_tables_are_cached_per_layout() -> None:
     assert smaller is not first and programs == 4 + 1
 
 
+@on_the_kernel_device
 def test_views_off_a_16_byte_boundary_take_a_short_head_block() -> None:
     # Views into a flat buffer start anywhere: the kernel must not assume aligned full blocks there.
     device = kernel_device()

@@ -1,12 +1,12 @@
 """The report rendered by a real browser: headless Chromium takes a screenshot, which must not be blank.
 
-Skipped when ``chromium`` is not on PATH. The PNG is read with zlib alone: its rows, unfiltered,
+Needs ``chromium`` on PATH: skipped without it on a developer's machine, failed without it in CI
+(see tests/required.py). The PNG is read with zlib alone: its rows, unfiltered,
 must hold many colours (text, curves, the heatmap), not one background.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import struct
 import subprocess
@@ -15,15 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from bisect_repro.report.html import comparison_html
-
-HERE = Path(__file__).resolve().parent
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from ..required import missing
+from .test_html import losses, report, sample
 
 
-def screenshot(page: Path, out: Path, profile: Path, *, width: int = 1280, height: int = 1600) -> None:
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        missing("chromium", "apt-get install chromium")
+    return found
+
+
+def screenshot(chromium: str, page: Path, out: Path, profile: Path, *, width: int = 1280, height: int = 1600) -> None:
     command = [
-        CHROMIUM or "chromium",
+        chromium,
         *("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--hide-scrollbars"),
         *("--disable-background-networking", "--disable-component-update", "--disable-sync"),
         f"--user-data-dir={profile}",
@@ -71,15 +77,11 @@ def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
     return width, height, rows
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH")
-def test_the_report_renders_in_a_browser(tmp_path) -> None:
-    result = json.loads((HERE / "reseed.json").read_text())
-    a = {s: 1.0 / (1 + s) for s in range(40)}
-    b = {s: v + (0.02 if s >= 23 else 0.0) for s, v in a.items()}
+def test_the_report_renders_in_a_browser(chromium, tmp_path) -> None:
     page = tmp_path / "report.html"
-    page.write_text(comparison_html(result, [a, b]))
+    page.write_text(report(sample("reseed"), losses(steps=40, part_at=23)))
     out = tmp_path / "report.png"
-    screenshot(page, out, tmp_path / "profile", height=1200)
+    screenshot(chromium, page, out, tmp_path / "profile", height=1200)
     data = out.read_bytes()
     assert len(data) > 30_000, len(data)
     width, height, rows = png_pixels(data)

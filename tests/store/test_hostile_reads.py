@@ -124,12 +124,15 @@ def peak_memory(call: Callable[[], object]) -> int:
 # --- 1. FIFOs: refused by fstat before a byte is read, never waited on -------------------------
 
 
+def reading(names: list[str], checkpoints: str) -> list[tuple[str, str]]:
+    """Each name with each command that reads it: ``checkpoints`` with ``show --verify`` alone (only
+    it reads every checkpoint)."""
+    return [(name, command) for name in names for command in COMMANDS if name != checkpoints or command == "show --verify"]
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
-@pytest.mark.parametrize("name", ["run.json", "rank0/steps.jsonl", "rank0/index.jsonl", LAST, CHECKPOINT])
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(("name", "command"), reading(["run.json", "rank0/steps.jsonl", "rank0/index.jsonl", LAST, CHECKPOINT], CHECKPOINT))
 def test_a_fifo_in_a_run_is_refused_at_once(run, other, no_hang, name, command) -> None:
-    if name == CHECKPOINT and command != "show --verify":
-        pytest.skip("only --verify reads every checkpoint")
     (run / name).unlink()
     os.mkfifo(run / name)
     assert_refused(invoke(*COMMANDS[command](run, other)), run / name, "not a regular file")
@@ -140,11 +143,8 @@ def test_a_fifo_in_a_run_is_refused_at_once(run, other, no_hang, name, command) 
 LINKED = ["run.json", "rank0", "rank0/snapshots", "rank0/checkpoints", "rank0/steps.jsonl", "rank0/index.jsonl", LAST]
 
 
-@pytest.mark.parametrize("name", LINKED)
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(("name", "command"), reading(LINKED, "rank0/checkpoints"))
 def test_a_link_to_another_run_is_refused(run, other, name, command) -> None:
-    if name == "rank0/checkpoints" and command != "show --verify":
-        pytest.skip("only --verify reads the checkpoints")
     target = other / name
     shutil.rmtree(run / name) if (run / name).is_dir() else (run / name).unlink()
     (run / name).symlink_to(target, target_is_directory=target.is_dir())
