@@ -1,10 +1,13 @@
 """The verdict from two runs' records alone, before anything is replayed: always ``inferred``.
 
 :func:`records_verdict` walks :data:`~bisect_repro.diagnose.rules.PRECEDENCE` and names the cause
-of the first signal the records show: the sample order, then the batch, then a reseed from
-entropy in the step logs, a stream that came apart between the last equal snapshot and the first
-divergent one, the config, the environment, and last a stream that differed all along and was
-drawn from. The step is the one the logs point to (or the last step before the first divergent
+of the first signal the records show: the sample order, then the batch (with its order equal),
+then a reseed from entropy in the step logs, a stream that came apart between the last equal
+snapshot and the first divergent one, the config, the environment, a stream that differed all
+along and was drawn from, and last, for runs that differ from their first snapshot, the streams
+that differ there. A batch that differs with no sample indices recorded places the divergence in
+the data of that step, and the cause is the next signal's (never ``data_order``: the order is
+not known to differ). The step is the one the logs point to (or the last step before the first divergent
 snapshot). A sample order that differs right after a stream the loader draws from was reseeded
 from entropy (an epoch's shuffle drawn from a stream reseeded after evaluation) is named
 ``rng_state`` in the data of that step, "between steps N-1 and N", with the call site.
@@ -107,14 +110,18 @@ def _order(records: Records, w: _Window) -> _Finding | None:
     return _Finding(Cause.DATA_ORDER, "the batches hold different samples", step, "data", "batch.indices", rng=rng)
 
 
+def _unordered_batch(records: Records, w: _Window) -> int | None:
+    """The step whose batch differs first, where no sample indices were recorded for it (order or content: not told apart)."""
+    step = records.logs.get("batch")
+    if step is None or step > w.end or records.a.steps.get(step, {}).get("order") is not None:
+        return None
+    return step
+
+
 def _batch(records: Records, w: _Window) -> _Finding | None:
     step = records.logs.get("batch")
-    if step is None or step > w.end:
+    if step is None or step > w.end or _unordered_batch(records, w) is not None:
         return None
-    if records.a.steps.get(step, {}).get("order") is None:  # no sample indices recorded: order or content
-        what = "the batches differ (the loader's sample indices were not recorded, so order and content are not told apart)"
-        rng = [s for s in [*w.changed, *w.all_along] if loader_draws_from(s)]
-        return _Finding(Cause.DATA_ORDER, what, step, "data", "batch", rng=rng)
     return _Finding(Cause.DATA_CONTENT, "the same samples give different batch contents (the sample order is equal)", step, "data", "batch")
 
 
@@ -127,7 +134,7 @@ def _reseed(records: Records, w: _Window) -> _Finding | None:
 
 
 def _moved(records: Records, w: _Window) -> _Finding | None:
-    if not w.changed:
+    if not w.changed or records.last_equal is None:
         return None
     what = f"the random streams {', '.join(w.changed)} changed between the last equal snapshot and the first divergent one"
     return _Finding(Cause.RNG_STATE, what, rng=w.changed)
@@ -156,6 +163,14 @@ def _all_along(records: Records, w: _Window) -> _Finding | None:
     return _Finding(Cause.RNG_STATE, what, rng=w.all_along)
 
 
+def _at_init(records: Records, w: _Window) -> _Finding | None:
+    if records.last_equal is not None or not w.changed:
+        return None
+    step = records.timeline[0].step
+    what = f"the random streams {', '.join(w.changed)} already differ at the first snapshot (step {step})"
+    return _Finding(Cause.RNG_STATE, what, rng=w.changed)
+
+
 _FINDERS: dict[str, Callable[[Records, _Window], _Finding | None]] = {
     "order": _order,
     "batch": _batch,
@@ -164,6 +179,7 @@ _FINDERS: dict[str, Callable[[Records, _Window], _Finding | None]] = {
     "config": _config,
     "environment": _environment,
     "all_along": _all_along,
+    "init_streams": _at_init,
 }
 
 
@@ -182,6 +198,11 @@ def records_verdict(records: Records) -> Verdict:
         evidence.append(_from_records(Outcome.DIFFERS, records.settings.describe(), subject="the snapshots' settings"))
     found = next((f for signal, _, _ in PRECEDENCE if (f := _FINDERS[signal](records, window)) is not None), None)
     found = found or _Finding(Cause.UNKNOWN, "nothing in the records explains it")
+    unordered = _unordered_batch(records, window)
+    if unordered is not None and found.step is None:  # the data of that step differs; the cause is the next signal's
+        found.step, found.phase, found.tensor = unordered, "data", "batch"
+        unknown = "the loader's sample indices were not recorded, so order and content are not told apart"
+        found.what = f"the batches differ ({unknown}); {found.what}"
     verdict = Verdict(
         step=max(end, 0) if found.step is None else found.step,
         phase=found.phase or ("init" if end < 0 else None),  # the first snapshots already differ: the runs part at initialisation

@@ -22,8 +22,7 @@ present wins); :mod:`bisect_repro.diagnose.from_records` reads it.
 
 Where the guarantees stop: a precondition is necessary, not sufficient: a cause that satisfies it
 may still not be the reason the runs part (that is what the experiments are for). Signals read
-from a finished comparison cannot tell whether sample indices were recorded; a ``data_order``
-verdict on ``batch`` (not ``batch.indices``) is taken to say they were not.
+from a finished comparison cannot tell whether sample indices were recorded; they are taken to be.
 """
 
 from __future__ import annotations
@@ -82,7 +81,6 @@ class Signals:
     @classmethod
     def of_result(cls, result: CompareResult) -> Signals:
         logs, verdict = result.first_log_difference, result.verdict
-        unrecorded = verdict is not None and verdict.cause is Cause.DATA_ORDER and verdict.tensor == "batch" and logs.get("order") is None
         settings = any(e.subject == "the snapshots' settings" for e in (verdict.evidence if verdict else []))
         reseeded = [int(step) for e in (verdict.evidence if verdict else []) if (step := _reseed_step(e)) is not None]
         if verdict is not None and verdict.reseeded:  # the calls a replay saw, or the step logs show, up to the step
@@ -91,7 +89,7 @@ class Signals:
         return cls(
             order=logs.get("order"),
             batch=logs.get("batch"),
-            order_recorded=not unrecorded,
+            order_recorded=True,  # a finished comparison does not say; taken as recorded
             config=(*result.config_diff, *(("optimizer settings",) if settings else ())),
             environment=tuple(result.environment_diff),
             streams=tuple(dict.fromkeys(s for row in result.timeline for s in row.streams if s not in unused)),
@@ -123,7 +121,7 @@ def _before(step: int | None, verdict: Verdict) -> bool:
 
 
 def _order(s: Signals, v: Verdict) -> bool:
-    return _before(s.order, v) or (not s.order_recorded and _before(s.batch, v))
+    return _before(s.order, v)
 
 
 def _content(s: Signals, v: Verdict) -> bool:
@@ -180,7 +178,7 @@ RULES: dict[Cause, Rule] = {
         "(always shown by the records)",
     ),
     Cause.DATA_ORDER: Rule(
-        "the sample order differs at or before the step (or, with no sample indices recorded, the batch)",
+        "the sample order (the loader's indices) differs at or before the step",
         _order,
         "run B's batch fetched again under run A's loader and streams, then in a fresh process",
         "inferred from the step logs: the batches hold different samples",
@@ -228,12 +226,13 @@ RULES: dict[Cause, Rule] = {
 
 PRECEDENCE: tuple[tuple[str, Cause, str], ...] = (
     ("order", Cause.DATA_ORDER, "the sample order differs (a loader stream reseeded just before: rng_state, in the data)"),
-    ("batch", Cause.DATA_CONTENT, "the batch differs with its order equal (no indices recorded: data_order)"),
+    ("batch", Cause.DATA_CONTENT, "the batch differs with its order equal (no indices recorded: the data of that step, the cause below)"),
     ("reseed", Cause.RNG_STATE, "a step log shows a reseed from entropy"),
     ("moved", Cause.RNG_STATE, "a stream equal at the last equal snapshot differs at the first divergent one"),
     ("config", Cause.CONFIG, "a config value, command-line argument or optimizer setting differs"),
     ("environment", Cause.ENVIRONMENT, "an environment setting differs"),
     ("all_along", Cause.RNG_STATE, "a stream that differed all along was drawn from"),
+    ("init_streams", Cause.RNG_STATE, "the runs differ from their first snapshot, where streams differ too"),
 )
 """How the records alone name a cause: ``(signal, cause, when)``, the first signal present wins."""
 

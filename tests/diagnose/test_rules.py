@@ -28,7 +28,7 @@ def _rerun(outcome: str, subject: str = "run B") -> Evidence:
     [
         (Verdict(step=3, cause=Cause.DATA_ORDER), ORDER_DIFFERS, True),
         (Verdict(step=3, cause=Cause.DATA_ORDER), ORDER_EQUAL_BATCH_DIFFERS, False),
-        (Verdict(step=3, cause=Cause.DATA_ORDER, tensor="batch"), Signals(batch=3, order_recorded=False), True),
+        (Verdict(step=3, cause=Cause.DATA_ORDER, tensor="batch"), Signals(batch=3, order_recorded=False), False),  # order unknown
         (Verdict(step=2, cause=Cause.DATA_ORDER), ORDER_DIFFERS, False),  # the order still matches at step 2
         (Verdict(step=3, cause=Cause.DATA_CONTENT), ORDER_EQUAL_BATCH_DIFFERS, True),
         (Verdict(step=3, cause=Cause.DATA_CONTENT), ORDER_DIFFERS, False),
@@ -156,3 +156,24 @@ def test_the_property_checker_catches_a_line_that_prints_none() -> None:
     result = CompareResult(runs=["a", "b"], first_log_difference={"loss": 4})
     result.verdict = Verdict(step=4, explanation="the snapshots are equal up to step None")
     assert rule_violations(result) == ["prints None: the snapshots are equal up to step None"]
+
+
+def test_a_batch_without_recorded_indices_is_the_data_of_its_step_and_the_config_its_cause(tmp_path: Path) -> None:
+    orders = dict.fromkeys(range(6))  # the GAN's discriminator input: no sample indices
+    a = run(tmp_path / "a", orders=orders, config={"--lrG": None})
+    b = run(tmp_path / "b", orders=orders, batches={1: "fake images"}, hashes={2: "moved"}, config={"--lrG": 0.0004})
+    verdict = records_verdict(read_records(a, b))
+    where = (verdict.step, verdict.phase, verdict.tensor)
+    assert (*where, verdict.cause, verdict.config_keys) == (1, "data", "batch", Cause.CONFIG, ["--lrG"])
+    assert "--lrG unset in run A, 0.0004 in run B" in verdict.explanation
+
+
+def test_runs_apart_from_their_first_snapshot_name_a_differing_seed_flag_before_the_streams(tmp_path: Path) -> None:
+    a = run(tmp_path / "a", config={"--manualSeed": 7}, streams={0: {"torch": 1}})
+    b = run(tmp_path / "b", hashes={0: "x", 2: "y", 4: "z", 6: "w"}, config={"--manualSeed": None}, streams={0: {"torch": 2}})
+    verdict = records_verdict(read_records(a, b))
+    assert (verdict.step, verdict.phase, verdict.cause, verdict.config_keys) == (0, "init", Cause.CONFIG, ["--manualSeed"])
+    c = run(tmp_path / "c", hashes={0: "x", 2: "y", 4: "z", 6: "w"}, config={"--manualSeed": 7}, streams={0: {"torch": 2}})
+    verdict = records_verdict(read_records(a, c))
+    assert (verdict.cause, verdict.rng) == (Cause.RNG_STATE, ["torch"])
+    assert "the random streams torch already differ at the first snapshot (step 0)" in verdict.explanation
