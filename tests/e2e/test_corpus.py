@@ -100,6 +100,8 @@ CASES = [
         Expected(step=0, phase="optimizer", cause="config", flag="--lrG"),
         "iteration 0 steps the discriminator's Adam (same lr) and then the generator's (0.0002 vs 0.0004): the "
         "generator's first update is the first difference",
+        wrong="step 1, data, config (--lrG), inferred: the generator's optimizer is not followed, so its update at step 0 "
+        "is seen only in the discriminator's input at step 1",
     ),
     Case(
         "gan_seed_flag_missing",
@@ -139,6 +141,8 @@ CASES = [
         Expected(step=2, phase="data", cause="config", flag="--eval-every"),
         "get_batch() draws from torch's global stream; with --eval-every 2 the evaluation after step 1 draws a batch "
         "of 256 from it, so step 2's training batch differs",
+        wrong="step 1, optimizer: the evaluation inside step 1 draws 256 instead of 32 values from torch, and the replay "
+        "places the difference there",
     ),
     Case(
         "random_split_seed_flag",
@@ -147,6 +151,7 @@ CASES = [
         Expected(step=0, phase="data", cause="config", flag="--split-seed"),
         "random_split's generator is seeded from --split-seed: another training subset from the first batch on "
         "(the loader's indices into the subset are the same)",
+        wrong="step 0, data, data_content (inferred): the order is equal and the batch differs; the flag is not proven in the data path",
     ),
     Case(
         "numpy_split_unseeded",
@@ -155,6 +160,7 @@ CASES = [
         Expected(step=0, phase="data", cause="rng_state", rng=("numpy",)),
         "set_seed() seeds random and torch, not NumPy; the hold-out split is np.random.permutation, so each run "
         "trains on other rows (standardised with other statistics) from the first batch",
+        wrong="step 0, data, data_content: the order is equal and the batch differs; numpy is not named as the cause",
     ),
     Case(
         "seed_defaults_to_a_random_value",
