@@ -161,8 +161,8 @@ def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
     named = records_verdict(records)
     if named.cause is Cause.UNKNOWN:
         return verdict
-    if named.step == verdict.step:  # the replay's location is finer than the records'
-        named.phase, named.layer, named.tensor, named.op = verdict.phase, verdict.layer, verdict.tensor, verdict.op
+    if named.step == verdict.step or (verdict.step < named.step and named.phase != "data"):  # the replay's location is finer
+        named.step, named.phase, named.layer, named.tensor, named.op = verdict.step, verdict.phase, verdict.layer, verdict.tensor, verdict.op
         named.set_difference({k: getattr(verdict, k) for k in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram")})
     named.rank = verdict.rank
     named.explanation += f"; the replay could not prove it ({verdict.explanation or 'no experiment isolated a cause'})"
