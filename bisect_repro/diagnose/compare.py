@@ -162,7 +162,8 @@ def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
     if named.cause is Cause.UNKNOWN:
         return verdict
     if named.step == verdict.step or (verdict.step < named.step and named.phase != "data"):  # the replay's location is finer
-        named.step, named.phase, named.layer, named.tensor, named.op = verdict.step, verdict.phase, verdict.layer, verdict.tensor, verdict.op
+        named.step, named.phase, named.layer = verdict.step, verdict.phase, verdict.layer
+        named.tensor, named.op = verdict.tensor, verdict.op
         named.set_difference({k: getattr(verdict, k) for k in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram")})
     named.rank = verdict.rank
     named.explanation += f"; the replay could not prove it ({verdict.explanation or 'no experiment isolated a cause'})"
