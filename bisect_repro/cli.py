@@ -342,7 +342,7 @@ def demo_command(
 ) -> None:
     """Record a recipe that really diverges on a CPU twice, and compare the two runs."""
     console = Console(stderr=True)
-    console.print("Recording two runs of a fully seeded embedding model (table\\[idx], two threads)...")
+    console.print("Recording two runs of a fully seeded embedding model (table\\[idx], four threads)...")
     run_a, run_b = record_pair(out, steps=steps)
     console.print(f"Recorded {run_a} and {run_b}. Comparing them...")
     result = _compare(run_a, run_b, replay=True, quiet=False)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bisect_repro.testing import reproducibility  # noqa: F401 - the fixture, imported as a user's conftest.py would
+from tests.rules_check import every_comparison_is_checked  # noqa: F401 - autouse: every comparison's verdict obeys its rule
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

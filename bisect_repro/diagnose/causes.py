@@ -23,6 +23,8 @@ __all__ = [
     "Cause",
     "alert_fix",
     "cause_title",
+    "config_value",
+    "config_values",
     "explanation_for",
     "data_fix",
     "environment_fix",
@@ -224,6 +226,16 @@ def hidden_state_fix() -> str:
     )
 
 
+def config_value(value: Any) -> str:
+    """A config value or argument as a verdict shows it (``unset`` where a run does not set it, or sets it to ``None``)."""
+    return "unset" if value is None else repr(value)
+
+
+def config_values(config: Mapping[str, Sequence[Any]], keys: Sequence[str]) -> list[str]:
+    """Each key with both runs' values: ``--gamma 0.7 in run A, 0.5 in run B``."""
+    return [f"{k} {config_value(config[k][0])} in run A, {config_value(config[k][1])} in run B" if k in config else k for k in keys]
+
+
 def fix_for(
     cause: Cause,
     *,
@@ -246,7 +258,7 @@ def fix_for(
     if cause is Cause.ENVIRONMENT:
         return environment_fix(list(keys))
     if cause is Cause.CONFIG:
-        shown = ", ".join(f"{k}: {v[0]!r} vs {v[1]!r}" for k, v in (config or {}).items() if not keys or k in keys)
+        shown = ", ".join(f"{k}: {config_value(v[0])} vs {config_value(v[1])}" for k, v in (config or {}).items() if not keys or k in keys)
         return f"record both runs with the same settings ({shown})" if shown else "record both runs with the same settings"
     if cause is Cause.STRUCTURE:
         return "compare runs of the same model: the same code, settings and versions"
@@ -264,13 +276,22 @@ def explanation_for(
     keys: Sequence[str] = (),
     data_by: str | None = None,
     reseeded: bool = False,
+    between: int | None = None,
+    proven: bool = True,
 ) -> str:
     """What a proven or observed cause means at the place it shows (``where``: step, pass, tensor, op);
     ``reseeded``: the streams ended the step in another state each time it ran from the same state (else
-    ``reseeds`` are calls the step logs show before the step, which left the streams it draws from apart)."""
+    ``reseeds`` are calls the step logs show before the step, which left the streams it draws from apart);
+    ``between``: the step whose data was drawn from a stream reseeded since the step before it ended;
+    ``proven``: an experiment made the difference vanish (otherwise no sentence says one did)."""
     named = ", ".join(streams or keys)
     if cause is Cause.RNG_STATE and reseeds:
         calls = "; ".join(dict.fromkeys(SeedingCall.from_json(r).describe() for r in reseeds))
+        if between is not None:
+            return (
+                f"{named} was reseeded from entropy between steps {between - 1} and {between} ({calls}), and the data of "
+                f"step {between} was drawn from it: {where} differs"
+            )
         if not reseeded:
             return (
                 f"{named} was reseeded from entropy before this step ({calls}), so the runs draw from it in different states: "
@@ -296,6 +317,8 @@ def explanation_for(
     text = sentences.get(
         cause, f"{where} differs, and neither the streams, the settings, the environment variables nor the config explain it"
     )
+    if not proven:  # no swap made the difference vanish: claim none
+        text = text.split(", and with run A's", 1)[0].split(", and under run A's", 1)[0].split(", and run B rebuilt", 1)[0]
     if cause in (Cause.DATA_ORDER, Cause.DATA_CONTENT) and data_by:
         text += f"; with run A's {data_by} run B fetches run A's batch"
     return text

@@ -10,6 +10,9 @@
 3. The experiments (:mod:`bisect_repro.diagnose.experiments`, and
    :mod:`bisect_repro.diagnose.rebuild` when the runs differ before their first step), each a
    re-run under controlled conditions, which name the cause only when one of them shows it.
+4. The rules (:mod:`bisect_repro.diagnose.rules`): every verdict, the replay's or the records'
+   (:mod:`bisect_repro.diagnose.from_records`), is checked against its cause's precondition on
+   the records before it is reported; a replay that contradicts the records yields to them, with a note.
 
 Distributed runs are compared rank by rank from their records first: the first divergence over
 all ranks (:func:`~bisect_repro.diagnose.records.first_divergence`) names a step and a rank, and
@@ -49,19 +52,12 @@ from .compiled import compile_bisect
 from .difference import difference_stats
 from .envelope import judge
 from .experiments import StepAnalysis
+from .from_records import rank_verdict, records_verdict, structure_verdict
 from .placement import closing_note, place
 from .rebuild import streams_deciding_init
-from .records import (
-    Records,
-    first_divergence,
-    layer_of,
-    rank_verdict,
-    read_records,
-    records_verdict,
-    structure_verdict,
-    through_collectives,
-)
+from .records import Records, first_divergence, layer_of, read_records, through_collectives
 from .roles import roles
+from .rules import Signals, downgrade_unfaithful, enforce, expected_to_part, reconcile
 from .verdict import CompareResult, Confidence, Evidence, RankResult, Verdict
 
 __all__ = ["compare"]
@@ -112,7 +108,10 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
         return result
     specs = _specs(records, result, allow) if replay else None
     replayed = _replay(records, specs, result, progress, announce) if specs is not None else None
-    result.verdict = replayed or records_verdict(records)
+    if replayed is None:
+        replayed, notes = enforce(records_verdict(records), Signals.of_records(records))
+        result.notes += notes
+    result.verdict = replayed
     result.numerics = judge(records, specs[0] if specs is not None else None)
     return result
 
@@ -154,7 +153,10 @@ def _replay(
         if result.replay.performed:
             result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")
         return None
-    return _named_by_the_records(replayed, records)
+    signals = Signals.of_records(records)
+    checked, notes = reconcile(_named_by_the_records(replayed, records), signals, lambda: records_verdict(records))
+    result.notes += notes
+    return checked
 
 
 def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
@@ -167,8 +169,9 @@ def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
     named = records_verdict(records)
     if named.cause is Cause.UNKNOWN:
         return verdict
-    if named.step == verdict.step:  # the replay's location is finer than the records'
-        named.phase, named.layer, named.tensor, named.op = verdict.phase, verdict.layer, verdict.tensor, verdict.op
+    if named.step == verdict.step or (verdict.step < named.step and named.phase != "data"):  # the replay's location is finer
+        named.step, named.phase, named.layer = verdict.step, verdict.phase, verdict.layer
+        named.tensor, named.op = verdict.tensor, verdict.op
         named.set_difference({k: getattr(verdict, k) for k in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram")})
     named.rank = verdict.rank
     named.explanation += f"; the replay could not prove it ({verdict.explanation or 'no experiment isolated a cause'})"
@@ -217,6 +220,9 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
     first = first_divergence(ranks)
     records, verdict = first if first is not None else (ranks[0][0], None)
     result = _result_of(records, a, b)
+    if verdict is not None:
+        verdict, notes = enforce(verdict, Signals.of_records(records))
+        result.notes += notes
     result.verdict = verdict
     role = roles(ranks)
     followed = [(r, through_collectives(v, verdict) if verdict is not None else v) for r, v in ranks]
@@ -331,19 +337,17 @@ def _replayed(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Co
         result.notes += lockstep.notes
         if divergence is None and lockstep.parted:
             verdict = _parted_verdict(records, lockstep.parted)
-        expected = verdict is not None and (bool(verdict.reseeded) or verdict.cause is Cause.NONDETERMINISTIC_OP or entropy)
+        expected = expected_to_part(verdict, unrecorded_data=entropy)
         unfaithful = [
             p for p in lockstep.parted if divergence is None or p.step < divergence.step or (p.step == divergence.step and not expected)
         ]
         info.faithful = not unfaithful
-        if verdict is not None and divergence is not None and unfaithful and verdict.cause is not Cause.HIDDEN_STATE:
+        if verdict is not None and divergence is not None and unfaithful and downgrade_unfaithful(verdict):
             where = ", ".join(f"run {p.run} at step {p.step} ({p.what})" for p in unfaithful)
             result.notes.append(
                 f"the replay parted from the records ({where}): the steps read state no checkpoint holds, "
                 "or ran in another environment; the verdict is about the replayed runs"
             )
-            if verdict.confidence is Confidence.PROVEN:
-                verdict.confidence = Confidence.INFERRED
         if verdict is not None and divergence is not None and verdict.cause is not Cause.HIDDEN_STATE:  # else the parting is the finding
             place(verdict, records, lockstep, faithful=not unfaithful)
         closing = closing_note(lockstep, verdict)

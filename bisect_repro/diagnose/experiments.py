@@ -46,7 +46,7 @@ from ..replay.lockstep import Divergence, Lockstep
 from ..replay.ranked import start_replica
 from ..replay.replica import Replica
 from ..serve.protocol import StepResult
-from .causes import Cause, explanation_for, fix_for
+from .causes import Cause, config_values, explanation_for, fix_for
 from .difference import difference_stats
 from .records import Records
 from .reseeds import prove_kept
@@ -164,6 +164,7 @@ class StepAnalysis:
         if machine:
             verdict.cause, verdict.confidence, verdict.environment_keys = Cause.ENVIRONMENT, Confidence.INFERRED, machine
             shown = ", ".join(f"{k} {here[k][0]} recorded, {here[k][1]} here" for k in machine)
+            self._add("environment", "this machine against the recording's", "differs", f"this machine differs: {shown}")
             verdict.explanation = (
                 f"the replay of step {step} does not reproduce the records, and this machine differs from the recording's ({shown})"
             )
@@ -368,8 +369,19 @@ class StepAnalysis:
         if verdict.confidence is not Confidence.PROVEN:
             data_by = None  # not shown by fetching the batch again
         keys = verdict.config_keys or verdict.environment_keys
+        if verdict.cause is Cause.CONFIG:
+            keys = config_values(self.records.config_diff, keys)
+        between = self.step if verdict.phase == "data" and verdict.reseeded and self.step > 0 else None
         verdict.explanation = explanation_for(
-            verdict.cause, where=where, streams=verdict.rng, reseeds=verdict.reseeded, keys=keys, data_by=data_by, reseeded=self.reseeded
+            verdict.cause,
+            where=where,
+            streams=verdict.rng,
+            reseeds=verdict.reseeded,
+            keys=keys,
+            data_by=data_by,
+            reseeded=self.reseeded,
+            between=between,
+            proven=verdict.confidence is Confidence.PROVEN,
         )
         if verdict.phase == "data" and verdict.rng and verdict.confidence is not Confidence.PROVEN:
             verdict.explanation += f"; the streams the loader draws from differ there: {', '.join(verdict.rng)}"

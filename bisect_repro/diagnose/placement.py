@@ -25,7 +25,8 @@ where the batch logs differ), never to a layer.
 from __future__ import annotations
 
 from ..replay.lockstep import Attempt, Lockstep
-from .records import Records, records_verdict
+from .from_records import records_verdict
+from .records import Records
 from .verdict import Evidence, Verdict
 
 __all__ = ["closing_note", "place"]

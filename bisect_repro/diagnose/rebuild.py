@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..capture.rng import GLOBAL_STREAMS
+from ..capture.seeding import SeedingCall
 from ..replay.launch import LaunchSpec
 from ..replay.ranked import start_replica
 from .causes import Cause
@@ -38,6 +39,28 @@ def _built(spec: LaunchSpec, label: str) -> dict[str, Any]:
 
 def _differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
     return [name for name in dict.fromkeys([*a, *b]) if a.get(name) != b.get(name)]
+
+
+def _one_stream(name: str, changed: list[str], seeding: list[dict[str, Any]]) -> Evidence:
+    """What seeding ``name`` differently before the code ran showed; where the code seeds that
+    stream itself, it overrides the experiment's seed, which then shows nothing either way."""
+    subject = f"run A's code with only {name} seeded differently"
+    if changed:
+        return Evidence(experiment=f"stream:{name}", subject=subject, outcome="differs", detail=f"{changed[0]} changes")
+    own = [c for c in seeding if c.get("stream") == name and isinstance(c.get("call"), str)]
+    if own:
+        call = SeedingCall.from_json(own[0]).describe()
+        detail = (
+            f"the code seeds {name} itself ({call}), which overrides the seed given before it ran: "
+            "this cannot show whether the build draws from it"
+        )
+        return Evidence(experiment=f"stream:{name}", subject=subject, outcome="inconclusive", detail=detail)
+    return Evidence(
+        experiment=f"stream:{name}",
+        subject=subject,
+        outcome="matches",
+        detail="the initial state is the same: nothing in the build draws from it",
+    )
 
 
 def streams_deciding_init(
@@ -75,14 +98,7 @@ def streams_deciding_init(
     deciding = []
     for name in GLOBAL_STREAMS:
         changed = _differing(control, built[name]["hashes"])
-        evidence.append(
-            Evidence(
-                experiment=f"stream:{name}",
-                subject=f"run A's code with only {name} seeded differently",
-                outcome="differs" if changed else "matches",
-                detail=f"{changed[0]} changes" if changed else "the initial state is the same: nothing in the build draws from it",
-            )
-        )
+        evidence.append(_one_stream(name, changed, built[name]["seeding"]))
         if changed:
             deciding.append(name)
     same_code = not _differing(control, built["b"]["hashes"])

@@ -5,15 +5,10 @@ snapshot timeline (which tensors and streams differ at each common snapshot), an
 at which each per-step log (data order, batch content, loss) differs. The last equal snapshot
 and the first divergent one bound the divergence; the logs narrow it to a step.
 
-:func:`records_verdict` is the verdict from the records alone, always ``inferred``: the step the
-logs point to, the data when the order or the batches differ first, and as candidate streams
-only those that were equal at the last equal snapshot and differ at the first divergent one (a
-stream that differed from the start while the runs still matched was not drawn from, and is
-named as such, not as the cause).
+:mod:`bisect_repro.diagnose.from_records` turns them into the verdict from the records alone.
 
 Distributed runs are compared rank by rank (rank r of one run against rank r of the other, each
-with its own environment): :func:`rank_verdict` is one rank's verdict, with ``rank`` set, and
-:func:`first_divergence` the first over all ranks: the earliest step, and at that step the rank
+with its own environment): :func:`first_divergence` is the first divergence over all ranks: the earliest step, and at that step the rank
 where it starts, the one whose own step logs (data order, batch, loss) or seeding calls show the
 difference at that step rather than a snapshot after it (a difference one rank starts reaches
 the others through the next gradient all-reduce, and their snapshots); the lowest such rank.
@@ -25,15 +20,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..capture import env
-from ..capture.rng import loader_draws_from, tree_digest
-from ..capture.seeding import SeedingCall
+from ..capture.rng import tree_digest
 from ..errors import BisectReproError
+from ..record.arguments import argv_flags
+from ..store.meta import CodeKind
 from ..store.run import Run
-from .causes import Cause, cause_title, fix_for
+from .causes import Cause, cause_title
 from .settings import SettingsDifference, settings_difference
-from .verdict import Confidence, Evidence, Outcome, TimelineRow, Verdict
+from .verdict import TimelineRow, Verdict
 
-__all__ = ["Records", "first_divergence", "layer_of", "rank_verdict", "read_records", "records_verdict", "structure_verdict"]
+__all__ = ["Records", "first_divergence", "layer_of", "read_records", "seeds_one_of", "through_collectives"]
 
 
 def layer_of(name: str) -> str | None:
@@ -183,8 +179,17 @@ def _names_its_run(value: Any, run: Run) -> Any:
     return "/".join("\0run" if part == run.path.name else part for part in value.split("/"))
 
 
+def run_config(run: Run) -> dict[str, Any]:
+    """A run's config as compared: a script's also holds its command line flag by flag, unless
+    its parsed arguments (keys ``--name``) are recorded, which say more (defaults, aliases)."""
+    config, launch = run.meta.config, run.meta.launch
+    if launch is None or launch.code is None or launch.code.kind is CodeKind.RECIPE or any(k.startswith("-") for k in config):
+        return config
+    return {**argv_flags(launch.argv), **config}
+
+
 def read_records(a: Run, b: Run) -> Records:
-    config_a, config_b = a.meta.config, b.meta.config
+    config_a, config_b = run_config(a), run_config(b)
     differ = [k for k in dict.fromkeys([*config_a, *config_b]) if config_a.get(k) != config_b.get(k)]
     run_names = [k for k in differ if _names_its_run(config_a.get(k), a) == _names_its_run(config_b.get(k), b)]
     records = Records(
@@ -209,137 +214,10 @@ def read_records(a: Run, b: Run) -> Records:
     return records
 
 
-def structure_verdict(records: Records) -> Verdict:
-    name = records.structure
-    assert name is not None
-    shapes = [
-        run.meta.model.get("parameters", {}).get(name) or run.meta.model.get("buffers", {}).get(name) or "absent"
-        for run in (records.a, records.b)
-    ]
-    detail = f"{name} is {shapes[0]} in run A and {shapes[1]} in run B"
-    return Verdict(
-        step=0,
-        phase="init",
-        layer=layer_of(name),
-        tensor=name,
-        cause=Cause.STRUCTURE,
-        confidence=Confidence.PROVEN,
-        config_keys=list(records.config_diff),
-        explanation=f"the models differ in structure: {detail}",
-        fix=fix_for(Cause.STRUCTURE) + (f" (the settings differ: {', '.join(records.config_diff)})" if records.config_diff else ""),
-        evidence=[_from_records(Outcome.DIFFERS, f"the recorded model structures differ: {detail}")],
-    )
-
-
-def _from_records(outcome: Outcome, detail: str, subject: str = "both runs") -> Evidence:
-    """What the records alone show (the ``records`` experiment)."""
-    return Evidence(experiment="records", subject=subject, outcome=outcome, detail=detail)
-
-
 def seeds_one_of(call: dict[str, Any], streams: list[str]) -> bool:
     """Whether a seeding call seeds one of ``streams`` (``cuda`` seeds every ``cuda:N``)."""
     name = call.get("stream", "")
     return name in streams or (name == "cuda" and any(s.startswith("cuda:") for s in streams))
-
-
-def records_verdict(records: Records) -> Verdict:
-    """The verdict from the records alone (``inferred``); see the module docstring."""
-    logs, end = records.logs, records.end
-    changed, all_along = records.changed_streams()
-    reseeds = records.reseeds(records.last_equal or 0, end)
-    evidence = [_from_records(Outcome.DIFFERS, _bounds(records))]
-    if reseeds:
-        step, call = reseeds[0]  # a call site and a stream are optional in a step line
-        evidence.append(
-            _from_records(Outcome.DIFFERS, f"step {step} reseeded from entropy: {SeedingCall.from_json(call)}", subject="the step logs")
-        )
-    if records.settings is not None:
-        evidence.append(_from_records(Outcome.DIFFERS, records.settings.describe(), subject="the snapshots' settings"))
-    verdict = Verdict(step=max(end, 0), confidence=Confidence.INFERRED, evidence=evidence)
-    if end < 0:  # the first snapshots (before step 0) already differ: the runs part at initialisation
-        verdict.phase = "init"
-    loader = records.a.meta.loader
-    order, batch = logs.get("order"), logs.get("batch")
-    if order is not None and order <= end:
-        verdict.step, verdict.phase, verdict.cause, verdict.tensor = order, "data", Cause.DATA_ORDER, "batch.indices"
-        verdict.rng = [s for s in changed if loader_draws_from(s)]
-    elif batch is not None and batch <= end:
-        verdict.step, verdict.phase, verdict.cause = batch, "data", Cause.DATA_CONTENT
-        if records.a.steps.get(batch, {}).get("order") is None:  # no sample indices recorded: order or content
-            verdict.cause, verdict.tensor = Cause.DATA_ORDER, "batch"
-            verdict.rng = [s for s in [*changed, *all_along] if loader_draws_from(s)]
-    elif reseeds:
-        verdict.step, verdict.cause, verdict.reseeded = reseeds[0][0], Cause.RNG_STATE, [call for _, call in reseeds]
-        verdict.rng = sorted({call["stream"] for _, call in reseeds if isinstance(call.get("stream"), str)}) or changed
-    elif changed:
-        verdict.cause, verdict.rng = Cause.RNG_STATE, changed
-    elif records.config_diff:
-        named = records.settings.config_keys if records.settings is not None else []
-        verdict.cause, verdict.config_keys = Cause.CONFIG, named or list(records.config_diff)
-    elif records.environment_diff:
-        verdict.cause, verdict.environment_keys = Cause.ENVIRONMENT, list(records.environment_diff)
-    elif all_along:
-        verdict.cause, verdict.rng = Cause.RNG_STATE, all_along
-    resumed = records.b.meta.options.resumed_from is not None
-    verdict.fix = fix_for(
-        verdict.cause,
-        streams=verdict.rng,
-        reseeds=verdict.reseeded,
-        resumed=resumed,
-        loader=loader,
-        keys=verdict.environment_keys,
-        config=records.config_diff,
-    )
-    what = {
-        Cause.DATA_ORDER: "the batches hold different samples"
-        if verdict.tensor == "batch.indices"
-        else "the batches differ (the loader's sample indices were not recorded, so order and content are not told apart)",
-        Cause.DATA_CONTENT: "the same samples give different batch contents",
-        Cause.RNG_STATE: f"{', '.join(verdict.rng) or 'a stream'} reseeded from entropy, as the step log shows"
-        if reseeds
-        else f"the random streams {', '.join(verdict.rng)} "
-        + (
-            "changed between the last equal snapshot and the first divergent one"
-            if changed
-            else "were drawn from while in different states"
-        ),
-        Cause.CONFIG: f"the settings differ ({', '.join(records.config_diff)})",
-        Cause.ENVIRONMENT: f"the environments differ ({', '.join(records.environment_diff)})",
-    }.get(verdict.cause, "nothing in the records explains it")
-    verdict.explanation = f"from the records alone: the runs first differ at or before step {verdict.step}; {what}"
-    still = [s for s in records.streams_at(records.first_divergent) if s not in changed and s not in all_along]
-    if still:
-        detail = (
-            f"{', '.join(still)} differed from the start but did not move between steps {records.last_equal} and "
-            f"{records.first_divergent}: nothing drew from them, so they are not the cause"
-        )
-        evidence.append(_from_records(Outcome.INCONCLUSIVE, detail))
-    if all_along and verdict.rng != all_along:
-        detail = (
-            f"{', '.join(all_along)} already differed at step {records.last_equal}, where the runs still matched, and was drawn from since"
-        )
-        evidence.append(_from_records(Outcome.INCONCLUSIVE, detail))
-    return verdict
-
-
-def _bounds(records: Records) -> str:
-    logs = ", ".join(f"{k} at step {v}" for k, v in records.logs.items() if v is not None) or "no per-step log differs"
-    snapshots = f"the snapshots are equal up to step {records.last_equal} and differ at step {records.first_divergent}"
-    return f"{snapshots}; first log differences: {logs}"
-
-
-def rank_verdict(records: Records) -> Verdict | None:
-    """One rank's verdict from its records (``None`` when they agree); ``rank`` is set for a distributed run."""
-    if records.structure is not None:
-        verdict = structure_verdict(records)
-    elif records.identical:
-        return None
-    else:
-        verdict = records_verdict(records)
-    if records.a.distributed or records.b.distributed:
-        verdict.rank = records.a.rank
-        verdict.explanation = verdict.explanation.replace("from the records alone", f"from the records of rank {verdict.rank} alone", 1)
-    return verdict
 
 
 def _shows_itself_at(records: Records, step: int) -> bool:

@@ -10,29 +10,33 @@ what run A computes, that condition is the cause, proven. In order:
 - the environment variables (``OMP_NUM_THREADS``, ``CUBLAS_WORKSPACE_CONFIG``, ...), in a fresh
   process of run B started with run A's, replayed from the checkpoint;
 - the config, in a fresh process of run B's recipe rebuilt with run A's config (then key by key),
-  its checkpoint restored with the hyperparameters the config gives.
+  its checkpoint restored with the hyperparameters the config gives; for a script, run B's script
+  relaunched with run A's command line.
 
 For a difference in the data, the batch is what is compared: run B's batch fetched again under run
 A's loader and global streams, then in the fresh processes.
 
 Where the guarantees stop: a swap shows that a condition suffices to remove the difference, not
-that nothing else contributes; a script's config is its ``argv`` and is not swapped (the
-verdict names the differing keys from the records); versions and devices cannot be swapped.
+that nothing else contributes; a script's config is its command line, swapped whole (run B's
+script relaunched with run A's arguments: the verdict names every argument that differs);
+versions and devices cannot be swapped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from ..capture import env
 from ..capture.rng import loader_draws_from, tree_digest
 from ..capture.trace import first_difference
+from ..record.arguments import shown_command
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import both
 from ..replay.ranked import start_replica
-from ..replay.replica import Replica
+from ..replay.replica import Replica, ReplicaFailed
 from ..serve.protocol import Fetched, StepResult
 from ..store.meta import CodeKind
 from .causes import Cause
@@ -199,6 +203,8 @@ class Swaps:
                 verdict.cause, verdict.environment_keys, verdict.confidence = Cause.ENVIRONMENT, variables, Confidence.PROVEN
                 return True
         config = self.records.config_diff
+        if config and spec_b.kind is not CodeKind.RECIPE and spec_a.argv != spec_b.argv:
+            return self._relaunched(verdict, vanishes, data=data)
         if not config or spec_b.kind is not CodeKind.RECIPE:
             return False
 
@@ -220,6 +226,22 @@ class Swaps:
         verdict.cause, verdict.config_keys, verdict.confidence = Cause.CONFIG, keys, Confidence.PROVEN
         return True
 
+    def _relaunched(self, verdict: Verdict, vanishes: Callable[[Fetched, StepResult | None], bool], *, data: bool) -> bool:
+        """A script's config is its command line: run B's script relaunched with run A's arguments."""
+        spec_a, spec_b = self.specs
+        label, command = "run B relaunched with run A's arguments", shown_command(spec_a.argv)
+        try:
+            matched = vanishes(*self._variant(replace(spec_b, argv=list(spec_a.argv)), label, data))
+        except ReplicaFailed as error:  # run B's script does not take run A's arguments
+            detail = f"run B's script run with run A's command line ({command}) did not reach step {self.step}: {error}"
+            self.evidence.append(Evidence(experiment="config", subject=label, outcome="inconclusive", detail=detail))
+            return False
+        outcome = "matches run A" if matched else "still differs"
+        self._add("config", label, matched, f"run B's script run with run A's command line ({command}): step {self.step} {outcome}")
+        if matched:
+            verdict.cause, verdict.config_keys, verdict.confidence = Cause.CONFIG, list(self.records.config_diff), Confidence.PROVEN
+        return matched
+
     def _variant(self, spec: LaunchSpec, label: str, data: bool, checkpoint: int | None = None) -> tuple[Fetched, StepResult | None]:
         """Run B's checkpoint (the replay's, or ``checkpoint``) restored in a fresh process of ``spec``
         (with the hyperparameters its config gives), replayed to the step: its fetch there and,
@@ -228,7 +250,8 @@ class Swaps:
         with self.start(spec, label) as replica:
             replica.connect()
             start = self.checkpoint_b if checkpoint is None else checkpoint
-            replica.restore(run.path, start, run.meta.environment, rebuilt=spec.config != self.specs[1].config)
+            rebuilt = spec.config != self.specs[1].config or spec.argv != self.specs[1].argv
+            replica.restore(run.path, start, run.meta.environment, rebuilt=rebuilt)
             replica.skip(self.step)
             fetched = replica.fetch()
             return fetched, None if data else replica.run(self.step, trace="full")

@@ -32,7 +32,9 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   batches drawn before the model's first forward belong to step 0; forward calls and loader
   batches under ``torch.no_grad()`` (evaluation) are not batches;
 - **the random streams**: the global ones (Python, NumPy, torch, each CUDA device), which is where
-  a loader without a generator of its own draws.
+  a loader without a generator of its own draws;
+- **the config**: :attr:`AutoHooks.config`, filled by whoever records the script (the values its
+  ``argparse`` parser read, see :mod:`bisect_repro.record.arguments`) before the model's first forward.
 
 The state at step 0 is taken at the model's first forward call, after the first batch was
 drawn; the state at step s > 0 right after the optimizer step of step s - 1.
@@ -81,6 +83,8 @@ class AutoHooks:
         self._losses: list[torch.Tensor] = []  # what backward() was called on since the step began
         self._made: set[int] = set()  # storage of the parts' outputs this step: a part's input made by another is no batch
         self.recorder: FrameworkRecorder | None = None
+        self.config: dict[str, Any] = {}
+        """The run's config: the script's parsed arguments (:mod:`bisect_repro.record.arguments`), filled as it runs."""
         self._undo: list[Callable[[], None]] = []
         self._backwards = 0  # backward() calls since the step began (a loop with no optimizer)
         self._taps: dict[int, tuple[DataLoader[Any], IndexTap | None]] = {}  # each loader iterated, by id
@@ -192,7 +196,7 @@ class AutoHooks:
             self.model = module if len(self.optimizers) < 2 else model_of(self.optimizers, module, sys._getframe(1))
             self._parts = {id(m) for m in self.model.children()} if isinstance(self.model, Parts) else {id(self.model)}
             trainee = Trainee(self.model, list(self.optimizers) or None, ())
-            self.recorder = FrameworkRecorder(self.out, trainee, self.options, config={}, environment={}, start_step=0, auto=True)
+            self.recorder = FrameworkRecorder(self.out, trainee, self.options, config=self.config, environment={}, start_step=0, auto=True)
             self._backwards = 0
             self.recorder.begin_step()
             for batch, indices in self._early:

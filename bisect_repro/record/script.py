@@ -42,6 +42,7 @@ from typing import Any
 from ..errors import BisectReproError
 from ..store.meta import CodeKind
 from . import pinned
+from .arguments import capture_arguments
 from .autohooks import AutoHooks
 from .options import RecordOptions
 from .torchrun import torchrun_command
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if command.kind is CodeKind.MODULE:
         sys.path.insert(0, os.getcwd())  # as python -m does
     hooks = AutoHooks(spec["out"], RecordOptions(**spec["options"])).install()
+    read_arguments = capture_arguments(hooks.config)
     code = 0
     try:
         run_as_main(command)
@@ -215,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         hooks.close(failed=True)  # what was committed stays; the run is incomplete
         raise
+    finally:
+        read_arguments()
     hooks.close(failed=code != 0)
     if hooks.recorder is None:
         print("bisect-repro: the script never stepped an optimizer after a forward pass; nothing was recorded", file=sys.stderr)

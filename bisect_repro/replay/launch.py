@@ -48,6 +48,7 @@ import torch
 
 from ..capture.env import NUMERIC_ENV_VARS
 from ..errors import BisectReproError
+from ..record.arguments import redacted
 from ..record.provenance import file_digest
 from ..record.recipe import recipe_file
 from ..store.meta import CodeKind, CodeRecord
@@ -133,7 +134,7 @@ class LaunchSpec:
 
     def describe(self) -> str:
         """The command this replays, as a person would type it, on one line with control characters
-        escaped (a distributed run's: under torchrun, with the rank in focus)."""
+        escaped and a secret's value redacted (a distributed run's: under torchrun, with the rank in focus)."""
         ranks = f" --nproc-per-node {self.world_size}" if self.world_size is not None else ""
         focus = f" (focus: rank {self.focus})" if self.world_size is not None else ""
         if self.kind is CodeKind.RECIPE:
@@ -141,7 +142,7 @@ class LaunchSpec:
             return printable(f"recipe {self.target}" + (f" {settings}" if settings else "") + ranks + focus)
         python = ["torchrun", "--standalone", *ranks.split()] if ranks else ["python"]
         main = ["-m", self.module or ""] if self.kind is CodeKind.MODULE else [self.path or ""]
-        command = [*python, *main, *self.argv[1:]]
+        command = [*python, *main, *redacted(self.argv[1:])]
         where = f" (in {self.cwd})" if self.cwd else ""
         hooks = " (under bisect-repro's hooks)" if self.auto else ""
         return printable(" ".join(shlex.quote(part) for part in command) + where + hooks + focus)

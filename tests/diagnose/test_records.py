@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from bisect_repro.diagnose.causes import Cause
-from bisect_repro.diagnose.records import read_records, records_verdict
+from bisect_repro.diagnose.from_records import records_verdict
+from bisect_repro.diagnose.records import read_records
 from bisect_repro.diagnose.verdict import Confidence, Evidence, Verdict
 from bisect_repro.store.run import Run
 from tests.fakes import write_run
@@ -96,8 +97,10 @@ def test_batches_that_differ_without_recorded_indices_are_not_told_apart_from_th
     a = run(tmp_path / "a", orders=orders, streams={0: {"torch": 1}, 2: {"torch": 1}, 4: {"torch": 2}})
     b = run(tmp_path / "b", orders=orders, batches={1: "other"}, hashes={2: "moved"}, streams={0: {"torch": 1}, 2: {"torch": 5}})
     verdict = verdict_of(a, b)
-    assert (verdict.step, verdict.phase, verdict.tensor, verdict.cause, verdict.rng) == (1, "data", "batch", Cause.DATA_ORDER, ["torch"])
+    # the data of step 1 differs; with the order unknown, the cause is the next signal: torch came apart
+    assert (verdict.step, verdict.phase, verdict.tensor, verdict.cause, verdict.rng) == (1, "data", "batch", Cause.RNG_STATE, ["torch"])
     assert "the loader's sample indices were not recorded, so order and content are not told apart" in verdict.explanation
+    assert verdict.explanation.endswith("; the random streams torch changed between the last equal snapshot and the first divergent one")
 
 
 def test_a_config_key_that_differs_is_named_with_both_values(tmp_path: Path) -> None:
@@ -107,7 +110,7 @@ def test_a_config_key_that_differs_is_named_with_both_values(tmp_path: Path) -> 
     assert records.config_diff == {"lr": [0.1, 0.2]} and records.run_names == ["out"]  # a folder named after each run is no cause
     verdict = verdict_of(a, b)
     assert (verdict.step, verdict.cause, verdict.config_keys) == (3, Cause.CONFIG, ["lr"])
-    assert verdict.explanation.endswith("; the settings differ (lr)")
+    assert verdict.explanation.endswith("; the settings differ (lr 0.1 in run A, 0.2 in run B)")
     assert verdict.fix == "record both runs with the same settings (lr: 0.1 vs 0.2)"
 
 

@@ -9,6 +9,7 @@ from bisect_repro.diagnose.records import Records, read_records
 from bisect_repro.diagnose.swaps import Swaps
 from bisect_repro.diagnose.verdict import Confidence, Evidence, Verdict
 from bisect_repro.replay.launch import LaunchSpec
+from bisect_repro.replay.replica import ReplicaFailed
 from bisect_repro.store.meta import CodeKind
 from tests.fake_programs import one_layer, record, shuffled
 from tests.fake_replica import FakeReplica, Launcher, Program
@@ -151,3 +152,49 @@ def test_a_batch_that_differs_in_a_frameworks_loop_names_the_streams_that_differ
             "the streams a loader shuffles and seeds its workers from differ at the step's start: torch",
         )
     ]
+
+
+def _script_specs() -> tuple[LaunchSpec, LaunchSpec]:
+    return tuple(  # type: ignore[return-value]
+        LaunchSpec(kind=CodeKind.SCRIPT, path="/code/train.py", argv=["train.py", "--lr", lr, "--token", "abc"], config={"--lr": float(lr)})
+        for lr in ("0.1", "0.2")
+    )
+
+
+def _by_flag(call):  # the script's update reads its --lr flag
+    return one_layer(call, lr=call.spec.argv[2] if call.spec else None)
+
+
+def test_a_script_flag_is_proven_by_relaunching_run_b_with_run_as_arguments(tmp_path: Path) -> None:
+    script, specs = Program(step=_by_flag), _script_specs()
+    records = records_of(tmp_path, script, script, specs)
+    assert records.config_diff == {"--lr": [0.1, 0.2]}
+    ra, rb = replicas(script, script, specs)
+    launcher = Launcher({"/code/train.py": script})
+    swaps, verdict = Swaps(records, (ra, rb), specs, 0, 0, [], start=launcher), Verdict(step=0)
+    swaps.compute(verdict, ra.run(0, trace="full"))
+    assert (verdict.cause, verdict.confidence, verdict.config_keys) == (Cause.CONFIG, Confidence.PROVEN, ["--lr"])
+    assert [(e.experiment, e.subject, e.outcome, e.detail) for e in swaps.evidence] == [
+        (
+            "config",
+            "run B relaunched with run A's arguments",
+            "matches",
+            "run B's script run with run A's command line (--lr 0.1 --token REDACTED): step 0 matches run A",
+        )
+    ]
+    [fresh] = launcher.started
+    assert fresh.spec.argv == specs[0].argv and fresh.closed
+
+
+def test_a_script_that_does_not_take_run_as_arguments_leaves_the_config_experiment_inconclusive(tmp_path: Path) -> None:
+    script, specs = Program(step=_by_flag), _script_specs()
+
+    def refusing(spec: LaunchSpec, label: str) -> FakeReplica:
+        raise ReplicaFailed("run B relaunched with run A's arguments exited: error: unrecognized arguments: --lr")
+
+    ra, rb = replicas(script, script, specs)
+    swaps, verdict = Swaps(records_of(tmp_path, script, script, specs), (ra, rb), specs, 0, 0, [], start=refusing), Verdict(step=0)
+    swaps.compute(verdict, ra.run(0, trace="full"))
+    assert (verdict.cause, verdict.confidence) == (Cause.UNKNOWN, Confidence.UNEXPLAINED)
+    [tried] = swaps.evidence
+    assert tried.outcome == "inconclusive" and "did not reach step 0" in tried.detail and "unrecognized arguments" in tried.detail

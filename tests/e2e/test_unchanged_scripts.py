@@ -58,6 +58,7 @@ def test_a_dataloader_loop_reseeded_at_an_epoch_or_with_unseeded_noise_is_found_
     verdict = json.loads(done.stdout)["verdict"]
     where = (verdict["step"], verdict["phase"], verdict["cause"], verdict["rng"], verdict["confidence"])
     assert where == (8, "data", "rng_state", ["torch"], "proven"), verdict  # 128 samples in batches of 16: epoch 1 starts at 8
+    assert "between steps 7 and 8" in verdict["explanation"], verdict["explanation"]
     assert verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
     _recorded(tmp_path, "noisy", "python", "loop.py", "--unseeded-noise")  # the same samples, other noise added to them
     done = _cli("compare", "a", "noisy", "--json", cwd=tmp_path)
