@@ -1,35 +1,33 @@
 """The experiments that prove why two runs part ways at a step, each a re-run of that step.
 
-Both replicas stand at the start of the divergent step (see
-:mod:`bisect_repro.replay.lockstep`). :class:`StepAnalysis` runs, in this order, and records each
-experiment as :class:`~bisect_repro.diagnose.verdict.Evidence`:
+Both replicas stand at the start of the divergent step (see :mod:`bisect_repro.replay.lockstep`).
+:class:`StepAnalysis` runs, in this order, and records each experiment as
+:class:`~bisect_repro.diagnose.verdict.Evidence`:
 
-1. Full traces of the step in both runs: the first traced tensor that differs gives the phase,
-   the layer and the tensor.
+1. Full traces of the step in both runs: the first traced tensor that differs gives the phase, the layer and the
+   tensor.
 2. Each run against itself, re-run from the same state, classified by
-   :func:`~bisect_repro.diagnose.selfcheck.check_repeats`: reseeded from entropy (proven by
-   fixing the entropy, with the call sites), hidden state (another branch, other ops, other
-   Python values), or a nondeterministic op (equal inputs, different outputs, in two pairs of
-   re-runs).
-3. When both runs repeat themselves, run B's step is run under run A's conditions until the
-   difference vanishes (:mod:`bisect_repro.diagnose.swaps`), first without the reseeds from
-   entropy the step logs show there (:mod:`bisect_repro.diagnose.reseeds`).
-4. An op trace of both runs names the first op where they part, with the ops around it; the two
-   copies of the first divergent tensor give the size of the difference.
+   :func:`~bisect_repro.diagnose.selfcheck.check_repeats`: reseeded from entropy (proven by fixing the entropy, with
+   the call sites), hidden state (another branch, other ops, other Python values), or a nondeterministic op (equal
+   inputs, different outputs, in two pairs of re-runs).
+3. When both runs repeat themselves, run B's step is run under run A's conditions until the difference vanishes
+   (:mod:`bisect_repro.diagnose.swaps`), first without the reseeds from entropy the step logs show there
+   (:mod:`bisect_repro.diagnose.reseeds`).
+4. An op trace of both runs names the first op where they part, with the ops around it; the two copies of the first
+   divergent tensor give the size of the difference.
 
-A cause is ``proven`` only when one of these showed it; otherwise the verdict says
-``unexplained`` (or ``inferred``) and lists what was tried.
+A cause is ``proven`` only when one of these showed it; otherwise the verdict says ``unexplained`` (or ``inferred``)
+and lists what was tried.
 
-The two runs' replicas are separate processes, so what each is asked (the full traces, the re-runs of
-each against itself, the op traces) is asked of both at once where the cores allow it
-(:meth:`~bisect_repro.replay.lockstep.Lockstep.pair`): the answers are those of asking one after
-the other, and where a framework repeats a step in fresh processes, the two runs' processes start
-side by side.
+The two runs' replicas are separate processes, so what each is asked (the full traces, the re-runs of each against
+itself, the op traces) is asked of both at once where the cores allow it
+(:meth:`~bisect_repro.replay.lockstep.Lockstep.pair`): the answers are those of asking one after the other, and where
+a framework repeats a step in fresh processes, the two runs' processes start side by side.
 
-Where the guarantees stop: a nondeterministic kernel may agree with itself in every re-run, and
-then the step is not seen to differ from itself. In a distributed run every experiment runs on
-every rank (the ranks run the step's collectives together) but only the focus rank's outcome is
-compared; what an experiment swaps in (run A's streams) is swapped in on the focus rank alone.
+Where the guarantees stop: a nondeterministic kernel may agree with itself in every re-run, and then the step is not
+seen to differ from itself. In a distributed run every experiment runs on every rank (the ranks run the step's
+collectives together) but only the focus rank's outcome is compared; what an experiment swaps in (run A's streams) is
+swapped in on the focus rank alone.
 """
 
 from __future__ import annotations
@@ -67,17 +65,10 @@ class StepAnalysis:
     """The experiments on one divergent step (see the module docstring)."""
 
     def __init__(
-        self,
-        records: Records,
-        lockstep: Lockstep,
-        divergence: Divergence,
-        specs: tuple[LaunchSpec, LaunchSpec],
-        checkpoints: tuple[int, int],
-        *,
-        start: Callable[[LaunchSpec, str], Replica] = start_replica,
-    ) -> None:
-        self.records, self.divergence = records, divergence
-        self.start = start
+        self, records: Records, lockstep: Lockstep, divergence: Divergence, specs: tuple[LaunchSpec, LaunchSpec],
+        checkpoints: tuple[int, int], *, start: Callable[[LaunchSpec, str], Replica] = start_replica,
+    ) -> None:  # fmt: skip
+        self.records, self.divergence, self.start = records, divergence, start
         """What starts a fresh replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
         self.ra, self.rb = lockstep.replicas
         self.both = lockstep.pair
