@@ -166,11 +166,10 @@ def test_the_recorder_under_a_plain_torchrun(tmp_path) -> None:
     shown = json.loads(runner.invoke(app, ["show", str(tmp_path / "c"), "--json"]).stdout)
     assert shown["complete"] and [r["rank"] for r in shown["ranks"]] == [0, 1] and shown["replicas"]["step"] is None
     meta = json.loads((tmp_path / "c" / "run.json").read_text())
-    assert meta["launch"]["code"]["kind"] == "script" and meta["distributed"]["launcher"] == {
-        "torchrun": True,
-        "nproc_per_node": 2,
-        "nnodes": 1,
-    }
+    launcher = dict(meta["distributed"]["launcher"])
+    run_id = launcher.pop("run_id")  # rank 0's, which every rank copies into its rank.json
+    assert meta["launch"]["code"]["kind"] == "script" and launcher == {"torchrun": True, "nproc_per_node": 2, "nnodes": 1}
+    assert isinstance(run_id, str) and len(run_id) == 32 and int(run_id, 16) >= 0
 
 
 def test_a_reseed_behind_a_closure_counter_on_one_rank_is_proven_on_that_rank(recorded) -> None:
