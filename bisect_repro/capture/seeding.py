@@ -50,6 +50,8 @@ _SKIPPED = (
     os.path.abspath(random.__file__),
 )
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_COMPILER = tuple(os.path.join(os.path.dirname(torch.__file__ or ""), part) + os.sep for part in ("_dynamo", "_inductor"))
+"""torch's compiler, which makes private ``random.Random()`` instances while it traces: never a training stream."""
 
 
 def _in_stdlib(name: str) -> bool:
@@ -129,6 +131,19 @@ def _call_site() -> str | None:
     return None
 
 
+def _a_librarys_own() -> bool:
+    """Whether the seeding call (past ``random.Random.__init__``) comes from torch's compiler, or from
+    an installed library's module-level code as it is imported: a private generator made once per
+    process (a compile that imports setuptools makes one), never a training stream."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) == _SKIPPED[-1]:
+        frame = frame.f_back
+    if frame is None:
+        return False
+    name = os.path.abspath(frame.f_code.co_filename)
+    return name.startswith(_COMPILER) or (frame.f_code.co_name == "<module>" and "-packages" + os.sep in name)
+
+
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -188,7 +203,7 @@ def _wrap(owner: Any, name: str, stream: str, label: str, seed_of: Callable[...,
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         where = _call_site()
-        if where is not None and _in_stdlib(where):  # tempfile's private Random(): never a training stream
+        if (where is not None and _in_stdlib(where)) or _a_librarys_own():  # a library's private Random()
             return original(*args, **kwargs)
         seed = seed_of(*args, **kwargs)
         call = SeedingCall(stream, f"{label}({'' if seed is None else _shown(seed)})", seed is None, where)

@@ -3,6 +3,7 @@ seed, entropy seeding repeats; several watches at once leave the functions as th
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import tempfile
@@ -37,6 +38,22 @@ def test_the_standard_library_seeding_its_own_private_random_is_not_noted() -> N
         watch.uninstall()
     assert [(c.stream, c.call, c.entropy) for c in watch.calls] == [("random.Random", "random.Random.seed()", True)]
     assert mine.random() != random.Random().random()
+
+
+def test_a_private_random_made_by_torchs_compiler_or_at_a_librarys_import_is_not_noted() -> None:
+    """Dynamo makes ``random.Random()`` instances while it traces (a step compiled again on a re-run
+    would otherwise read as a step that seeds from entropy differently each time)."""
+    inside = os.path.join(os.path.dirname(torch.__file__), "_dynamo", "variables", "misc.py")
+    watch = SeedingWatch().install()
+    try:
+        exec(compile("import random\nrandom.Random()\n", inside, "exec"), {})
+        installed = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "some_library", "recipes.py")
+        exec(compile("import random\n_private = random.Random()\n", installed, "exec"), {})  # at import, module level
+        random.Random()
+    finally:
+        watch.uninstall()
+    assert [(c.call, c.entropy) for c in watch.calls] == [("random.Random.seed()", True)]
+    assert watch.calls[0].where is not None and watch.calls[0].where.startswith(__file__)
 
 
 def test_a_fixed_seed_makes_entropy_seeding_repeat() -> None:
