@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .causes import Cause, cause_title
-from .verdict import CompareResult, Confidence, Evidence, Outcome, Verdict
+from .verdict import CompareResult, Confidence, Evidence, Outcome, TimelineRow, Verdict
 
 if TYPE_CHECKING:
     from .records import Records
@@ -57,6 +57,9 @@ class Signals:
     """Random streams that differ at a snapshot and were drawn from."""
     reseeded: tuple[int, ...] = ()
     """Steps whose logs show a stream reseeded from entropy."""
+    at_start: tuple[int, tuple[str, ...]] | None = None
+    """The first snapshot, where the runs already differ, with the streams that differ there (drawn
+    from or not: what the build drew before it is not in the records)."""
     structure: str | None = None
 
     @classmethod
@@ -75,6 +78,7 @@ class Signals:
             environment=tuple(records.environment_diff),
             streams=tuple(dict.fromkeys(s for row in records.timeline for s in row.streams if s not in unused)),
             reseeded=tuple(sorted({step for step, _ in records.reseeds(0, last)})),
+            at_start=_at_start(records.timeline, records.last_equal),
             structure=records.structure,
         )
 
@@ -94,6 +98,7 @@ class Signals:
             environment=tuple(result.environment_diff),
             streams=tuple(dict.fromkeys(s for row in result.timeline for s in row.streams if s not in unused)),
             reseeded=tuple(reseeded),
+            at_start=_at_start(result.timeline, result.snapshots.get("last_equal")),
             structure=verdict.tensor if verdict is not None and verdict.cause is Cause.STRUCTURE else None,
         )
 
@@ -134,10 +139,18 @@ def _config(s: Signals, v: Verdict) -> bool:
     return bool(s.config) and ("optimizer settings" in s.config or all(key in s.config for key in v.config_keys))
 
 
+def _at_start(timeline: list[TimelineRow], last_equal: int | None) -> tuple[int, tuple[str, ...]] | None:
+    """The first snapshot and its differing streams, where the runs differ from their first snapshot on."""
+    if last_equal is not None or not timeline or timeline[0].equal:
+        return None
+    return timeline[0].step, tuple(timeline[0].streams)
+
+
 def _rng(s: Signals, v: Verdict) -> bool:
     proven = _shown(v, ("stream", "data_streams", "reseed_fixed", "rebuild"), Outcome.MATCHES)
     seen = bool(v.reseeded) and any(e.experiment != "records" for e in v.evidence)  # seeding calls a replayed run made
-    return bool(s.streams) or any(step <= v.step for step in s.reseeded) or proven or seen
+    at_start = s.at_start is not None and v.step <= s.at_start[0] and bool(s.at_start[1])  # the build drew from them
+    return bool(s.streams) or any(step <= v.step for step in s.reseeded) or proven or seen or at_start
 
 
 def _environment(s: Signals, v: Verdict) -> bool:
@@ -196,7 +209,8 @@ RULES: dict[Cause, Rule] = {
         "inferred: the settings differ and nothing else the records show does",
     ),
     Cause.RNG_STATE: Rule(
-        "a random stream that was drawn from differs, or a stream was reseeded from entropy at or before the step",
+        "a random stream that was drawn from differs, a stream was reseeded from entropy at or before the step, "
+        "or the runs differ from their first snapshot, where a stream differs too",
         _rng,
         "run B's step with run A's streams (or with the entropy fixed) matching",
         "inferred from the snapshots' streams or the step logs' seeding calls",

@@ -41,6 +41,9 @@ def _rerun(outcome: str, subject: str = "run B") -> Evidence:
         (Verdict(step=3, cause=Cause.RNG_STATE), Signals(reseeded=(3,)), True),
         (Verdict(step=3, cause=Cause.RNG_STATE), Signals(reseeded=(4,)), False),  # a reseed after the step
         (Verdict(step=3, cause=Cause.RNG_STATE), Signals(), False),
+        (Verdict(step=0, cause=Cause.RNG_STATE), Signals(at_start=(0, ("torch",))), True),  # drawn by the build, before step 0
+        (Verdict(step=0, cause=Cause.RNG_STATE), Signals(at_start=(0, ())), False),  # no stream differs there
+        (Verdict(step=3, cause=Cause.RNG_STATE), Signals(at_start=(0, ("torch",))), False),  # past the first snapshot
         (Verdict(step=3, cause=Cause.ENVIRONMENT), Signals(environment=("torch.get_num_threads",)), True),
         (Verdict(step=3, cause=Cause.ENVIRONMENT), Signals(), False),
         (Verdict(step=3, cause=Cause.NONDETERMINISTIC_OP, evidence=[_rerun("differs")]), Signals(), True),
