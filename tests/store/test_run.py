@@ -126,6 +126,16 @@ def test_no_pickle_is_ever_used_to_read_or_write(tmp_path, monkeypatch) -> None:
 # -- distributed runs: one folder per rank -------------------------------------------------
 
 
+def test_a_world_size_beyond_any_run_is_refused_when_read(tmp_path) -> None:
+    """Every reader walks a run's ranks: the count read from run.json is bounded before it drives a loop."""
+    run_path = fake_ranks(tmp_path / "r", {0: {0: {"w": "a"}}, 1: {0: {"w": "a"}}})
+    meta = json.loads((run_path / "run.json").read_text())
+    meta["distributed"]["world_size"] = 10**12
+    (run_path / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(RunFormatError, match=r"world_size.*above"):
+        Run.open(run_path)
+
+
 def test_a_distributed_run_has_a_folder_per_rank_and_is_format_2(tmp_path) -> None:
     run_path = fake_ranks(tmp_path / "r", {0: {0: {"w": "a"}, 2: {"w": "b"}}, 1: {0: {"w": "a"}, 2: {"w": "c"}}})
     assert json.loads((run_path / "run.json").read_text())["format"] == store.DISTRIBUTED_FORMAT
