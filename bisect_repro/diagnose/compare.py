@@ -50,7 +50,7 @@ from .causes import Cause
 from .envelope import judge
 from .from_records import rank_verdict, records_verdict, structure_verdict
 from .records import Records, first_divergence, read_records, through_collectives
-from .roles import roles
+from .roles import RECEIVER, roles
 from .rules import Signals, enforce, reconcile
 from .verdict import CompareResult, RankResult, Verdict
 from .walk import Progress, walk
@@ -219,7 +219,9 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
         result.notes += notes
     result.verdict = verdict
     role = roles(ranks)
-    followed = [(r, through_collectives(v, verdict) if verdict is not None else v) for r, v in ranks]
+    followed = [
+        (r, through_collectives(v, verdict, receiver=role.get(r.a.rank) == RECEIVER) if verdict is not None else v) for r, v in ranks
+    ]
     result.ranks = [
         RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline, role=role.get(r.a.rank), node=layout[0].node_of(r.a.rank))
         for r, v in followed

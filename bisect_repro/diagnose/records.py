@@ -233,11 +233,13 @@ def first_divergence(ranks: list[tuple[Records, Verdict | None]]) -> tuple[Recor
     return min(parted, key=lambda item: (item[1].step, not _shows_itself_at(item[0], item[1].step), item[0].a.rank))
 
 
-def through_collectives(verdict: Verdict | None, first: Verdict) -> Verdict | None:
-    """A rank's verdict when its own records explain nothing but the ``first`` rank's name a cause at
+def through_collectives(verdict: Verdict | None, first: Verdict, *, receiver: bool = False) -> Verdict | None:
+    """A rank's verdict when its own records explain nothing, or it is a ``receiver`` (its state
+    differed only after another rank's log did), and the ``first`` rank's records name a cause at
     or before its step: that cause, inferred to have reached this rank through the collectives
     (DDP's all-reduce carries one rank's difference to every rank in the same step)."""
-    if verdict is None or verdict.cause is not Cause.UNKNOWN or first.cause is Cause.UNKNOWN or verdict.rank == first.rank:
+    own = verdict is not None and verdict.cause is not Cause.UNKNOWN and not receiver
+    if verdict is None or own or first.cause is Cause.UNKNOWN or verdict.rank == first.rank:
         return verdict
     if first.step > verdict.step:
         return verdict

@@ -168,4 +168,6 @@ def test_a_rank_whose_own_records_explain_nothing_follows_the_rank_that_parted_f
     earlier = Verdict(step=3, rank=0)  # parted before the first rank's cause: not explained by it
     own = Verdict(step=5, rank=0, cause=Cause.ENVIRONMENT)  # a cause of its own stays
     assert through_collectives(earlier, first) is earlier and through_collectives(own, first) is own
+    received = through_collectives(own, first, receiver=True)  # its own records name a cause, but another rank's log differed first
+    assert received is not None and received.cause is first.cause and f"rank {first.rank} parted first" in received.explanation
     assert through_collectives(None, first) is None and through_collectives(silent, Verdict(step=5, rank=1)) is silent
