@@ -29,7 +29,7 @@ from typing import Any
 
 from ..capture.rng import loader_draws_from
 from ..capture.seeding import SeedingCall
-from .causes import Cause, config_values, fix_for
+from .causes import Cause, config_values, data_fix, fix_for
 from .records import Records, layer_of
 from .rules import PRECEDENCE
 from .verdict import Confidence, Evidence, Outcome, Verdict
@@ -87,6 +87,7 @@ class _Finding:
     reseeded: list[dict[str, Any]] = field(default_factory=list)
     config_keys: list[str] = field(default_factory=list)
     environment_keys: list[str] = field(default_factory=list)
+    fix: str | None = None
 
 
 def _calls(reseeds: list[tuple[int, dict[str, Any]]]) -> str:
@@ -140,6 +141,25 @@ def _moved(records: Records, w: _Window) -> _Finding | None:
     return _Finding(Cause.RNG_STATE, what, rng=w.changed)
 
 
+def _resumed_at(records: Records) -> tuple[str, int] | None:
+    """Which run started from a later step than the other (a resume), and that step."""
+    a, b = records.a.meta.options, records.b.meta.options
+    if a.start_step == b.start_step and b.resumed_from is None:
+        return None
+    return ("B", b.start_step) if b.start_step >= a.start_step else ("A", a.start_step)
+
+
+def _resumed(records: Records, w: _Window) -> _Finding | None:
+    resumed = _resumed_at(records)
+    streams = list(dict.fromkeys([*w.changed, *w.all_along]))
+    data = records.logs.get("order") if records.logs.get("order") is not None else records.logs.get("batch")
+    if resumed is None or not streams or max(w.end, data if data is not None else -1) < resumed[1]:
+        return None
+    what = f"run {resumed[0]} resumed at step {resumed[1]}, and the resume did not restore every random stream ({', '.join(streams)})"
+    fix = data_fix("data_order", records.a.meta.loader, resumed=True) if data is not None else None
+    return _Finding(Cause.RNG_STATE, what, rng=streams, fix=fix)
+
+
 def _config(records: Records, w: _Window) -> _Finding | None:
     if not records.config_diff and records.settings is not None:  # a setting no argument names (a config file's)
         keys = list(records.settings.differing)
@@ -179,6 +199,7 @@ _FINDERS: dict[str, Callable[[Records, _Window], _Finding | None]] = {
     "batch": _batch,
     "reseed": _reseed,
     "moved": _moved,
+    "resumed": _resumed,
     "config": _config,
     "environment": _environment,
     "all_along": _all_along,
@@ -218,11 +239,11 @@ def records_verdict(records: Records) -> Verdict:
         environment_keys=found.environment_keys,
         evidence=evidence,
     )
-    verdict.fix = fix_for(
+    verdict.fix = found.fix or fix_for(
         verdict.cause,
         streams=verdict.rng,
         reseeds=verdict.reseeded,
-        resumed=records.b.meta.options.resumed_from is not None,
+        resumed=_resumed_at(records) is not None,
         loader=records.a.meta.loader,
         keys=verdict.environment_keys,
         config=records.config_diff,

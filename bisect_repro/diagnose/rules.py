@@ -243,6 +243,7 @@ PRECEDENCE: tuple[tuple[str, Cause, str], ...] = (
     ("batch", Cause.DATA_CONTENT, "the batch differs with its order equal (no indices recorded: the data of that step, the cause below)"),
     ("reseed", Cause.RNG_STATE, "a step log shows a reseed from entropy"),
     ("moved", Cause.RNG_STATE, "a stream equal at the last equal snapshot differs at the first divergent one"),
+    ("resumed", Cause.RNG_STATE, "one run resumed from a checkpoint at or before the divergence, with a stream in another state"),
     ("config", Cause.CONFIG, "a config value, command-line argument or optimizer setting differs"),
     ("environment", Cause.ENVIRONMENT, "an environment setting differs"),
     ("all_along", Cause.RNG_STATE, "a stream that differed all along was drawn from"),

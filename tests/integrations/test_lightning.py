@@ -44,8 +44,9 @@ def test_a_resume_from_a_lightning_checkpoint_against_the_uninterrupted_run(trai
     code, report = compare("a", "resumed")
     verdict = report["verdict"]
     # Lightning restores the model, the optimizer and the loop, not the shuffle of a plain DataLoader mid-epoch:
-    # the first step after the resume trains on other samples, drawn from a torch stream in another state.
+    # the first step after the resume trains on other samples, drawn from a torch stream in another state (the
+    # command lines differ by --resume too, which is how a resume is asked for, not the cause).
     assert code == 1 and (verdict["step"], verdict["phase"]) == (10, "data")
-    assert verdict["cause"] == "data_order" and verdict["rng"] == ["torch"] and verdict["confidence"] == "inferred"
+    assert verdict["cause"] == "rng_state" and verdict["rng"] == ["torch"] and verdict["confidence"] == "inferred"
     assert "resumed at step 10" in verdict["explanation"] and "restore the data position" in verdict["fix"]
     assert report["snapshots"]["last_equal"] == 10  # the model and optimizer were restored exactly
