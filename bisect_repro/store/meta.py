@@ -92,10 +92,8 @@ class _Fields:
 
     def count(self, key: str, default: int | None = 0, *, least: int = 0, most: int | None = None) -> Any:
         value = self.get(key, (int, type(None)) if default is None else int, default)
-        if value is not None and value < least:
-            raise self.bad(key, f"is {value}, below {least}")
-        if value is not None and most is not None and value > most:
-            raise self.bad(key, f"is {value}, above {most}")
+        if value is not None and (value < least or (most is not None and value > most)):
+            raise self.bad(key, f"is {value}, below {least}" if value < least else f"is {value}, above {most}")
         return value
 
     def text(self, key: str, default: str | None = None) -> Any:
@@ -119,10 +117,6 @@ def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
 
 def _kind(value: Any) -> str:
     return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-MAX_WORLD_SIZE = 1 << 20
-"""The most ranks a run may declare: every reader walks its ranks, so the count read from ``run.json`` is bounded."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,7 +228,7 @@ class Distributed:
         if shape is not None and not (isinstance(shape, list) and all(type(n) is int and n > 0 for n in shape)):
             raise fields.bad("mesh", "has a shape that is not a list of sizes")
         return cls(
-            world_size=fields.count("world_size", 1, least=1, most=MAX_WORLD_SIZE),
+            world_size=fields.count("world_size", 1, least=1, most=1 << 20),  # every reader walks the ranks it declares
             backend=fields.text("backend"),
             layout=fields.text("layout", "single") or "single",
             mesh=mesh,
