@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .sketch import WIDTH, sketch_tensors
+from .sketch import PendingSketches, queue_sketches
 
 __all__ = ["SAMPLE", "ActivationSketches"]
 
@@ -69,14 +69,11 @@ class ActivationSketches:
         """Take the outputs of the modules from now until :meth:`take`."""
         self._found, self._active = {}, True
 
-    def take(self) -> tuple[list[str], torch.Tensor] | None:
-        """Stop taking; the module names in the order they ran and their sketches (float64[n,
-        WIDTH], on the CPU: a host synchronisation), or ``None`` when no module ran."""
+    def take(self) -> PendingSketches | None:
+        """Stop taking; the sketches of the modules in the order they ran, computed where the
+        outputs live and not yet fetched (no host synchronisation), or ``None`` when no module ran."""
         found, self._found, self._active = self._found, {}, False
-        if not found:
-            return None
-        names, values = sketch_tensors(found)
-        return names, values.reshape(len(names), WIDTH)
+        return queue_sketches(found) if found else None
 
     def remove(self) -> None:
         for handle in self._handles:

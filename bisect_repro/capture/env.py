@@ -76,13 +76,14 @@ def fingerprint() -> dict[str, Any]:
         "torch": torch.__version__,
         "numpy": np.__version__,
         "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cudnn": torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None,
         "platform": platform.platform(),
         "hostname": platform.node(),
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
-        # The GPUs of a process that uses CUDA; naming them initialises CUDA, which a CPU-only run
-        # on a machine with a GPU must not pay for (nor get a CUDA generator among its streams).
+        # The GPUs and cuDNN of a process that uses CUDA: asking for either initialises CUDA, which
+        # a CPU-only run on a machine with a GPU must not pay for (nor get a CUDA generator among
+        # its streams, reseeded by every torch.seed()).
         "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "torch.get_num_threads": torch.get_num_threads(),
         "torch.get_num_interop_threads": torch.get_num_interop_threads(),

@@ -35,12 +35,24 @@ import ctypes
 import functools
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from . import _hash_cpu
 
-__all__ = ["SEED", "TABLE_KEY", "WIDTH", "relative_error_bound", "signs", "sketch_flat", "sketch_indexed", "sketch_tensors"]
+__all__ = [
+    "SEED",
+    "TABLE_KEY",
+    "WIDTH",
+    "PendingSketches",
+    "queue_sketches",
+    "relative_error_bound",
+    "signs",
+    "sketch_flat",
+    "sketch_indexed",
+    "sketch_tensors",
+]
 
 WIDTH = 128
 TABLE_KEY = 0x7AB1E5
@@ -147,10 +159,27 @@ def _native(items: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
     return out
 
 
-def sketch_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], torch.Tensor]:
-    """The names of the floating-point tensors among ``tensors`` and their sketches
-    (float64[n, WIDTH] on the CPU), each computed where the tensor lives; a DTensor's from its
-    local shard at its global indices."""
+@dataclass(frozen=True)
+class PendingSketches:
+    """Sketches computed where their tensors live and not yet fetched: building one never waits
+    for a device; :meth:`fetch` makes the one transfer per device."""
+
+    names: list[str]
+    host: torch.Tensor
+    """float64[len(names), WIDTH]: the rows computed on the CPU, zeros where a device's go."""
+    queued: list[tuple[list[int], torch.Tensor]]
+    """Per device: the rows, and their sketches stacked on that device."""
+
+    def fetch(self) -> torch.Tensor:
+        """float64[len(names), WIDTH] on the CPU (a host synchronisation where a device computed some)."""
+        for rows, values in self.queued:
+            self.host[rows] = values.cpu()
+        return self.host
+
+
+def queue_sketches(tensors: Mapping[str, torch.Tensor]) -> PendingSketches:
+    """The sketches of the floating-point tensors among ``tensors``, each computed where the tensor
+    lives (a DTensor's from its local shard at its global indices), fetched later."""
     names: list[str] = []
     native: list[tuple[int, torch.Tensor, int]] = []
     others: list[tuple[int, torch.Tensor]] = []
@@ -165,15 +194,21 @@ def sketch_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], torc
             native.append((row, local, offset))
         else:
             others.append((row, sketch_indexed(local, indices) if indices is not None else sketch_flat(local, offset or 0)))
-    out = torch.zeros((len(names), WIDTH), dtype=torch.float64)
+    host = torch.zeros((len(names), WIDTH), dtype=torch.float64)
     if native:
-        out[[row for row, _, _ in native]] = _native([(t, o) for _, t, o in native])
+        host[[row for row, _, _ in native]] = _native([(t, o) for _, t, o in native])
     by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for row, values in others:
         by_device.setdefault(values.device, []).append((row, values))
-    for items in by_device.values():  # one transfer per device
-        out[[row for row, _ in items]] = torch.stack([values for _, values in items]).cpu()
-    return names, out
+    queued = [([row for row, _ in items], torch.stack([values for _, values in items])) for items in by_device.values()]
+    return PendingSketches(names, host, queued)
+
+
+def sketch_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], torch.Tensor]:
+    """The names of the floating-point tensors among ``tensors`` and their sketches
+    (float64[n, WIDTH] on the CPU): :func:`queue_sketches`, fetched at once."""
+    pending = queue_sketches(tensors)
+    return pending.names, pending.fetch()
 
 
 def relative_error_bound(sigmas: float = 4.0) -> float:

@@ -299,7 +299,7 @@ class StepAnalysis:
 
     def _determinism_settings(self, verdict: Verdict) -> None:
         """When the runs' determinism switches differ, show whether run A's make run B repeat."""
-        keys = [k for k in self.records.environment_diff if "determinis" in k or "cudnn" in k]
+        keys = [k for k in self.records.environment_diff if "determinis" in k or k.startswith("torch.backends.cudnn.")]
         if not keys:
             return
         settings = {k: self.records.a.meta.environment.get(k) for k in keys}

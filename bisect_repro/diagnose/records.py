@@ -85,6 +85,13 @@ class Records:
         moved = self.drawn_between(self.last_equal, self.first_divergent)
         return [s for s in after if s not in before], [s for s in after if s in before and s in moved]
 
+    def streams_equal_until(self, streams: list[str], end: int) -> int:
+        """The last snapshot at or before ``end`` where none of ``streams`` differ (0 where none):
+        where a reseed that parted them can start. A snapshot whose tensors are all equal can
+        already hold streams in other states (reseeded after the step before it)."""
+        equal = [row.step for row in self.timeline if row.step <= end and not any(name in row.streams for name in streams)]
+        return equal[-1] if equal else 0
+
     def reseeds(self, start: int, end: int, streams: list[str] | None = None) -> list[tuple[int, dict[str, Any]]]:
         """Seeding calls from entropy the step logs of either run show in ``[start, end]``, by step
         (only those that seed one of ``streams``, when given)."""

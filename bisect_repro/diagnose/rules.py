@@ -103,7 +103,6 @@ class Signals:
         )
 
 
-
 def _reseed_step(evidence: Evidence) -> int | None:
     """The step of a records evidence line ``step N reseeded from entropy: ...``."""
     head = evidence.detail.partition(" reseeded from entropy")[0]

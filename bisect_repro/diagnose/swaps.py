@@ -96,7 +96,8 @@ class Swaps:
             if self._streams(verdict, "stream", differing, with_streams, "random streams"):
                 verdict.cause = Cause.RNG_STATE
                 # How those streams came apart, where the step logs show it: a reseed from entropy in an earlier step.
-                verdict.reseeded = [call for _, call in self.records.reseeds(self.records.last_equal or 0, s, verdict.rng)]
+                start = self.records.streams_equal_until(verdict.rng, s)
+                verdict.reseeded = [call for _, call in self.records.reseeds(start, s, verdict.rng)]
                 return
         if self._settings(verdict, lambda settings: matches(self.rb.run(s, trace="full", environment=settings))):
             return

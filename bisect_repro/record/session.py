@@ -72,7 +72,7 @@ from ..capture.data import next_micro_batches
 from ..capture.hashing import PendingHashes
 from ..capture.parallel import RankInfo, rank_info
 from ..capture.seeding import SeedingCall, SeedingWatch
-from ..capture.sketch import SEED, WIDTH, sketch_tensors
+from ..capture.sketch import SEED, WIDTH, PendingSketches, sketch_tensors
 from ..capture.state import TrainingState
 from ..errors import BisectReproError, RecordingError, RecordingWarning
 from ..store import codec
@@ -119,7 +119,7 @@ class RecordingSession:
         self._reported = False
         self._activations: ActivationSketches | None = None  # hooks on the model, taking a snapshot's step
         self._taking = False  # the hooks are taking the outputs of the current step
-        self._sketched: dict[str, Any] | None = None  # that step's activation sketches, for the next snapshot
+        self._sketched: tuple[int, PendingSketches] | None = None  # that step's activation sketches, for the next snapshot
         try:
             if resume:
                 self.options = self._resume(Path(out), options, target, config, info)
@@ -243,7 +243,7 @@ class RecordingSession:
         if self._activations is not None and self._taking:
             found, self._taking = self._activations.take(), False
             if found is not None:
-                self._sketched = {"step": self.step, "width": WIDTH, "seed": SEED, "names": found[0], "values": found[1]}
+                self._sketched = (self.step, found)
 
     def log(self, loss: torch.Tensor | float | None) -> None:
         """The loss of the current step; a tensor stays on its device until the next snapshot."""
@@ -342,7 +342,8 @@ class RecordingSession:
         lanes, self._batch_hashes = self._batch_hashes.fetch_lanes(), PendingHashes()
         sketched, sketches = sketch_tensors(state.parameters())  # a fresh host tensor: shares nothing with the training
         self._close_activations()
-        activations, self._sketched = self._sketched, None
+        sketched_step, activations = self._sketched or (None, None)
+        activation_values, self._sketched = (activations.fetch() if activations is not None else None), None
         if self._activations is None:
             self._activations = ActivationSketches(self.trainee.model).install()
         self._activations.start()
@@ -364,9 +365,10 @@ class RecordingSession:
             digests = lanes.digests()
             hashes = {name: digests[f"state:{name}"] for name in names} | extra
             sketch = {"width": WIDTH, "seed": SEED, "names": sketched, "values": sketches}
+            taken = None if activations is None else {"width": WIDTH, "seed": SEED, "names": activations.names, "values": activation_values}
             tree = {"step": step, "hashes": hashes, "streams": streams, "data": data, **placed, "settings": settings, "sketch": sketch}
-            if activations is not None:
-                tree["activations"] = activations
+            if taken is not None:
+                tree["activations"] = {"step": sketched_step, **taken}
             files = [("snapshot", codec.prepare(tree))] + ([("checkpoint", checkpoint)] if checkpoint is not None else [])
             return Commit(step, step_records(pending, losses, digests, seeded), files)
 

@@ -121,7 +121,7 @@ def test_activation_sketches_follow_the_modules_in_the_order_they_ran() -> None:
     model(x)  # a second call is not taken
     found = hooks.take()
     assert found is not None
-    names, values = found
+    names, values = found.names, found.fetch()
     assert names == ["0", "1", "2"] and values.shape == (3, sketch.WIDTH)
     hidden = model[0](x)
     assert torch.allclose(values[0], sketch.sketch_flat(hidden.detach()))  # taken before ReLU changed it in place

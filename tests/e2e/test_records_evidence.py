@@ -13,6 +13,7 @@ from bisect_repro.cli import app
 
 runner = CliRunner()
 RECIPE = Path(__file__).resolve().parent / "recipes" / "counter_reseed.py"
+RESEED = f"{RECIPE}:{RECIPE.read_text().splitlines().index('            torch.seed()') + 1}"  # the reseed before the forward pass
 
 
 def test_a_reseed_behind_a_recipes_closure_counter_is_proven(tmp_path: Path) -> None:
@@ -39,8 +40,8 @@ def test_a_reseed_behind_a_recipes_closure_counter_is_proven(tmp_path: Path) -> 
     verdict = json.loads(result.stdout)["verdict"]
     assert (verdict["step"], verdict["cause"], verdict["rng"]) == (9, "rng_state", ["torch"]), verdict
     assert (verdict["phase"], verdict["confidence"]) == ("forward", "proven"), verdict
-    assert verdict["reseeded"][0]["call"] == "torch.seed()" and verdict["reseeded"][0]["where"] == f"{RECIPE}:24"
-    assert f"{RECIPE}:24" in verdict["fix"]
+    assert verdict["reseeded"][0]["call"] == "torch.seed()" and verdict["reseeded"][0]["where"] == RESEED
+    assert RESEED in verdict["fix"]
 
 
 def test_an_unseeded_generator_held_by_the_dataset_is_named_and_proven(tmp_path: Path) -> None:
@@ -83,7 +84,25 @@ def test_doctor_names_the_reseed_behind_a_closure_counter_not_streams_nothing_dr
     assert result.exit_code == 1, result.output
     findings = {f["id"]: f for f in json.loads(result.stdout)["findings"]}
     torch_reseed = findings["reseeded-stream:torch"]
-    assert torch_reseed["severity"] == "error" and f"torch.seed() at {RECIPE}:24" in torch_reseed["evidence"]
+    assert torch_reseed["severity"] == "error" and f"torch.seed() at {RESEED}" in torch_reseed["evidence"]
     assert "step 14" in torch_reseed["evidence"] and "with that seeding given a fixed seed, the step repeats" in torch_reseed["evidence"]
     errors = [name for name, finding in findings.items() if finding["severity"] == "error"]
     assert errors == ["reseeded-stream:torch"], findings  # python and numpy differ, but nothing draws from them
+
+
+def test_a_reseed_after_the_update_names_its_call_though_the_next_snapshots_tensors_are_equal(tmp_path: Path) -> None:
+    """Reseeded at the end of step 3: the snapshot of step 4 has equal tensors and the stream in
+    another state. The swap proves the stream; the call is found from the last snapshot where the
+    stream was equal (step 2), not the last with equal tensors (step 4)."""
+    common = ["--quiet", "--steps", "6", "--every", "2", "--checkpoint-every", "2", "--set", "reseed_at=3", "--set", "after_update=true"]
+    for name in ("a", "b"):
+        result = runner.invoke(app, ["record", f"{RECIPE}:build", "--out", str(tmp_path / name), *common])
+        assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    verdict = report["verdict"]
+    assert report["snapshots"]["last_equal"] == 4, report["snapshots"]  # the premise: the tensors still equal at step 4
+    assert (verdict["step"], verdict["cause"], verdict["rng"], verdict["confidence"]) == (4, "rng_state", ["torch"], "proven"), verdict
+    assert [call["call"] for call in verdict["reseeded"]] == ["torch.seed()"], verdict
+    assert verdict["reseeded"][0]["where"].startswith(str(RECIPE)), verdict

@@ -1,4 +1,6 @@
-"""A loop that keeps its own step counter in a closure and reseeds torch from entropy when it reaches a value."""
+"""A loop that keeps its own step counter in a closure and reseeds torch from entropy when it reaches
+a value: before the step's forward pass, or (``after_update``) once the step's update is taken, as a
+logging helper would, so that the next snapshot's tensors are still equal and only the stream differs."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from bisect_repro import Trainee
 
 
-def build(seed: int = 0, reseed_at: int | None = None) -> Trainee:
+def build(seed: int = 0, reseed_at: int | None = None, after_update: bool = False) -> Trainee:
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(512, 8, generator=data), torch.randn(512, 1, generator=data)
@@ -20,12 +22,15 @@ def build(seed: int = 0, reseed_at: int | None = None) -> Trainee:
 
     def step(batch: list[torch.Tensor]) -> torch.Tensor:
         count["n"] += 1
-        if reseed_at is not None and count["n"] == reseed_at + 1:
+        reseed = reseed_at is not None and count["n"] == reseed_at + 1
+        if reseed and not after_update:
             torch.seed()
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(batch[0]), batch[1])
         loss.backward()
         optimizer.step()
+        if reseed and after_update:
+            torch.seed()
         return loss
 
     return Trainee(model, optimizer, loader, step)

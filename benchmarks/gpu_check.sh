@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The checks of a GPU machine, in one run of a fixed length: the CUDA benchmarks first, on a quiet
+# machine (the hash against x.sum(), the GPT-style transformer's whole-process recording overhead),
+# then the CUDA tests beside the rest of the suite.
+#
+#   bash benchmarks/gpu_check.sh OUT [SECONDS]    # OUT: logs, JUnit files and benchmarks/results-cuda
+#
+# Assumes bisect-repro installed (pip install -e ".[test]") with pytest-xdist. Each stage has its
+# own share of SECONDS (default 570) and is interrupted with SIGINT at its end, so that pytest still
+# writes its summary and JUnit file; a stage cut short says so in OUT/stages.txt. Eight files in
+# all: stages.txt, cuda.log, cuda.xml, suite.log, suite.xml, bench.log, bench/results.{json,md}.
+set -u
+out=${1:?usage: gpu_check.sh OUT [SECONDS]}
+budget=${2:-570}
+mkdir -p "$out/bench"
+t0=$SECONDS
+stage() {  # stage NAME LOG SECONDS COMMAND...: run COMMAND, its output added to OUT/LOG.log
+  local name=$1 log=$2 limit=$3 start=$SECONDS rc
+  shift 3
+  timeout -s INT -k 15 "$limit" "$@" >>"$out/$log.log" 2>&1
+  rc=$?
+  echo "$name: rc=$rc in $((SECONDS - start)) s (limit $limit s)" >>"$out/stages.txt"
+}
+share() { echo $(((budget - (SECONDS - t0)) * $1 / 100)); }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$out/stages.txt" 2>&1
+python3 -c 'import torch, bisect_repro; print(torch.__version__, torch.cuda.get_device_name())' >>"$out/stages.txt" 2>&1
+
+stage hash bench 45 python3 -m benchmarks.run --device cuda --out "$out/bench" --only hash small
+stage gpt bench "$(share 45)" python3 -m benchmarks.run --device cuda --out "$out/bench" --only gpt --runs "${GPT_RUNS:-2}"
+suite=$(share 97)
+stage cuda cuda "$suite" python3 -m pytest -m cuda -q -rfE -n 6 -p no:cacheprovider --junitxml "$out/cuda.xml" &
+stage suite suite "$suite" python3 -m pytest -m "not cuda" -q -rfE -n 10 -p no:cacheprovider --durations 15 --junitxml "$out/suite.xml" &
+wait
+echo "whole: $((SECONDS - t0)) s" >>"$out/stages.txt"
