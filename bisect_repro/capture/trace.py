@@ -4,7 +4,9 @@
 the order they happen:
 
 - data: each tensor of the batch;
-- forward: every leaf module's (and every module owning parameters) inputs and outputs;
+- forward: every leaf module's (and every module owning parameters) inputs and outputs, except
+  a forward under ``torch.no_grad()`` after the step's backward (an evaluation between the
+  update and the next step: it computes nothing the update uses);
 - backward: the gradient of each such module's outputs as autograd computes it, and each
   parameter's ``.grad`` once accumulated;
 - optimizer: every parameter and optimizer-state tensor after each ``optimizer.step()``, of every
@@ -84,6 +86,7 @@ class StepTracer:
         self._pending = PendingHashes()
         self._handles: list[Any] = []
         self._stepped = False
+        self._graded = False  # a parameter's gradient was accumulated in this step
 
     def _note(self, phase: str, layer: str | None, name: str, tensor: torch.Tensor) -> None:
         index = len(self.entries)
@@ -127,6 +130,8 @@ class StepTracer:
 
     def _forward_hook(self, layer: str) -> Any:
         def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if self._graded and not torch.is_grad_enabled():
+                return  # an evaluation after the step's backward: no part of the update
             inputs, _ = batch_tensors(args, f"{layer}.input")
             for path, tensor in inputs.items():
                 self._note("forward", layer, path, tensor)
@@ -148,6 +153,7 @@ class StepTracer:
 
     def _grad_hook(self, name: str) -> Any:
         def hook(parameter: torch.Tensor) -> None:
+            self._graded = True
             if parameter.grad is not None:
                 self._note("backward", _layer_of(name), f"{name}.grad", parameter.grad)
 

@@ -82,7 +82,9 @@ class StepAnalysis:
         """A stream ended the step in another state each time it ran from the same state."""
         self.unrecorded_data = False
         """A run's batch differed between re-runs from one state: it draws from no recorded stream."""
-        self.swaps = Swaps(records, lockstep.replicas, specs, checkpoints[1], self.step, self.evidence, start=start)
+        self.swaps = Swaps(
+            records, lockstep.replicas, specs, checkpoints[1], self.step, self.evidence, start=start, checkpoint_a=checkpoints[0]
+        )
 
     def _add(self, experiment: str, subject: str, outcome: str, detail: str) -> None:
         self.evidence.append(Evidence(experiment=experiment, subject=subject, outcome=outcome, detail=detail))
@@ -121,7 +123,7 @@ class StepAnalysis:
         elif self._kept(verdict, ta, tb):
             self.reseeded = True
         elif entry.phase == "data":
-            self.swaps.data(verdict, entry.tensor == "batch.indices", self.divergence.fetched[0])
+            self.swaps.data(verdict, entry.tensor == "batch.indices", self.divergence.fetched[0], ta)
         else:
             self.swaps.compute(verdict, ta)
         if entry.phase != "data":
@@ -278,6 +280,7 @@ class StepAnalysis:
                 f"step {self.step} run again from the same state (every recorded stream restored) draws another "
                 f"{check.trace.entries[check.first].tensor}: the data is drawn from a generator no recorded stream holds",
             )
+            self.swaps.seeded_alike(verdict)  # a global stream drawn before the first snapshot
             return
         if check.op is None:
             verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED

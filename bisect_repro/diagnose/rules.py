@@ -27,7 +27,8 @@ from a finished comparison cannot tell whether sample indices were recorded; the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,10 @@ from .verdict import CompareResult, Confidence, Evidence, Outcome, TimelineRow, 
 if TYPE_CHECKING:
     from .records import Records
 
-__all__ = ["PRECEDENCE", "RULES", "Rule", "Signals", "downgrade_unfaithful", "enforce", "expected_to_part", "reconcile", "violation"]
+__all__ = [
+    "PRECEDENCE", "RULES", "Rule", "Signals", "arguments_not_named_for_data", "downgrade_unfaithful", "enforce", "expected_to_part",
+    "reconcile", "violation",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +253,29 @@ PRECEDENCE: tuple[tuple[str, Cause, str], ...] = (
     ("init_streams", Cause.RNG_STATE, "the runs differ from their first snapshot, where streams differ too"),
 )
 """How the records alone name a cause: ``(signal, cause, when)``, the first signal present wins."""
+
+
+PARALLELISM = re.compile(r"(?:^|[-_.])(?:num[-_.]?)?(?:workers?|threads?|jobs|procs|processes|cpus)$|^-?j$", re.IGNORECASE)
+"""An argument whose name says it sets how many workers, threads or processes do the work: a
+setting for speed, which the data a script draws is expected not to depend on."""
+
+
+def arguments_not_named_for_data(keys: Sequence[str], reseeded: bool) -> str | None:
+    """Why a script's differing arguments are not put to the test for a batch that differs (``None``:
+    they are: run B relaunched with run A's arguments, the step then matching, names ``config`` in the
+    data). A reseed from entropy at or before the step is the streams' cause (``rng_state``); a batch
+    that changes with a worker count alone is drawn in workers seeded per worker, the data's own cause
+    (``data_content``)."""
+    if not keys:
+        return "no argument differs"
+    if reseeded:
+        return "a stream was reseeded from entropy at or before the step"
+    if all(PARALLELISM.search(key.lstrip("-")) for key in keys):
+        return (
+            f"only the parallelism differs ({', '.join(keys)}): a batch that changes with the number of workers is drawn in "
+            "workers seeded per worker, so the data is named, not the argument"
+        )
+    return None
 
 
 def violation(verdict: Verdict, signals: Signals) -> str | None:

@@ -14,7 +14,12 @@ what run A computes, that condition is the cause, proven. In order:
   relaunched with run A's command line.
 
 For a difference in the data, the batch is what is compared: run B's batch fetched again under run
-A's loader and global streams, then in the fresh processes.
+A's loader and global streams, then in the fresh processes. A script's loop cannot fetch a batch
+again: where its arguments differ and the rules allow it
+(:func:`~bisect_repro.diagnose.rules.arguments_not_named_for_data`), run B's script is relaunched
+with run A's arguments and the step's full trace compared. A script whose batch no recorded stream
+decides (:meth:`Swaps.seeded_alike`) is relaunched, both runs, with the global streams that differ
+at the first snapshot seeded alike before the code runs.
 
 Where the guarantees stop: a swap shows that a condition suffices to remove the difference, not
 that nothing else contributes; a script's config is its command line, swapped whole (run B's
@@ -30,7 +35,7 @@ from functools import partial
 from typing import Any
 
 from ..capture import env
-from ..capture.rng import loader_draws_from, tree_digest
+from ..capture.rng import GLOBAL_STREAMS, loader_draws_from, tree_digest
 from ..capture.trace import first_difference
 from ..record.arguments import shown_command
 from ..replay.launch import LaunchSpec
@@ -39,8 +44,10 @@ from ..replay.ranked import start_replica
 from ..replay.replica import Replica, ReplicaFailed
 from ..serve.protocol import Fetched, StepResult
 from ..store.meta import CodeKind
+from ..store.run import Run
 from .causes import Cause
 from .records import Records
+from .rules import arguments_not_named_for_data
 from .verdict import Confidence, Evidence, Verdict
 
 __all__ = ["Swaps"]
@@ -48,6 +55,13 @@ __all__ = ["Swaps"]
 
 def _outcome(matched: bool) -> str:
     return "matches" if matched else "differs"
+
+
+_ALIKE = 1234  # the seed both runs' streams are given where they are relaunched seeded alike
+
+
+def _same(trace: StepResult, other: StepResult | None) -> bool:
+    return other is not None and first_difference(trace.entries, other.entries) is None
 
 
 def _differing(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
@@ -68,8 +82,10 @@ class Swaps:
         evidence: list[Evidence],
         *,
         start: Callable[[LaunchSpec, str], Replica] = start_replica,
+        checkpoint_a: int | None = None,
     ) -> None:
         self.records, self.specs, self.checkpoint_b, self.step, self.evidence = records, specs, checkpoint_b, step, evidence
+        self.checkpoint_a = checkpoint_b if checkpoint_a is None else checkpoint_a
         self.ra, self.rb = replicas
         self.start = start
         """What starts a fresh replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
@@ -83,7 +99,7 @@ class Swaps:
         s = self.step
 
         def matches(result: StepResult | None) -> bool:
-            return result is not None and first_difference(trace_a.entries, result.entries) is None
+            return _same(trace_a, result)
 
         sa, sb = (start.streams for start in both(partial(self.ra.streams, s), partial(self.rb.streams, s)))
         unused = set(self.records.unused_streams())  # nothing drew from them in either run: cannot matter
@@ -106,12 +122,14 @@ class Swaps:
         verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED
 
     # -- a batch that differs ------------------------------------------------------------------
-    def data(self, verdict: Verdict, order: bool, fetched_a: Fetched) -> None:
+    def data(self, verdict: Verdict, order: bool, fetched_a: Fetched, trace_a: StepResult) -> None:
         """The loader's and the global streams, then variables and config, for run B's batch."""
         s, kind = self.step, "order" if order else "batch"
         verdict.cause = Cause.DATA_ORDER if order or (fetched_a.order is None and fetched_a.indices is None) else Cause.DATA_CONTENT
         if not self.rb.reruns:
             self._data_in_a_framework(verdict)
+            if self._arguments_decide_data() and self._relaunched(verdict, lambda _, result: _same(trace_a, result), data=False):
+                verdict.rng = []  # the streams carried the difference; the arguments made it
             return
         a, b = self.ra.streams(s), self.rb.streams(s)
         epoch_a, epoch_b = (a.data or {}).get("epoch_streams"), (b.data or {}).get("epoch_streams")
@@ -144,6 +162,40 @@ class Swaps:
             Evidence(experiment="data_streams", subject="run B's batch under run A's streams", outcome="inconclusive", detail=detail)
         )
         verdict.rng, verdict.confidence = differing, Confidence.INFERRED if differing else Confidence.UNEXPLAINED
+
+    def _arguments_decide_data(self) -> bool:
+        """Whether a script's differing command line is put to the test for its batch (the rule:
+        :func:`~bisect_repro.diagnose.rules.arguments_not_named_for_data`); where not, the evidence says why."""
+        spec_a, spec_b = self.specs
+        if spec_b.kind is CodeKind.RECIPE or spec_a.argv == spec_b.argv:
+            return False
+        why = arguments_not_named_for_data(list(self.records.config_diff), bool(self.records.reseeds(0, self.step)))
+        if why is not None:
+            subject = "run B relaunched with run A's arguments"
+            self.evidence.append(Evidence(experiment="config", subject=subject, outcome="inconclusive", detail=f"not run: {why}"))
+        return why is None
+
+    def seeded_alike(self, verdict: Verdict) -> bool:
+        """A script whose batch no recorded stream decides (one step, from one restored state, draws
+        another): the global streams that differ at the first snapshot may have been drawn before it
+        (an unseeded ``np.random.permutation`` split). Both runs relaunched, each in a fresh process with
+        those streams seeded alike before the code runs: the step then matching proves them the cause."""
+        first = self.records.timeline[0].streams if self.records.timeline else []
+        names = [name for name in first if name in GLOBAL_STREAMS]
+        spec_a, spec_b = self.specs
+        if spec_b.kind is CodeKind.RECIPE or not names:
+            return False
+        seeds, label = dict.fromkeys(names, _ALIKE), f"runs A and B relaunched with {', '.join(names)} seeded alike before the code runs"
+        ta, tb = both(
+            partial(self._variant, spec_a.with_seeds(seeds), label, False, self.checkpoint_a, run=self.records.a),
+            partial(self._variant, spec_b.with_seeds(seeds), label, False),
+        )
+        matched = ta[1] is not None and _same(ta[1], tb[1])
+        outcome = "matches run A: they decide the data, drawn before the first step" if matched else "still differs"
+        self._add("data_streams", label, matched, f"step {self.step} of run B {outcome}")
+        if matched:
+            verdict.cause, verdict.rng, verdict.confidence = Cause.RNG_STATE, names, Confidence.PROVEN
+        return matched
 
     # -- the kinds of conditions ---------------------------------------------------------------
     def _narrowed(
@@ -243,15 +295,18 @@ class Swaps:
             verdict.cause, verdict.config_keys, verdict.confidence = Cause.CONFIG, list(self.records.config_diff), Confidence.PROVEN
         return matched
 
-    def _variant(self, spec: LaunchSpec, label: str, data: bool, checkpoint: int | None = None) -> tuple[Fetched, StepResult | None]:
-        """Run B's checkpoint (the replay's, or ``checkpoint``) restored in a fresh process of ``spec``
-        (with the hyperparameters its config gives), replayed to the step: its fetch there and,
-        unless ``data``, the step's trace."""
-        run = self.records.b
+    def _variant(
+        self, spec: LaunchSpec, label: str, data: bool, checkpoint: int | None = None, *, run: Run | None = None
+    ) -> tuple[Fetched, StepResult | None]:
+        """Run B's checkpoint (the replay's, or ``checkpoint``; ``run``'s where given) restored in a fresh
+        process of ``spec`` (with the hyperparameters its config gives), replayed to the step: its fetch
+        there and, unless ``data``, the step's trace."""
+        run = self.records.b if run is None else run
+        own = self.specs[0] if run is self.records.a else self.specs[1]
         with self.start(spec, label) as replica:
             replica.connect()
             start = self.checkpoint_b if checkpoint is None else checkpoint
-            rebuilt = spec.config != self.specs[1].config or spec.argv != self.specs[1].argv
+            rebuilt = spec.config != own.config or spec.argv != own.argv
             replica.restore(run.path, start, run.meta.environment, rebuilt=rebuilt)
             replica.skip(self.step)
             fetched = replica.fetch()

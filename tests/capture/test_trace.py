@@ -92,3 +92,29 @@ def test_ops_returning_uninitialised_memory_are_never_compared() -> None:
     assert [r.op for r in a if not r.outputs] == ["aten.empty.memory_format", "aten.empty_like.default"]
     assert uninitialised("aten.empty_like.default") and uninitialised("aten.resize_.default") and not uninitialised("aten.add.Tensor")
     assert first_divergent_op(a, run()) is None
+
+
+def _hand_updated_step(model: nn.Module, batch: torch.Tensor, *, evaluate: bool, frozen_first: bool = False) -> list:
+    """A loop with no optimizer: forward, backward, the update by hand, then (``evaluate``) a forward
+    under ``torch.no_grad()`` on another batch, before the next step begins."""
+    tracer = StepTracer(model, [], {id(p): name for name, p in model.named_parameters()})
+    tracer.note_batch((batch,), None)
+    with tracer:
+        if frozen_first:
+            with torch.no_grad():
+                model(batch * 2)  # a frozen pass before the backward is part of the step
+        model(batch).sum().backward()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(-0.1 * parameter.grad)
+            if evaluate:
+                model(torch.full((5, 3), 7.0))
+    return tracer.result()
+
+
+def test_an_evaluation_under_no_grad_after_the_backward_is_no_part_of_the_step() -> None:
+    plain = _hand_updated_step(make()[0], torch.ones(2, 3), evaluate=False)
+    evaluated = _hand_updated_step(make()[0], torch.ones(2, 3), evaluate=True)
+    assert first_difference(plain, evaluated) is None  # the same update: the step is the same
+    frozen = _hand_updated_step(make()[0], torch.ones(2, 3), evaluate=False, frozen_first=True)
+    assert len(frozen) > len(plain) and [e.phase for e in frozen[1:4]] == ["forward"] * 3  # no_grad before the backward: traced

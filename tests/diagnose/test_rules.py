@@ -10,7 +10,7 @@ import pytest
 from bisect_repro.diagnose.causes import Cause
 from bisect_repro.diagnose.from_records import records_verdict
 from bisect_repro.diagnose.records import read_records
-from bisect_repro.diagnose.rules import PRECEDENCE, RULES, Signals, reconcile, violation
+from bisect_repro.diagnose.rules import PRECEDENCE, RULES, Signals, arguments_not_named_for_data, reconcile, violation
 from bisect_repro.diagnose.settings import SettingsDifference
 from bisect_repro.diagnose.verdict import CompareResult, Confidence, Evidence, Outcome, Verdict
 from tests.diagnose.test_records import run
@@ -192,3 +192,24 @@ def test_an_optimizer_setting_no_argument_names_is_the_config(tmp_path: Path) ->
     verdict = records_verdict(records)
     assert (verdict.cause, verdict.config_keys) == (Cause.CONFIG, ["optimizer.0.weight_decay"])
     assert violation(verdict, Signals.of_records(records)) is None
+
+
+@pytest.mark.parametrize(
+    ("keys", "reseeded", "refused"),
+    [
+        (["--split-seed"], False, None),  # run B relaunched with run A's arguments is put to the test
+        (["--eval-every"], False, None),
+        (["--workers", "--lr"], False, None),  # not the parallelism alone
+        (["--network"], False, None),
+        (["--subprocesses"], False, None),
+        (["--workers"], False, "only the parallelism differs"),
+        (["--num-workers"], False, "only the parallelism differs"),
+        (["--num_workers", "-j"], False, "only the parallelism differs"),
+        (["--dataloader-threads"], False, "only the parallelism differs"),
+        (["--sample-seed"], True, "reseeded from entropy"),  # the streams' cause
+        ([], False, "no argument differs"),
+    ],
+)
+def test_arguments_are_put_to_the_test_for_a_batch_only_where_the_rule_allows(keys: list[str], reseeded: bool, refused: str | None) -> None:
+    why = arguments_not_named_for_data(keys, reseeded)
+    assert (why is None) if refused is None else (why is not None and refused in why), why

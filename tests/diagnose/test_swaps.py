@@ -10,6 +10,7 @@ from bisect_repro.diagnose.swaps import Swaps
 from bisect_repro.diagnose.verdict import Confidence, Evidence, Verdict
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.replica import ReplicaFailed
+from bisect_repro.serve.protocol import StepResult
 from bisect_repro.store.meta import CodeKind
 from tests.fake_programs import one_layer, record, shuffled
 from tests.fake_replica import FakeReplica, Launcher, Program
@@ -114,7 +115,7 @@ def test_a_batch_of_other_samples_matches_under_run_as_loader_stream(tmp_path: P
     fetched_a, fetched_b = ra.fetch(), rb.fetch()
     assert fetched_a.order != fetched_b.order
     swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
-    swaps.data(verdict, True, fetched_a)
+    swaps.data(verdict, True, fetched_a, ra.run(0, trace="full"))
     assert (verdict.cause, verdict.confidence, verdict.rng) == (Cause.DATA_ORDER, Confidence.PROVEN, ["loader.generator"])
     assert swaps.evidence == [
         Evidence(
@@ -141,7 +142,7 @@ def test_a_batch_that_differs_in_a_frameworks_loop_names_the_streams_that_differ
     fetched_a = ra.fetch()
     assert (fetched_a.order, fetched_a.batch) == (None, None)  # a framework's loop tells the batch only as the step runs
     swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
-    swaps.data(verdict, False, fetched_a)
+    swaps.data(verdict, False, fetched_a, StepResult(step=0))  # same arguments: run A's trace is not asked for
     assert (verdict.cause, verdict.confidence, verdict.rng) == (Cause.DATA_ORDER, Confidence.INFERRED, ["torch"])
     assert swaps.evidence == [
         Evidence(
@@ -198,3 +199,88 @@ def test_a_script_that_does_not_take_run_as_arguments_leaves_the_config_experime
     assert (verdict.cause, verdict.confidence) == (Cause.UNKNOWN, Confidence.UNEXPLAINED)
     [tried] = swaps.evidence
     assert tried.outcome == "inconclusive" and "did not reach step 0" in tried.detail and "unrecognized arguments" in tried.detail
+
+
+# -- a script's arguments and streams drawn before its first step, for a batch that differs -----------
+
+
+def _flagged(*flags: str) -> tuple[LaunchSpec, LaunchSpec]:
+    """One script run with ``flags[0] 1`` and ``flags[0] 2`` (each flag in ``flags`` given both values)."""
+    return tuple(  # type: ignore[return-value]
+        LaunchSpec(
+            kind=CodeKind.SCRIPT,
+            path="/code/train.py",
+            argv=["train.py", *(w for f in flags for w in (f, v))],
+            config={f: int(v) for f in flags},
+        )
+        for v in ("1", "2")
+    )
+
+
+def _reads_its_arguments(call):  # what the script's step computes follows its command line
+    return one_layer(call, forward=call.spec.argv if call.spec else None)
+
+
+def _script_loop(step) -> Program:
+    return Program(step=step, loader=shuffled("torch"), streams={"torch": 1}, reruns=False)
+
+
+def _data_swapped(tmp_path: Path, script: Program, specs: tuple[LaunchSpec, LaunchSpec]) -> tuple[Swaps, Verdict, Launcher]:
+    records = records_of(tmp_path, script, script, specs)
+    ra, rb = (FakeReplica(script, label, spec) for label, spec in zip(("run A", "run B"), specs, strict=True))
+    for replica, run in zip((ra, rb), (records.a, records.b), strict=True):
+        replica.connect()
+        replica.restore(run.path, 0)
+    fetched_a, trace_a = ra.fetch(), ra.run(0, trace="full")
+    launcher = Launcher({"/code/train.py": script})
+    swaps, verdict = Swaps(records, (ra, rb), specs, 0, 0, [], start=launcher), Verdict(step=0, phase="data")
+    swaps.data(verdict, False, fetched_a, trace_a)
+    return swaps, verdict, launcher
+
+
+def test_a_script_batch_that_its_arguments_decide_is_proven_config_by_relaunching_run_b_with_run_as(tmp_path: Path) -> None:
+    swaps, verdict, launcher = _data_swapped(tmp_path, _script_loop(_reads_its_arguments), _flagged("--split-seed"))
+    assert (verdict.cause, verdict.confidence, verdict.config_keys, verdict.rng) == (Cause.CONFIG, Confidence.PROVEN, ["--split-seed"], [])
+    assert (swaps.evidence[-1].experiment, swaps.evidence[-1].outcome) == ("config", "matches")
+    [fresh] = launcher.started
+    assert fresh.spec.argv == ["train.py", "--split-seed", "1"] and fresh.closed
+
+
+def test_a_script_batch_with_only_its_worker_count_differing_is_not_put_on_the_argument(tmp_path: Path) -> None:
+    swaps, verdict, launcher = _data_swapped(tmp_path, _script_loop(_reads_its_arguments), _flagged("--workers"))
+    assert verdict.cause is Cause.DATA_ORDER and verdict.config_keys == [] and launcher.started == []  # the batch stays the data's
+    assert (swaps.evidence[-1].experiment, swaps.evidence[-1].outcome) == ("config", "inconclusive")
+    assert "only the parallelism differs (--workers)" in swaps.evidence[-1].detail
+
+
+def _drawn_before_the_first_step(call):  # a split drawn from numpy before the loop: seeded only where the replay seeds it
+    seeds = (call.spec.seeds if call.spec else None) or {}
+    return one_layer(call, forward=seeds.get("numpy", call.entropy))
+
+
+def _numpy_split(tmp_path: Path, step, specs: tuple[LaunchSpec, LaunchSpec]) -> tuple[Swaps, Verdict, Launcher]:
+    a, b = (Program(step=step, streams={"numpy": n, "torch": 0}) for n in (5, 6))  # numpy differs at the first snapshot
+    records = records_of(tmp_path, a, b, specs)
+    assert records.timeline[0].streams == ["numpy"]
+    launcher = Launcher({"/code/train.py": a})
+    swaps = Swaps(records, replicas(a, b, specs), specs, 0, 0, [], start=launcher)
+    verdict = Verdict(step=0, phase="data", cause=Cause.DATA_CONTENT, confidence=Confidence.PROVEN)
+    swaps.seeded_alike(verdict)
+    return swaps, verdict, launcher
+
+
+def test_a_script_whose_data_an_unseeded_global_stream_decides_is_proven_rng_state_by_seeding_it_alike(tmp_path: Path) -> None:
+    same = tuple(LaunchSpec(kind=CodeKind.SCRIPT, path="/code/train.py", argv=["train.py"]) for _ in "AB")
+    swaps, verdict, launcher = _numpy_split(tmp_path, _drawn_before_the_first_step, same)  # type: ignore[arg-type]
+    assert (verdict.cause, verdict.confidence, verdict.rng) == (Cause.RNG_STATE, Confidence.PROVEN, ["numpy"])
+    assert [(e.experiment, e.outcome) for e in swaps.evidence] == [("data_streams", "matches")]
+    assert [r.spec.seeds for r in launcher.started] == [{"numpy": 1234}] * 2 and all(r.closed for r in launcher.started)
+
+
+def test_data_that_no_global_stream_decides_stays_the_datas_and_a_recipe_is_not_relaunched(tmp_path: Path) -> None:
+    same = tuple(LaunchSpec(kind=CodeKind.SCRIPT, path="/code/train.py", argv=["train.py"]) for _ in "AB")
+    swaps, verdict, _ = _numpy_split(tmp_path, lambda call: one_layer(call, forward=call.entropy), same)  # type: ignore[arg-type]
+    assert (verdict.cause, verdict.rng) == (Cause.DATA_CONTENT, []) and swaps.evidence[0].outcome == "differs"
+    recipes = tuple(LaunchSpec(kind=CodeKind.RECIPE, target="/code/train.py:build", path="/code/train.py") for _ in "AB")
+    swaps, verdict, launcher = _numpy_split(tmp_path / "recipe", _drawn_before_the_first_step, recipes)  # type: ignore[arg-type]
+    assert verdict.cause is Cause.DATA_CONTENT and swaps.evidence == [] and launcher.started == []
