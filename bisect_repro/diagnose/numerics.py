@@ -130,7 +130,8 @@ class Measured:
 
 
 def distances(a: Run, b: Run, *, exact: bool = True) -> Measured | None:
-    """The distances at every snapshot both runs hold with sketches; ``None`` when they hold none.
+    """The distances at every snapshot both runs hold with sketches of parameters of the same name;
+    ``None`` when they hold none.
     ``exact`` at the first and the last checkpoint both runs hold (each reads two checkpoints)."""
     found = Measured()
     same_batches = a.world_size == b.world_size
@@ -138,7 +139,7 @@ def distances(a: Run, b: Run, *, exact: bool = True) -> Measured | None:
     checked = {both[0], both[-1]} if both and exact else set()
     for step in sorted(set(a.snapshots) & set(b.snapshots)):
         (sa, aa), (sb, ab) = run_sketches(a, step, b), run_sketches(b, step, a)
-        if sa is None or sb is None:
+        if sa is None or sb is None or not sa.keys() & sb.keys():  # no parameter of the same name: nothing to measure
             continue
         point = distance_at(step, sa, sb)
         point.exact = _exact(a, b, step) if step in checked else None
@@ -218,7 +219,7 @@ def decide(measured: Measured | None, envelope: Envelope | None, signals: list[t
     """The decision table of the module docstring."""
     named = [what for _, what in signals]
     if measured is None:
-        why = "the runs hold no sketches (recorded before they existed): no distance"
+        why = "the runs hold no sketches of parameters they both name (recorded before sketches existed, or named otherwise): no distance"
         return Numerics(rounding_only=False, signals=named, sentence=why)
     points = measured.weights
     if envelope is None:

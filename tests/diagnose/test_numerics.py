@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from bisect_repro.diagnose import numerics
 from bisect_repro.diagnose.numerics import FACTOR, Measured, _replicas, decide, distance_at
 from bisect_repro.diagnose.records import model_name, rank_zero_alike
 from bisect_repro.diagnose.verdict import CompareResult, Distance, Envelope, Numerics
@@ -156,3 +157,18 @@ def test_a_ddp_wrapper_s_prefix_is_dropped_only_against_another_layout() -> None
 )
 def test_rank_zero_hashes_compare_only_where_both_hold_the_same_tensors(a: tuple[str, int], b: tuple[str, int], alike: bool) -> None:
     assert rank_zero_alike(_run(*a), _run(*b)) is alike
+
+
+def test_runs_that_name_no_parameter_alike_have_no_distance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sketches under other names compare nothing: not a distance of zero, which reads as equal weights."""
+    names = {"a": ["module.0.weight"], "b": ["0.weight"]}
+
+    def sketches(run: SimpleNamespace, step: int, other: object = None) -> tuple[dict[str, np.ndarray], None]:
+        return {name: np.full(4, float(step + 1)) for name in names[run.tag]}, None
+
+    monkeypatch.setattr(numerics, "run_sketches", sketches)
+    a, b = (cast(Run, SimpleNamespace(tag=tag, world_size=1, snapshots={0: 0, 1: 1}, checkpoints={})) for tag in "ab")
+    assert numerics.distances(a, b) is None
+    names["b"] = ["module.0.weight"]
+    measured = numerics.distances(a, b)
+    assert measured is not None and [p.relative for p in measured.weights] == [0.0, 0.0]
