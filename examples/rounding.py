@@ -19,15 +19,29 @@ whatever the world size; world size 1 and 2 differ by rounding only:
     bisect-repro record examples/rounding.py:build_ddp --nproc-per-node 1 --out runs/d1 --steps 8 --every 1
     bisect-repro record examples/rounding.py:build_ddp --nproc-per-node 2 --out runs/d2 --steps 8 --every 1
     bisect-repro compare runs/d1 runs/d2
+
+``build_fsdp``: the same network and data under FSDP2 (``fully_shard`` on each Linear and on the
+root, over a one-dimensional mesh of every rank). Each rank records its own shards; compare adds
+their sketches up by global index, and names DDP's ``module.0.weight`` as FSDP2's ``0.weight``. On
+two ranks FSDP2 and DDP compute the same weights bit for bit (a sum of two gradients, halved, is
+the same in either order); DDP on one rank against FSDP2 on two differ by rounding only:
+
+    bisect-repro record examples/rounding.py:build_fsdp --nproc-per-node 2 --out runs/f2 --steps 8 --every 1
+    bisect-repro compare runs/d2 runs/f2    # equal at every snapshot
+    bisect-repro compare runs/d1 runs/f2    # rounding only
 """
 
 from __future__ import annotations
 
 import os
+import random
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -70,9 +84,12 @@ def build(seed: int = 0, features: int = 1024, hidden: int = 32, samples: int = 
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)
 
 
-def build_ddp(seed: int = 0, features: int = 256, hidden: int = 32, samples: int = 512, global_batch: int = 64) -> Trainee:
+def _replicated_parts(seed: int, features: int, hidden: int, samples: int, global_batch: int) -> tuple[nn.Sequential, DataLoader]:
+    """The network and each rank's loader of ``build_ddp`` and ``build_fsdp``."""
     if not dist.is_initialized():
         dist.init_process_group("gloo")
+    random.seed(seed)
+    np.random.seed(seed)
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(samples, features, generator=data), torch.randn(samples, 1, generator=data)
@@ -80,6 +97,22 @@ def build_ddp(seed: int = 0, features: int = 256, hidden: int = 32, samples: int
     sampler = DistributedSampler(dataset, shuffle=True, seed=seed)  # the same permutation on every world size, dealt out by rank
     loader = DataLoader(dataset, batch_size=global_batch // dist.get_world_size(), sampler=sampler)
     network = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+    return network, loader
+
+
+def build_ddp(seed: int = 0, features: int = 256, hidden: int = 32, samples: int = 512, global_batch: int = 64) -> Trainee:
+    network, loader = _replicated_parts(seed, features, hidden, samples, global_batch)
     model = DistributedDataParallel(network)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)
+
+
+def build_fsdp(seed: int = 0, features: int = 256, hidden: int = 32, samples: int = 512, global_batch: int = 64) -> Trainee:
+    network, loader = _replicated_parts(seed, features, hidden, samples, global_batch)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in network:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(network, mesh=mesh)
+    optimizer = torch.optim.SGD(network.parameters(), lr=0.05)
+    return Trainee.supervised(network, optimizer, loader, nn.functional.mse_loss)

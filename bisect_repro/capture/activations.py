@@ -1,23 +1,29 @@
 """Sketches of a model's activations during one step: where a difference enters, not only where it is felt.
 
-:class:`ActivationSketches` puts a forward hook on every leaf module of a model once, for the
-whole recording; between :meth:`~ActivationSketches.start` and :meth:`~ActivationSketches.take`
-(one step) the first time each module runs, the first ``SAMPLE`` elements of its output (the first
+:class:`ActivationSketches` puts a forward hook on every leaf module of a model at
+:meth:`~ActivationSketches.start` and removes them at :meth:`~ActivationSketches.take` (one
+step): the first time each module runs, the first ``SAMPLE`` elements of its output (the first
 tensor of it) are copied, and :meth:`~ActivationSketches.take` sketches them
 (:mod:`bisect_repro.capture.sketch`, at their flat indices) in the order the modules ran. The
 recorder takes them during the step that starts at each snapshot and stores them with the next
-snapshot.
+snapshot. On every other step no hook is in place: a module with a forward hook is called through
+``Module.__call__``'s slower path, which cost a small 50-module MLP's training step 10%
+(benchmarks/NOTES.md).
 
-The hooks stay in place from the start of the recording to its end and return at once outside
-that step, and inside code that ``torch.compile`` traces: a compiled model sees the same hooks at
-every step, each one a no-op to the compiler, so it is never compiled again because of them.
+Hooks do nothing inside code that ``torch.compile`` traces, and none is put on a module inside a
+compiled block (under an ``_orig_mod``), which keeps that block's one graph. A model compiled
+whole (the recorder holds the module ``torch.compile`` wraps) is compiled at most twice: first
+traced with the hooks in place (step 0's snapshot), its guards check them, so it has one graph
+with them and one without, each reused after, never compiled again because of them.
 
 Where the guarantees stop: a sample, not the whole output: a difference confined to the elements
 after ``SAMPLE`` (later samples of a large batch) is not seen; the output of a module that runs
 several times in a step is its first call's; modules inside a compiled region are not seen (their
 runs compare by the weights alone); modules whose output is not a floating-point tensor (or a
 tuple or list starting with one) are skipped; the sketches of runs with another batch per rank
-(another world size) do not compare. A hook costs a Python call per leaf module per forward pass.
+(another world size) do not compare. A model compiled whole runs its hooked graph at each
+snapshot's step: the same operations, compiled once more (a backend that tunes kernels by timing
+may choose other kernels for it).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from .sketch import PendingSketches, queue_sketches
 __all__ = ["SAMPLE", "ActivationSketches"]
 
 SAMPLE = 1 << 14  # elements of each output sketched: the first sample or few of a batch
+_COMPILED = "_orig_mod"  # the module torch.compile wraps: what runs under it is compiled, where a hook does nothing
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:
@@ -40,24 +47,17 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
 
 
 class ActivationSketches:
-    """Forward hooks on a model's leaf modules, from :meth:`install` to :meth:`remove`, taking
-    samples of the outputs between :meth:`start` and :meth:`take`."""
+    """Samples of a model's leaf modules' outputs, taken by forward hooks that are in place from
+    :meth:`start` to :meth:`take` only."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = model
         self._handles: list[Any] = []
         self._found: dict[str, torch.Tensor] = {}
-        self._active = False
-
-    def install(self) -> ActivationSketches:
-        for name, module in self._model.named_modules():
-            if name and next(module.children(), None) is None:
-                self._handles.append(module.register_forward_hook(self._hook(name)))
-        return self
 
     def _hook(self, name: str) -> Any:
         def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
-            if torch.compiler.is_compiling() or not self._active or name in self._found:
+            if name in self._found or torch.compiler.is_compiling():
                 return
             tensor = _first_tensor(output)
             if tensor is not None:
@@ -66,16 +66,22 @@ class ActivationSketches:
         return hook
 
     def start(self) -> None:
-        """Take the outputs of the modules from now until :meth:`take`."""
-        self._found, self._active = {}, True
+        """Put a hook on each leaf module of the model: take their outputs from now until :meth:`take`."""
+        self.remove()
+        for name, module in self._model.named_modules():
+            if name and next(module.children(), None) is None and _COMPILED not in name.split("."):
+                self._handles.append(module.register_forward_hook(self._hook(name)))
 
     def take(self) -> PendingSketches | None:
-        """Stop taking; the sketches of the modules in the order they ran, computed where the
-        outputs live and not yet fetched (no host synchronisation), or ``None`` when no module ran."""
-        found, self._found, self._active = self._found, {}, False
+        """Remove the hooks; the sketches of the modules in the order they ran, computed where the
+        outputs live and not yet fetched (no host synchronisation), or ``None`` when no module ran
+        (or nothing was started)."""
+        found = self._found
+        self.remove()
         return queue_sketches(found) if found else None
 
     def remove(self) -> None:
+        """Remove the hooks, if they are in place, and forget what they took."""
         for handle in self._handles:
             handle.remove()
-        self._handles, self._active = [], False
+        self._handles, self._found = [], {}

@@ -49,10 +49,10 @@ from ..store.run import Run
 from .causes import Cause
 from .envelope import judge
 from .from_records import rank_verdict, records_verdict, structure_verdict
-from .records import Records, first_divergence, read_records, through_collectives
+from .records import Records, first_divergence, rank_zero_alike, read_records, through_collectives
 from .roles import RECEIVER, roles
 from .rules import Signals, enforce, reconcile
-from .verdict import CompareResult, RankResult, Verdict
+from .verdict import CompareResult, Numerics, RankResult, Verdict
 from .walk import Progress, walk
 
 __all__ = ["compare"]
@@ -244,7 +244,24 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
             )
         _replay_ranks(records, verdict, result, specs, progress, announce)
     result.numerics = judge(records, specs[0].on_ranks(a.world_size, 0) if specs is not None else None)
+    if not rank_zero_alike(a, b):
+        for found in {id(v): v for v in [result.verdict, *(r.verdict for r in result.ranks)] if v is not None}.values():
+            _by_layout(found, a, b, result.numerics)
     return result
+
+
+def _by_layout(verdict: Verdict, a: Run, b: Run, numerics: Numerics) -> None:
+    """A verdict that the records explain by nothing, between runs whose ranks hold other tensors
+    (shards against whole tensors, or other names): their hashes differ by layout alone, so it
+    says so, and what the distance of their weights says."""
+    if verdict.cause is not Cause.UNKNOWN:
+        return
+    verdict.explanation = (
+        f"rank {verdict.rank or 0} holds other tensors in each run ({a.layout} on {a.world_size}, {b.layout} on {b.world_size}), "
+        "so its hashes in the two differ at every snapshot, and nothing else in the records differs; by the distance of their weights, "
+        f"{numerics.sentence}"
+    )
+    verdict.fix = "none for the layout itself; see numerics, which compares the weights whatever their layout"
 
 
 def _replay_ranks(

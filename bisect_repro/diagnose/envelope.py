@@ -40,8 +40,8 @@ from ..record.torchrun import init_process_group, torchrun_command
 from ..replay.launch import LaunchSpec
 from ..store.meta import CodeKind
 from ..store.run import Run
-from .numerics import Measured, decide, distances, signals_differing
-from .records import Records
+from .numerics import FLOOR, Measured, decide, distances, signals_differing
+from .records import Records, rank_zero_alike
 from .verdict import Envelope, Numerics
 
 __all__ = ["judge", "measure_envelope"]
@@ -88,14 +88,14 @@ def judge(records: Records, spec: LaunchSpec | None) -> Numerics:
         return Numerics(
             rounding_only=True, distance=measured.weights, sentence="the runs' weights are equal at every snapshot: no rounding to measure"
         )
-    unmeasured = _not_rounding(records, signals) if measured is not None else None
+    unmeasured = _not_rounding(records, measured, signals) if measured is not None else None
     if unmeasured is not None:
         return decide(measured, None, signals, unmeasured)
     envelope, why = measure_envelope(records.a, spec) if measured is not None else (None, None)
     return decide(measured, envelope, signals, why)
 
 
-def _not_rounding(records: Records, signals: list[tuple[int, str]]) -> str | None:
+def _not_rounding(records: Records, measured: Measured, signals: list[tuple[int, str]]) -> str | None:
     """Why the records alone show that the runs do not differ by rounding from the start, so no
     envelope is measured (it costs another training); ``None`` when only an envelope can tell.
 
@@ -105,15 +105,27 @@ def _not_rounding(records: Records, signals: list[tuple[int, str]]) -> str | Non
     | different weights at the first snapshot | not measured: training has not rounded anything yet |
     | weights equal bit for bit at a later snapshot | not measured: a discrete divergence, the verdict's |
     | none of these | measured |
+
+    Where rank 0 of the runs holds other tensors (another layout: FSDP2's shards against DDP's
+    whole tensors), their hashes do not compare, and the weights at the first snapshot are the
+    same when their sketched distance is within ``FLOOR`` (the sketches of shards add up to the
+    whole's, to float64 rounding).
     """
     first = records.timeline[0] if records.timeline else None
     if signals:
         return f"{signals[0][1]} differ from step {signals[0][0]}"
-    if first is not None and not first.equal:
-        return f"the runs start from different weights at step {first.step}; rounding in training cannot explain that"
-    if first is not None and records.last_equal is not None and records.last_equal > first.step:
+    if first is None:
+        return None
+    if not rank_zero_alike(records.a, records.b):
+        start = measured.weights[0]
+        first_step, first_equal, last_equal = start.step, start.relative <= FLOOR, None  # the hashes do not compare: the sketches do
+    else:
+        first_step, first_equal, last_equal = first.step, first.equal, records.last_equal
+    if not first_equal:
+        return f"the runs start from different weights at step {first_step}; rounding in training cannot explain that"
+    if last_equal is not None and last_equal > first_step:
         return (
-            f"the runs are equal bit for bit up to step {records.last_equal}: they do not differ by rounding from the start, "
+            f"the runs are equal bit for bit up to step {last_equal}: they do not differ by rounding from the start, "
             "and the verdict explains where they part"
         )
     return None

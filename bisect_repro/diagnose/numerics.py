@@ -43,7 +43,7 @@ import numpy as np
 
 from ..store.run import Run
 from ..store.sketches import Sketches, read_sketches
-from .records import Records, layer_of
+from .records import Records, layer_of, model_name
 from .verdict import Departure, Distance, Envelope, Numerics
 
 __all__ = ["FACTOR", "FLOOR", "Measured", "decide", "distances", "run_sketches", "signals_differing"]
@@ -54,9 +54,11 @@ FLOOR = 1e-12  # the float64 sums' own noise, relative: far below any rounding o
 Sketched = dict[str, np.ndarray]
 
 
-def run_sketches(run: Run, step: int) -> tuple[Sketched | None, Sketches | None]:
+def run_sketches(run: Run, step: int, other: Run | None = None) -> tuple[Sketched | None, Sketches | None]:
     """The sketch of every parameter of the whole run at ``step`` (all ranks; ``None`` where a
-    rank's snapshot holds none), and the activation sketches the snapshot holds (rank 0's)."""
+    rank's snapshot holds none), and the activation sketches the snapshot holds (rank 0's); named
+    as the model names them where ``other`` (the run compared with) has another layout
+    (:func:`~bisect_repro.diagnose.records.model_name`)."""
     ranks = [run] if run.distributed is None else [run.open_rank(r) for r in range(run.world_size)]
     found: Sketched = {}
     activations = None
@@ -71,9 +73,10 @@ def run_sketches(run: Run, step: int) -> tuple[Sketched | None, Sketches | None]
         if rank.rank == 0:
             activations = read_sketches(tree, file, "activations")
         placed, meshes = tree.get("dtensors") or {}, tree.get("meshes") or {}
-        for name, values in sketches.values.items():
-            if name in placed:  # a shard: the ranks' sketches add up, each replica counted once
-                share = values / _replicas(placed[name], meshes)
+        for recorded, values in sketches.values.items():
+            name = model_name(recorded, run, other) if other is not None else recorded
+            if recorded in placed:  # a shard: the ranks' sketches add up, each replica counted once
+                share = values / _replicas(placed[recorded], meshes)
                 found[name] = found[name] + share if name in found else share
             elif name not in found:  # replicated whole: rank 0's
                 found[name] = values
@@ -127,15 +130,16 @@ class Measured:
 
 
 def distances(a: Run, b: Run, *, exact: bool = True) -> Measured | None:
-    """The distances at every snapshot both runs hold with sketches; ``None`` when they hold none.
+    """The distances at every snapshot both runs hold with sketches of parameters of the same name;
+    ``None`` when they hold none.
     ``exact`` at the first and the last checkpoint both runs hold (each reads two checkpoints)."""
     found = Measured()
     same_batches = a.world_size == b.world_size
     both = sorted(set(a.checkpoints) & set(b.checkpoints))
     checked = {both[0], both[-1]} if both and exact else set()
     for step in sorted(set(a.snapshots) & set(b.snapshots)):
-        (sa, aa), (sb, ab) = run_sketches(a, step), run_sketches(b, step)
-        if sa is None or sb is None:
+        (sa, aa), (sb, ab) = run_sketches(a, step, b), run_sketches(b, step, a)
+        if sa is None or sb is None or not sa.keys() & sb.keys():  # no parameter of the same name: nothing to measure
             continue
         point = distance_at(step, sa, sb)
         point.exact = _exact(a, b, step) if step in checked else None
@@ -215,7 +219,7 @@ def decide(measured: Measured | None, envelope: Envelope | None, signals: list[t
     """The decision table of the module docstring."""
     named = [what for _, what in signals]
     if measured is None:
-        why = "the runs hold no sketches (recorded before they existed): no distance"
+        why = "the runs hold no sketches of parameters they both name (recorded before sketches existed, or named otherwise): no distance"
         return Numerics(rounding_only=False, signals=named, sentence=why)
     points = measured.weights
     if envelope is None:

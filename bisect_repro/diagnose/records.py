@@ -29,7 +29,16 @@ from .causes import Cause, cause_title
 from .settings import SettingsDifference, settings_difference
 from .verdict import TimelineRow, Verdict
 
-__all__ = ["Records", "first_divergence", "layer_of", "read_records", "seeds_one_of", "through_collectives"]
+__all__ = [
+    "Records",
+    "first_divergence",
+    "layer_of",
+    "model_name",
+    "rank_zero_alike",
+    "read_records",
+    "seeds_one_of",
+    "through_collectives",
+]
 
 
 def layer_of(name: str) -> str | None:
@@ -39,6 +48,19 @@ def layer_of(name: str) -> str | None:
     if name.startswith("optimizer."):
         name = name.removeprefix("optimizer.").rpartition(".")[0]
     return name.rpartition(".")[0] or None
+
+
+def model_name(name: str, run: Run, other: Run) -> str:
+    """A tensor's name as the model itself names it, where the two runs' layouts differ: without
+    the ``module.`` of a DDP wrapper, so that a run under DDP and one under FSDP2 (which shards the
+    model in place, keeping its names) name each parameter alike."""
+    return name.removeprefix("module.") if run.layout == "ddp" and other.layout != "ddp" else name
+
+
+def rank_zero_alike(a: Run, b: Run) -> bool:
+    """Whether rank 0 of each run holds the same tensors under the same names, so that their hashes
+    compare: the same layout, and the same world size unless every rank holds whole tensors."""
+    return a.layout == b.layout and (a.world_size == b.world_size or a.layout in ("ddp", "single"))
 
 
 @dataclass
@@ -125,9 +147,10 @@ class Records:
         return moved
 
 
-def _structure_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+def _structure_difference(a: Run, b: Run) -> str | None:
     for kind in ("parameters", "buffers"):
-        ta, tb = a.get(kind, {}), b.get(kind, {})
+        ta = {model_name(n, a, b): v for n, v in a.meta.model.get(kind, {}).items()}
+        tb = {model_name(n, b, a): v for n, v in b.meta.model.get(kind, {}).items()}
         for name in dict.fromkeys([*ta, *tb]):
             if ta.get(name) != tb.get(name):
                 return name
@@ -204,7 +227,7 @@ def read_records(a: Run, b: Run) -> Records:
         b,
         config_diff={k: [config_a.get(k), config_b.get(k)] for k in differ if k not in run_names},
         environment_diff=env.diff(a.environment, b.environment),
-        structure=_structure_difference(a.meta.model, b.meta.model),
+        structure=_structure_difference(a, b),
         run_names=run_names,
     )
     if records.structure is not None:

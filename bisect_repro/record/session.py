@@ -117,7 +117,7 @@ class RecordingSession:
         self._stopped = False
         self._closed = self._handed_out = False
         self._reported = False
-        self._activations: ActivationSketches | None = None  # hooks on the model, taking a snapshot's step
+        self._activations: ActivationSketches | None = None  # hooks on the model during a snapshot's step
         self._taking = False  # the hooks are taking the outputs of the current step
         self._sketched: tuple[int, PendingSketches] | None = None  # that step's activation sketches, for the next snapshot
         try:
@@ -345,7 +345,7 @@ class RecordingSession:
         sketched_step, activations = self._sketched or (None, None)
         activation_values, self._sketched = (activations.fetch() if activations is not None else None), None
         if self._activations is None:
-            self._activations = ActivationSketches(self.trainee.model).install()
+            self._activations = ActivationSketches(self.trainee.model)
         self._activations.start()
         self._taking = True
         pending, self._pending = self._pending, []

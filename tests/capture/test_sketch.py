@@ -110,39 +110,66 @@ def test_rounding_level_differences_are_seen_in_float64() -> None:
     assert exact > 0 and abs(estimate / exact - 1) <= sketch.relative_error_bound()
 
 
+def _hooked(model: torch.nn.Module) -> list[str]:
+    return [name for name, module in model.named_modules() if module._forward_hooks]
+
+
 def test_activation_sketches_follow_the_modules_in_the_order_they_ran() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(inplace=True), torch.nn.Linear(8, 2))
     x = torch.randn(3, 4)
-    hooks = ActivationSketches(model).install()
+    hooks = ActivationSketches(model)
     model(x)
-    assert hooks.take() is None  # not started: nothing taken
+    assert hooks.take() is None and _hooked(model) == []  # not started: nothing taken, no hook in place
     hooks.start()
+    assert _hooked(model) == ["0", "1", "2"]  # the leaves only
     model(x)
     model(x)  # a second call is not taken
     found = hooks.take()
-    assert found is not None
+    assert found is not None and _hooked(model) == []  # taking removed the hooks
     names, values = found.names, found.fetch()
     assert names == ["0", "1", "2"] and values.shape == (3, sketch.WIDTH)
     hidden = model[0](x)
     assert torch.allclose(values[0], sketch.sketch_flat(hidden.detach()))  # taken before ReLU changed it in place
-    hooks.remove()
-    hooks.start()
     model(x)
-    assert hooks.take() is None and not model[0]._forward_hooks  # the hooks are gone
+    assert hooks.take() is None  # between two starts nothing is taken
+    hooks.start()
+    hooks.remove()
+    model(x)
+    assert hooks.take() is None and _hooked(model) == []  # removed mid-step: gone, with what they took
 
 
-def test_a_compiled_model_is_compiled_once_with_the_hooks_in_place() -> None:
+def test_a_model_compiled_whole_is_compiled_once_without_the_hooks_and_once_with_them() -> None:
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     compiled = torch.compile(model, backend="eager")
-    hooks = ActivationSketches(model).install()
+    hooks = ActivationSketches(model)
     x = torch.randn(3, 4)
     expected = model(x)
-    for _ in range(3):
+    graphs = []
+    for _ in range(3):  # as the recorder does: the hooks on at the step that starts at a snapshot (step 0 first), off after
         hooks.start()
         assert torch.equal(compiled(x), expected)
-        hooks.take()
+        assert hooks.take() is None  # inside the compiled graph the hooks do nothing
         assert torch.equal(compiled(x), expected)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 1
-    hooks.remove()
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs == [2, 2, 2]  # traced with the hooks, its guards check them: one graph with, one without, each reused
+    torch._dynamo.reset()
+
+
+def test_a_compiled_block_keeps_its_one_graph_and_the_modules_around_it_are_taken() -> None:
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.compile(block, backend="eager"), torch.nn.Linear(8, 2))
+    hooks = ActivationSketches(model)
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        model(x)
+        hooks.start()
+        assert "1._orig_mod.0" not in _hooked(model)
+        model(x)
+        found = hooks.take()
+        assert found is not None and found.names == ["0", "2"]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()

@@ -4,14 +4,19 @@ snapshot's sketches at read."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import pytest
 import torch
 
+from bisect_repro.diagnose import numerics
 from bisect_repro.diagnose.numerics import FACTOR, Measured, _replicas, decide, distance_at
+from bisect_repro.diagnose.records import model_name, rank_zero_alike
 from bisect_repro.diagnose.verdict import CompareResult, Distance, Envelope, Numerics
 from bisect_repro.errors import RunFormatError
+from bisect_repro.store.run import Run
 from bisect_repro.store.sketches import read_sketches
 
 
@@ -125,3 +130,45 @@ def test_sketches_are_read_whole_or_refused(tmp_path: Path) -> None:
     activations = {"activations": _tree()["sketch"] | {"step": -1}}
     with pytest.raises(RunFormatError, match="activations step"):
         read_sketches(activations, tmp_path / "s", "activations")
+
+
+def _run(layout: str, world_size: int) -> Run:
+    return cast(Run, SimpleNamespace(layout=layout, world_size=world_size))
+
+
+def test_a_ddp_wrapper_s_prefix_is_dropped_only_against_another_layout() -> None:
+    ddp, fsdp, single = _run("ddp", 2), _run("fsdp", 2), _run("single", 1)
+    assert model_name("module.0.weight", ddp, fsdp) == "0.weight" and model_name("module.0.weight", ddp, single) == "0.weight"
+    assert model_name("module.0.weight", ddp, _run("ddp", 1)) == "module.0.weight"  # both wrapped: both keep it
+    assert model_name("module.0.weight", fsdp, ddp) == "module.0.weight"  # a model's own submodule named module
+    assert model_name("0.weight", ddp, fsdp) == "0.weight"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "alike"),
+    [
+        (("ddp", 1), ("ddp", 2), True),  # every rank holds the whole tensors
+        (("single", 1), ("single", 2), True),
+        (("fsdp", 2), ("fsdp", 2), True),
+        (("fsdp", 2), ("fsdp", 4), False),  # other shards
+        (("ddp", 2), ("fsdp", 2), False),  # whole tensors against shards
+        (("single", 1), ("ddp", 1), False),  # other names
+    ],
+)
+def test_rank_zero_hashes_compare_only_where_both_hold_the_same_tensors(a: tuple[str, int], b: tuple[str, int], alike: bool) -> None:
+    assert rank_zero_alike(_run(*a), _run(*b)) is alike
+
+
+def test_runs_that_name_no_parameter_alike_have_no_distance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sketches under other names compare nothing: not a distance of zero, which reads as equal weights."""
+    names = {"a": ["module.0.weight"], "b": ["0.weight"]}
+
+    def sketches(run: SimpleNamespace, step: int, other: object = None) -> tuple[dict[str, np.ndarray], None]:
+        return {name: np.full(4, float(step + 1)) for name in names[run.tag]}, None
+
+    monkeypatch.setattr(numerics, "run_sketches", sketches)
+    a, b = (cast(Run, SimpleNamespace(tag=tag, world_size=1, snapshots={0: 0, 1: 1}, checkpoints={})) for tag in "ab")
+    assert numerics.distances(a, b) is None
+    names["b"] = ["module.0.weight"]
+    measured = numerics.distances(a, b)
+    assert measured is not None and [p.relative for p in measured.weights] == [0.0, 0.0]

@@ -1,6 +1,7 @@
 """Runs that can never match bit for bit, end to end through the CLI: one recipe recorded on one
 torch thread and on two (rounding only), and on two with a planted departure that no exact signal
-shows (one layer's output rounded through bfloat16 from a given step on)."""
+shows (one layer's output rounded through bfloat16 from a given step on); one training under DDP
+on one rank and on two, and under FSDP2 on two, on the same global batch."""
 
 from __future__ import annotations
 
@@ -74,16 +75,44 @@ def test_a_planted_departure_is_found_at_its_step_and_layer(runs: Path) -> None:
     assert "layer 3 departs" in text
 
 
-def test_ddp_on_one_rank_against_two_on_the_same_global_batch_differs_by_rounding_only(tmp_path: Path) -> None:
-    target = f"{Path(__file__).parents[2] / 'examples' / 'rounding.py'}:build_ddp"
-    for ranks in ("1", "2"):
-        args = ["record", target, "--out", str(tmp_path / ranks), "--nproc-per-node", ranks, "--steps", "4", "--every", "1", "--quiet"]
-        assert CliRunner().invoke(app, args).exit_code == 0
-    numerics, text = _numerics(tmp_path / "1", tmp_path / "2")
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``rounding.py``'s network on the same global batch: DDP on one rank (``ddp1``) and on two
+    (``ddp2``), FSDP2 on two (``fsdp2``)."""
+    folder = tmp_path_factory.mktemp("replicated")
+    recipe = Path(__file__).parents[2] / "examples" / "rounding.py"
+    for name, build, ranks in (("ddp1", "build_ddp", "1"), ("ddp2", "build_ddp", "2"), ("fsdp2", "build_fsdp", "2")):
+        args = ["record", f"{recipe}:{build}", "--out", str(folder / name), "--nproc-per-node", ranks, "--steps", "4", "--every", "1"]
+        assert CliRunner().invoke(app, [*args, "--quiet"]).exit_code == 0
+    return folder
+
+
+def test_ddp_on_one_rank_against_two_on_the_same_global_batch_differs_by_rounding_only(replicated: Path) -> None:
+    numerics, text = _numerics(replicated / "ddp1", replicated / "ddp2")
     assert numerics["rounding_only"] is True and numerics["departure"] is None, numerics["sentence"]
     assert [d["step"] for d in numerics["distance"]] == [0, 1, 2, 3, 4] and numerics["distance"][0]["relative"] == 0.0
     assert max(d["relative"] for d in numerics["distance"]) < 1e-5
     assert "rounding only" in text
+
+
+def test_fsdp2_against_ddp_on_two_ranks_computes_the_same_weights(replicated: Path) -> None:
+    """FSDP2's shards, sketched at their global indices, add up to DDP's whole tensors under the
+    names the model gives them; on two ranks both halve a sum of two gradients, which no order rounds."""
+    numerics, text = _numerics(replicated / "ddp2", replicated / "fsdp2")
+    assert numerics["rounding_only"] is True and numerics["departure"] is None and numerics["signals"] == []
+    assert [d["step"] for d in numerics["distance"]] == [0, 1, 2, 3, 4]
+    assert all(d["relative"] == 0.0 and set(d["layers"]) == {"0", "2", "4"} for d in numerics["distance"])
+    assert "equal at every snapshot" in numerics["sentence"] and "(fsdp over a 2 mesh)" in text
+    assert "rank 0 holds other tensors in each run (ddp on 2, fsdp on 2)" in text  # why its hashes differ, in the verdict
+
+
+def test_fsdp2_on_two_ranks_against_ddp_on_one_differs_by_rounding_only(replicated: Path) -> None:
+    numerics, text = _numerics(replicated / "ddp1", replicated / "fsdp2")
+    assert numerics["rounding_only"] is True and numerics["departure"] is None, numerics["sentence"]
+    distance = numerics["distance"]
+    assert distance[0]["relative"] == 0.0 and all(0 < d["relative"] < 1e-5 for d in distance[1:])  # the halves of the batch round apart
+    assert set(distance[-1]["layers"]) == {"0", "2", "4"}
+    assert numerics["envelope"] is not None and "rounding only" in text
 
 
 def test_runs_equal_bit_for_bit_until_a_late_step_measure_no_envelope(runs: Path, tmp_path: Path) -> None:
