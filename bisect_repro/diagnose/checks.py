@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..capture.trace import first_difference, first_divergent_op, same_sequence, uninitialised
-from ..replay.replica import Replica
+from ..replay.interface import ReplicaLike
 from ..serve.protocol import StepResult
 from . import causes
 from .causes import Cause
@@ -62,10 +62,10 @@ class RecipeChecks:
 
     def __init__(
         self,
-        replica: Replica,
+        replica: ReplicaLike,
         outcomes: list[StepResult],
         environment: Mapping[str, Any],
-        fresh: Callable[[], Replica] | None = None,
+        fresh: Callable[[], ReplicaLike] | None = None,
     ) -> None:
         self.replica, self.outcomes, self.environment, self.fresh = replica, outcomes, dict(environment), fresh
         self.unrepeatable_step: int | None = None

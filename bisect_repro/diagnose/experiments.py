@@ -32,17 +32,16 @@ swapped in on the focus rank alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from ..capture import env
 from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference, first_divergent_op
+from ..replay.interface import ReplicaFactory
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import Divergence, Lockstep
 from ..replay.ranked import start_replica
-from ..replay.replica import Replica
 from ..serve.protocol import StepResult
 from .causes import Cause, config_values, explanation_for, fix_for
 from .difference import difference_stats
@@ -66,7 +65,7 @@ class StepAnalysis:
 
     def __init__(
         self, records: Records, lockstep: Lockstep, divergence: Divergence, specs: tuple[LaunchSpec, LaunchSpec],
-        checkpoints: tuple[int, int], *, start: Callable[[LaunchSpec, str], Replica] = start_replica,
+        checkpoints: tuple[int, int], *, start: ReplicaFactory = start_replica,
     ) -> None:  # fmt: skip
         self.records, self.divergence, self.start = records, divergence, start
         """What starts a fresh replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""

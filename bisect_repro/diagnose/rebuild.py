@@ -20,6 +20,7 @@ from typing import Any
 
 from ..capture.rng import GLOBAL_STREAMS
 from ..capture.seeding import SeedingCall
+from ..replay.interface import ReplicaFactory
 from ..replay.launch import LaunchSpec
 from ..replay.ranked import start_replica
 from .causes import Cause
@@ -30,8 +31,8 @@ __all__ = ["streams_deciding_init"]
 _BASE = 1234
 
 
-def _built(spec: LaunchSpec, label: str) -> dict[str, Any]:
-    with start_replica(spec, label) as replica:
+def _built(start: ReplicaFactory, spec: LaunchSpec, label: str) -> dict[str, Any]:
+    with start(spec, label) as replica:
         replica.connect()
         description = replica.describe()
         return {"hashes": description.init, "seeding": description.build_seeding}
@@ -64,9 +65,10 @@ def _one_stream(name: str, changed: list[str], seeding: list[dict[str, Any]]) ->
 
 
 def streams_deciding_init(
-    specs: tuple[LaunchSpec, LaunchSpec],
+    specs: tuple[LaunchSpec, LaunchSpec], start: ReplicaFactory = start_replica
 ) -> tuple[Cause, Confidence, list[str], list[dict[str, Any]], list[Evidence]]:
-    """``(cause, confidence, streams, reseeds, evidence)`` for two runs that differ at their first snapshot."""
+    """``(cause, confidence, streams, reseeds, evidence)`` for two runs that differ at their first
+    snapshot; ``start`` starts each build (a real process by default)."""
     spec_a, spec_b = specs
     fixed = dict.fromkeys(GLOBAL_STREAMS, _BASE)
     jobs: dict[str, LaunchSpec] = {"control": spec_a.with_seeds(fixed), "again": spec_a.with_seeds(fixed), "b": spec_b.with_seeds(fixed)}
@@ -74,7 +76,8 @@ def streams_deciding_init(
         jobs[name] = spec_a.with_seeds({**fixed, name: _BASE + 1})
     with ThreadPoolExecutor(len(jobs)) as pool:
         futures = {
-            key: pool.submit(_built, spec, f"run {'B' if key == 'b' else 'A'} built with fixed streams") for key, spec in jobs.items()
+            key: pool.submit(_built, start, spec, f"run {'B' if key == 'b' else 'A'} built with fixed streams")
+            for key, spec in jobs.items()
         }
         built = {key: future.result() for key, future in futures.items()}
     evidence: list[Evidence] = []

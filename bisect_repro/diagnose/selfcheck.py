@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture.trace import OpRecord, first_difference, first_divergent_op, same_sequence, uninitialised
-from ..replay.replica import Replica
+from ..replay.interface import ReplicaLike
 from ..serve.protocol import StepResult, Trace
 from .records import seeds_one_of
 
@@ -83,7 +83,7 @@ def _same(a: StepResult, b: StepResult, traced: bool) -> bool:
     return first_difference(a.entries, b.entries) is None if traced else a.outcome == b.outcome
 
 
-def check_repeats(replica: Replica, step: int, base: StepResult | None = None, *, trace: Trace = "full") -> Repeatability:
+def check_repeats(replica: ReplicaLike, step: int, base: StepResult | None = None, *, trace: Trace = "full") -> Repeatability:
     """Re-run ``step`` (kept in ``replica``) against ``base`` (its first run, or a run now) and classify.
 
     The re-runs are compared with each other as well as with ``base``: a stream that ends in
@@ -134,7 +134,7 @@ def check_repeats(replica: Replica, step: int, base: StepResult | None = None, *
     return found
 
 
-def _locate_op(replica: Replica, step: int, phase: str, found: Repeatability) -> None:
+def _locate_op(replica: ReplicaLike, step: int, phase: str, found: Repeatability) -> None:
     hits: Counter[tuple[str, str | None, str]] = Counter()
     records: dict[tuple[str, str | None, str], OpRecord] = {}
     for _ in range(RERUNS + 1):

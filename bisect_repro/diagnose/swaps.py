@@ -33,10 +33,11 @@ from ..capture import env
 from ..capture.rng import loader_draws_from, tree_digest
 from ..capture.trace import first_difference
 from ..record.arguments import shown_command
+from ..replay.interface import ReplicaFactory, ReplicaLike
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import both
 from ..replay.ranked import start_replica
-from ..replay.replica import Replica, ReplicaFailed
+from ..replay.replica import ReplicaFailed
 from ..serve.protocol import Fetched, StepResult
 from ..store.meta import CodeKind
 from .causes import Cause
@@ -61,13 +62,13 @@ class Swaps:
     def __init__(
         self,
         records: Records,
-        replicas: tuple[Replica, Replica],
+        replicas: tuple[ReplicaLike, ReplicaLike],
         specs: tuple[LaunchSpec, LaunchSpec],
         checkpoint_b: int,
         step: int,
         evidence: list[Evidence],
         *,
-        start: Callable[[LaunchSpec, str], Replica] = start_replica,
+        start: ReplicaFactory = start_replica,
     ) -> None:
         self.records, self.specs, self.checkpoint_b, self.step, self.evidence = records, specs, checkpoint_b, step, evidence
         self.ra, self.rb = replicas

@@ -195,16 +195,19 @@ class RankedReplica(Replica):
         return reply, payload
 
     # -- requests that differ by rank ----------------------------------------------------------
-    def restore(self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False) -> None:
+    def restore(
+        self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False, kept_from: int | None = None
+    ) -> None:
         """Each rank loads its own checkpoint at ``step`` and applies its own recorded settings
         (``rank{r}/rank.json``'s; ``environment`` only where a rank has none recorded)."""
         if not self.reruns and self._restored is not None:
-            super().restore(run, step, environment, rebuilt=rebuilt)
+            super().restore(run, step, environment, rebuilt=rebuilt, kept_from=kept_from)
             return
         run = Path(run).resolve()
         opened = Run.open(run)
         own = {r: opened.open_rank(r).environment or environment or {} for r in range(self.world_size)}
-        self._broadcast("restore", {r: {"run": str(run), "step": step, "environment": own[r], "rebuilt": rebuilt} for r in own})
+        kept = {"kept_from": kept_from} if kept_from is not None else {}
+        self._broadcast("restore", {r: {"run": str(run), "step": step, "environment": own[r], "rebuilt": rebuilt, **kept} for r in own})
         self._restored = (run, step, environment)
         self.step = step
 

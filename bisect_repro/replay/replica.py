@@ -52,13 +52,12 @@ from .bootstrap import SPEC_VARIABLE
 from .cores import CORES
 from .deadline import Deadline, DeadlinePassed, allowance, guarded
 from .forks import ForkedProcess, start_process
+from .interface import Progress
 from .launch import LaunchSpec
 
 _log = logging.getLogger(__name__)
 
 __all__ = ["Replica", "ReplicaFailed", "last_line", "processes_started"]
-
-Progress = Callable[[int], None]
 
 
 _STARTS: list[None] = []
@@ -258,15 +257,19 @@ class Replica:
             raise ReplicaFailed(f"replay of {self.label}: {reply['error']}")
         return reply, payload
 
-    def restore(self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False) -> None:
+    def restore(
+        self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False, kept_from: int | None = None
+    ) -> None:
         """Load a run's checkpoint and recorded settings; ``rebuilt``: keep the hyperparameters the
-        code was built with (another config), not the checkpoint's. A framework's run restores only
-        its own start (the step its script starts from)."""
+        code was built with (another config), not the checkpoint's; ``kept_from``: from that step on,
+        a call from entropy leaves its stream as it is (:class:`~bisect_repro.serve.protocol.Restore`).
+        A framework's run restores only its own start (the step its script starts from)."""
         if not self.reruns and self._restored is not None:
             self._to_start_of(step)
             return
         run = Path(run).resolve()  # the process may run in another folder (the recorded one)
-        self.request("restore", run=str(run), step=step, environment=environment or {}, rebuilt=rebuilt)
+        kept: dict[str, Any] = {"kept_from": kept_from} if kept_from is not None else {}
+        self.request("restore", run=str(run), step=step, environment=environment or {}, rebuilt=rebuilt, **kept)
         self._restored = (run, step, environment)
         self.step = step
 

@@ -42,8 +42,8 @@ class _Fresh:
     def connect(self) -> None:
         pass
 
-    def request(self, op: str, **args: Any) -> None:
-        self.asked.append((op, args["step"], args["kept_from"]))
+    def restore(self, run: Path, step: int, environment: Any = None, *, kept_from: int | None = None) -> None:
+        self.asked.append(("restore", step, kept_from))
 
     def skip(self, until: int) -> None:
         self.asked.append(("skip", until))
