@@ -134,7 +134,7 @@ class RecipeChecks:
     def _why(self, check: Any) -> list[Finding]:
         s = check.step
         if check.kind == "reseeded":
-            calls = "; ".join(dict.fromkeys(f"{c['call']} at {c.get('where')}" for c in check.reseeds))
+            calls = "; ".join(dict.fromkeys(f"{c.call} at {c.where}" for c in check.reseeds))
             proof = (
                 "with that seeding given a fixed seed, the step repeats"
                 if check.reseed_proven

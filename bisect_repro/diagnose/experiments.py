@@ -49,15 +49,15 @@ from .records import Records
 from .reseeds import prove_kept
 from .selfcheck import OPS_PHASE, RERUNS, Repeatability, check_repeats, ops_context
 from .swaps import Swaps
-from .verdict import Confidence, Evidence, Verdict
+from .verdict import Confidence, Evidence, OpContext, Verdict
 
 __all__ = ["StepAnalysis"]
 
 _MACHINE = ("python", "torch", "numpy", "cuda", "cudnn", "devices", "cpu")  # what a replay here cannot set
 
 
-def _calls(seeding: list[dict[str, Any]]) -> str:
-    return ", ".join(dict.fromkeys(SeedingCall.from_json(c).describe() for c in seeding))
+def _calls(seeding: list[SeedingCall]) -> str:
+    return ", ".join(dict.fromkeys(c.describe() for c in seeding))
 
 
 class StepAnalysis:
@@ -76,7 +76,7 @@ class StepAnalysis:
         self.checkpoints = checkpoints
         self.evidence: list[Evidence] = []
         self.notes: list[str] = []
-        self.ops_context: list[dict[str, Any]] = []
+        self.ops_context: list[OpContext] = []
         self.reseeded = False
         """A stream ended the step in another state each time it ran from the same state."""
         self.unrecorded_data = False

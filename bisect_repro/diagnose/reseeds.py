@@ -15,8 +15,6 @@ in the experiment, so a step that draws from one made there still differs.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference
 from ..replay.interface import ReplicaFactory
@@ -29,10 +27,10 @@ from .verdict import Confidence, Evidence, Verdict
 __all__ = ["prove_kept", "recorded_reseeds"]
 
 
-def recorded_reseeds(run: Run, step: int) -> list[dict[str, Any]]:
+def recorded_reseeds(run: Run, step: int) -> list[SeedingCall]:
     """The calls from entropy ``run``'s step log shows at ``step`` (their values left out)."""
     calls = run.steps.get(step, {}).get("seeded") or []
-    return [{k: v for k, v in c.items() if k != "value"} for c in calls if isinstance(c, dict) and c.get("entropy") is True]
+    return [SeedingCall.from_json(c) for c in calls if isinstance(c, dict) and c.get("entropy") is True]
 
 
 def _kept_run(start: ReplicaFactory, spec: LaunchSpec, run: Run, checkpoint: int, step: int, label: str) -> StepResult:
@@ -62,8 +60,8 @@ def prove_kept(
         return None
     reseeding = [label for label, found in zip("AB", calls, strict=True) if found]
     every = [c for found in calls for c in found]
-    named = ", ".join(dict.fromkeys(SeedingCall.from_json(c).describe() for c in every))
-    streams = sorted({str(c.get("stream")) for c in every})
+    named = ", ".join(dict.fromkeys(c.describe() for c in every))
+    streams = sorted({c.stream for c in every})
     subject = f"run {' and run '.join(reseeding)} with {named} leaving {', '.join(streams)} as it is"
     kept = [
         _kept_run(start, specs[i], runs[i], checkpoints[i], step, f"run {'AB'[i]} with its reseeds kept") if calls[i] else traces[i]

@@ -31,6 +31,7 @@ from typing import Any
 
 from ..capture import env
 from ..capture.rng import loader_draws_from, tree_digest
+from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference
 from ..record.arguments import shown_command
 from ..replay.interface import ReplicaFactory, ReplicaLike
@@ -98,7 +99,7 @@ class Swaps:
                 verdict.cause = Cause.RNG_STATE
                 # How those streams came apart, where the step logs show it: a reseed from entropy in an earlier step.
                 start = self.records.streams_equal_until(verdict.rng, s)
-                verdict.reseeded = [call for _, call in self.records.reseeds(start, s, verdict.rng)]
+                verdict.reseeded = [SeedingCall.from_json(call) for _, call in self.records.reseeds(start, s, verdict.rng)]
                 return
         if self._settings(verdict, lambda settings: matches(self.rb.run(s, trace="full", environment=settings))):
             return

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from bisect_repro.diagnose.numerics import FACTOR, Measured, _replicas, decide, distance_at
-from bisect_repro.diagnose.verdict import CompareResult, Distance, Envelope, Numerics
+from bisect_repro.diagnose.numerics_result import Distance, Envelope, Numerics
+from bisect_repro.diagnose.verdict import CompareResult
 from bisect_repro.errors import RunFormatError
 from bisect_repro.store.sketches import read_sketches
 

@@ -101,8 +101,8 @@ def test_the_streams_deciding_the_initial_state_are_proven_on_fake_builds(
     builds: tuple[Callable[[LaunchSpec | None], Mapping[str, str]], ...], cause: Cause, confidence: Confidence, streams: list[str]
 ) -> None:
     launcher = Launcher({spec.path or "": Program(one_layer, build=build) for spec, build in zip(SPECS, builds, strict=True)})
-    found, sure, deciding, reseeds, evidence = streams_deciding_init(SPECS, launcher)
-    assert (found, sure, deciding, reseeds) == (cause, confidence, streams, [])
-    assert evidence[0].outcome.value == ("differs" if builds[0] is _from_entropy else "matches")
+    found = streams_deciding_init(SPECS, launcher)
+    assert (found.cause, found.confidence, found.streams, found.reseeds) == (cause, confidence, streams, [])
+    assert found.evidence[0].outcome.value == ("differs" if builds[0] is _from_entropy else "matches")
     assert all(replica.closed for replica in launcher.started)
     assert all(replica.spec is not None and replica.spec.seeds for replica in launcher.started)
