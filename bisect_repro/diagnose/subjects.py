@@ -34,9 +34,10 @@ from typing import Any
 from ..errors import BisectReproError
 from ..record.recipe import module_file
 from ..record.script import parse_command
-from ..replay.interface import ReplicaFactory, ReplicaLike
+from ..replay.interface import Progress, ReplicaFactory, ReplicaLike
 from ..replay.launch import LaunchSpec, spec_for_command, spec_for_recipe
 from ..replay.replica import Replica
+from ..serve.requests import Request, Restore
 from ..store.printable import printable
 
 __all__ = ["Subject", "recipe_subject", "script_subject"]
@@ -74,10 +75,10 @@ class _FromStart(Replica):
         super().__init__(spec, label)
         self._restored, self.step = (Path(spec.path or "."), 0, None), 0
 
-    def request(self, op: str, tree: Any = None, progress: Any = None, **args: Any) -> tuple[dict[str, Any], Any]:
-        if op == "restore":  # nothing to restore: the process stands at the script's own start
-            return {"step": args.get("step", 0)}, None
-        return super().request(op, tree, progress, **args)
+    def request(self, request: Request, progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
+        if isinstance(request, Restore):  # nothing to restore: the process stands at the script's own start
+            return {"step": request.step}, None
+        return super().request(request, progress)
 
 
 def script_subject(words: list[str], replica: ReplicaFactory | None = None) -> Subject:
