@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 __all__ = [
     "REQUESTS",
@@ -45,6 +45,19 @@ Trace = Literal["none", "light", "full"]
 
 class UnknownRequest(ValueError):
     """A message whose ``op`` names no request."""
+
+
+_B = TypeVar("_B", bound="_Bare")
+
+
+class _Bare:
+    """A request with no field but its ``op``."""
+
+    TREE: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_json(cls: type[_B], data: Mapping[str, Any]) -> _B:
+        return cls()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,51 +203,31 @@ class Items:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Hashes:
+class Hashes(_Bare):
     """The hash of every tensor of the state now."""
 
     op: ClassVar[Literal["hashes"]] = "hashes"
-    TREE: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Hashes:
-        return cls()
 
 
 @dataclass(frozen=True, kw_only=True)
-class Describe:
+class Describe(_Bare):
     """What ``doctor`` asks of a freshly built process."""
 
     op: ClassVar[Literal["describe"]] = "describe"
-    TREE: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Describe:
-        return cls()
 
 
 @dataclass(frozen=True, kw_only=True)
-class Compiled:
+class Compiled(_Bare):
     """The ``torch.compile`` calls the replayed code made."""
 
     op: ClassVar[Literal["compiled"]] = "compiled"
-    TREE: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Compiled:
-        return cls()
 
 
 @dataclass(frozen=True, kw_only=True)
-class Exit:
+class Exit(_Bare):
     """End the process (the rest of its script does not run)."""
 
     op: ClassVar[Literal["exit"]] = "exit"
-    TREE: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Exit:
-        return cls()
 
 
 Request = Restore | Skip | Fetch | Run | Streams | Data | Items | Hashes | Describe | Compiled | Exit
