@@ -37,6 +37,7 @@ from ..record.script import parse_command
 from ..replay.interface import Progress, ReplicaFactory, ReplicaLike
 from ..replay.launch import LaunchSpec, spec_for_command, spec_for_recipe
 from ..replay.replica import Replica
+from ..serve.protocol import Restored
 from ..serve.requests import Request, Restore
 from ..store.printable import printable
 
@@ -77,7 +78,7 @@ class _FromStart(Replica):
 
     def request(self, request: Request, progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
         if isinstance(request, Restore):  # nothing to restore: the process stands at the script's own start
-            return {"step": request.step}, None
+            return Restored(step=request.step).to_json(), None
         return super().request(request, progress)
 
 

@@ -48,7 +48,7 @@ from ..capture.compiled import CompileCall
 from ..errors import BisectReproError
 from ..serve import requests
 from ..serve.channel import Channel, ChannelClosed, Listener
-from ..serve.protocol import Description, Fetched, Hello, SkipResult, StepResult, StepStart
+from ..serve.protocol import CompileCalls, Description, Fetched, Hello, ItemsChange, SkipResult, StateHashes, StepResult, StepStart
 from ..serve.requests import Request, Trace, encode
 from .bootstrap import SPEC_VARIABLE
 from .cores import CORES
@@ -332,12 +332,11 @@ class Replica:
 
     def hashes(self) -> dict[str, str]:
         """The hash of every tensor of the state now."""
-        return dict(self.request(requests.Hashes())[0]["hashes"])
+        return StateHashes.from_json(self.request(requests.Hashes())[0]).hashes
 
     def compiled(self) -> list[CompileCall]:
         """The ``torch.compile`` calls the replayed code made."""
-        reply, _ = self.request(requests.Compiled())
-        return [CompileCall.from_json(call) for call in reply.get("calls", [])]
+        return CompileCalls.from_json(self.request(requests.Compiled())[0]).calls
 
     def describe(self) -> Description:
         """What ``doctor`` asks of a freshly built process."""
@@ -345,8 +344,7 @@ class Replica:
 
     def items_change(self, step: int, stream: str) -> bool | None:
         """Whether the dataset's items at a kept step's indices change with ``stream`` one draw further."""
-        changes = self.request(requests.Items(step=step, stream=stream))[0]["changes"]
-        return None if changes is None else bool(changes)
+        return ItemsChange.from_json(self.request(requests.Items(step=step, stream=stream))[0]).changes
 
     def close(self) -> None:
         """End the process (the rest of its script does not run) and remove its folder; a spare

@@ -27,7 +27,7 @@ from ..capture.batch import batch_tensors, combine_digests
 from ..capture.hashing import hash_tensors
 from ..store.run import Run as RunDirectory
 from .instrument import InstrumentedStep, loss_value
-from .protocol import Fetched, SkipResult, StepRecord, StepStart
+from .protocol import Fetched, Restored, SkipResult, StepRecord, StepStart
 from .requests import Data, Exit, Fetch, Items, Restore, Run, Skip, Streams
 from .server import Reply, StepServer
 
@@ -124,7 +124,7 @@ class HookServer(StepServer):
         if request.step != self.first:
             return {"error": f"a framework's run replays from its own start (step {self.first}), not from step {request.step}"}, None
         self._restore_streams(request)
-        return {"step": self.current}, None
+        return Restored(step=self.current).to_json(), None
 
     def _fetch(self, request: Fetch) -> Reply:
         return Fetched(step=self.current).to_json(), None

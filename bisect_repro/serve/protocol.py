@@ -11,16 +11,16 @@ decoder both ends use, are in :mod:`bisect_repro.serve.requests`.
 ========== ================================== ============================================
 request    class (:mod:`~.requests`)          reply
 ========== ================================== ============================================
-restore    ``Restore``                        ``{step}``
+restore    ``Restore``                        :class:`Restored`
 skip       ``Skip``                           :class:`SkipResult` (and ``{progress}`` lines)
 fetch      ``Fetch``                          :class:`Fetched`
 run        ``Run`` (tree: streams)            :class:`StepResult` (tree: kept tensors)
 streams    ``Streams``                        :class:`StepStart` (as a tree)
 data       ``Data`` (tree: streams)           :class:`Fetched`
-hashes     ``Hashes``                         ``{hashes}``
+hashes     ``Hashes``                         :class:`StateHashes`
 describe   ``Describe``                       :class:`Description`
-items      ``Items``                          ``{changes}``
-compiled   ``Compiled``                       ``{calls}`` (:class:`~bisect_repro.capture.compiled.CompileCall`)
+items      ``Items``                          :class:`ItemsChange`
+compiled   ``Compiled``                       :class:`CompileCalls`
 exit       ``Exit``                           ``{ok}``
 ========== ================================== ============================================
 
@@ -39,19 +39,24 @@ from typing import Any
 
 import torch
 
+from ..capture.compiled import CompileCall
 from ..capture.trace import OpRecord, TraceEntry
 from .requests import Fetch, Restore, Run, Skip, Trace
 
 __all__ = [
+    "CompileCalls",
     "Description",
     "Fetch",
     "Fetched",
     "Hello",
     "HiddenStream",
+    "ItemsChange",
     "Restore",
+    "Restored",
     "Run",
     "Skip",
     "SkipResult",
+    "StateHashes",
     "StepRecord",
     "StepResult",
     "StepStart",
@@ -147,6 +152,63 @@ class StepRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepRecord:
         return cls(step=int(data["step"]), order=data.get("order"), batch=data.get("batch"), loss=data.get("loss"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restored:
+    """The reply to ``restore``: the step the process now stands at the start of."""
+
+    step: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Restored:
+        return cls(step=int(data["step"]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateHashes:
+    """The reply to ``hashes``: the hash of every tensor of the state now."""
+
+    hashes: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hashes": self.hashes}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StateHashes:
+        return cls(hashes={str(k): str(v) for k, v in dict(data["hashes"]).items()})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemsChange:
+    """The reply to ``items``: whether the items change (``None``: not known, no indices or no dataset to ask)."""
+
+    changes: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"changes": self.changes}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ItemsChange:
+        changes = data.get("changes")
+        return cls(changes=None if changes is None else bool(changes))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileCalls:
+    """The reply to ``compiled``: the ``torch.compile`` calls the code made."""
+
+    calls: list[CompileCall]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"calls": [call.to_json() for call in self.calls]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CompileCalls:
+        return cls(calls=[CompileCall.from_json(call) for call in data.get("calls", [])])
 
 
 @dataclass

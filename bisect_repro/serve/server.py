@@ -69,7 +69,19 @@ from ..trainee import Trainee
 from .channel import Channel
 from .instrument import InstrumentedStep, loss_value
 from .process import watched_process
-from .protocol import Description, Fetched, Hello, HiddenStream, SkipResult, StepRecord, StepStart
+from .protocol import (
+    CompileCalls,
+    Description,
+    Fetched,
+    Hello,
+    HiddenStream,
+    ItemsChange,
+    Restored,
+    SkipResult,
+    StateHashes,
+    StepRecord,
+    StepStart,
+)  # fmt: skip
 from .requests import Compiled, Data, Describe, Exit, Fetch, Hashes, Items, Request, Restore, Run, Skip, Streams, UnknownRequest, decode
 from .start import KeptStart, hyperparameters, keep_start, load_start, overlay_hyperparameters
 
@@ -221,7 +233,7 @@ class StepServer:
             overlay_hyperparameters(self.trainee, built)
         self.position = self.current = request.step
         self.starts.clear()
-        return {"step": self.position}, None
+        return Restored(step=self.position).to_json(), None
 
     def _fetch(self, request: Fetch) -> Reply:
         pre_streams, data = self.state.streams.state_dict(), self.state.data.state_dict()
@@ -238,7 +250,7 @@ class StepServer:
         return {"step": start.step}, StepStart(streams=start.streams, pre_streams=start.pre_streams, data=start.data).to_tree()
 
     def _hashes(self, request: Hashes) -> Reply:
-        return {"hashes": self._state_hashes()}, None
+        return StateHashes(hashes=self._state_hashes()).to_json(), None
 
     def _data(self, request: Data) -> Reply:
         """Fetch a kept step's batch again from its data position, under other streams; then put
@@ -279,7 +291,7 @@ class StepServer:
         sources = recipe_streams(self.trainee)
         name = request.stream
         if start.indices is None or not hasattr(dataset, "__getitem__") or (name not in sources and name not in start.streams):
-            return {"changes": None}, None
+            return ItemsChange(changes=None).to_json(), None
         streams = RandomStreams(sources)
         saved_global, saved = self.state.streams.state_dict(), streams.state_dict()
 
@@ -292,13 +304,13 @@ class StepServer:
             self.state.streams.load_state_dict(start.pre_streams)
             streams.load_state_dict(saved)
             draw_once(name, sources)
-            return {"changes": contents() != before}, None
+            return ItemsChange(changes=contents() != before).to_json(), None
         finally:
             streams.load_state_dict(saved)
             self.state.streams.load_state_dict(saved_global)
 
     def _compiled(self, request: Compiled) -> Reply:
-        return {"calls": [call.to_json() for call in compiled.calls()]}, None
+        return CompileCalls(calls=list(compiled.calls())).to_json(), None
 
     # -- stepping ------------------------------------------------------------------------------
     def _skip(self, request: Skip) -> Iterator[Any]:

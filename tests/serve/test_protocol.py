@@ -7,8 +7,22 @@ import json
 import pytest
 import torch
 
+from bisect_repro.capture.compiled import CompileCall
 from bisect_repro.capture.trace import OpRecord, TraceEntry
-from bisect_repro.serve.protocol import Description, Fetched, Hello, HiddenStream, SkipResult, StepRecord, StepResult, StepStart
+from bisect_repro.serve.protocol import (
+    CompileCalls,
+    Description,
+    Fetched,
+    Hello,
+    HiddenStream,
+    ItemsChange,
+    Restored,
+    SkipResult,
+    StateHashes,
+    StepRecord,
+    StepResult,
+    StepStart,
+)  # fmt: skip
 from bisect_repro.serve.requests import (
     REQUESTS,
     Compiled,
@@ -91,6 +105,15 @@ def test_replies_round_trip() -> None:
     assert Description.from_json(through_json(described.to_json())) == described
     start = StepStart(streams={"torch": {"kind": "torch"}}, pre_streams={}, data=None)
     assert StepStart.from_tree(start.to_tree()) == start
+    call = CompileCall(target="Net", backend="inductor", settings="mode=default", replayable=False, why_not="a function")
+    for reply in (
+        Restored(step=4),
+        StateHashes(hashes={"w": "h"}),
+        ItemsChange(changes=None),
+        ItemsChange(changes=True),
+        CompileCalls(calls=[call]),
+    ):
+        assert type(reply).from_json(through_json(reply.to_json())) == reply
 
 
 def test_a_step_result_crosses_as_json_and_a_tree_of_its_kept_tensors() -> None:
