@@ -107,7 +107,8 @@ def record(
             break
         fetched = process.fetch()
         result = process.run(step, commit=True)
-        line = {"step": step, "loss": result.loss, "order": fetched.order if program.reruns else None, "batch": fetched.batch}
+        order = fetched.order if program.reruns else None
+        line: dict[str, Any] = {"step": step, "loss": result.loss, "order": order, "batch": fetched.batch}
         if entropy := [call for call in result.seeding if call.get("entropy")]:
             line["seeded"] = entropy
         lines.append(line)

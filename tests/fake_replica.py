@@ -14,7 +14,13 @@ with ``Program(reruns=False)``, of a framework's :class:`~bisect_repro.serve.hoo
 - ``skip`` trains untraced up to a step, with what the recorder would have logged and the hashes;
 - a framework's process runs each step once, in order: a step run again is a fresh process,
   restored and replayed to it (the real :class:`Replica` does this for such a process), and a
-  batch cannot be fetched again.
+  batch cannot be fetched again; after ``repeat_afresh(first)`` any program's steps run that way,
+  each fresh process restored at checkpoint ``first``;
+- ``compiled`` lists no ``torch.compile`` call, and ``restore``'s ``kept_from`` is not simulated
+  (a program's calls from entropy are its own).
+
+It implements :class:`~bisect_repro.replay.interface.ReplicaLike`, and mypy checks that it does
+(``tests/fake_replica.py`` is in mypy's files).
 
 What a step computes is the test's :class:`Program`: its ``step`` function gets a :class:`Call`
 (the step, its batch, its state, the streams and settings it runs under, how often it and any step
@@ -32,16 +38,18 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from bisect_repro.capture import env
+from bisect_repro.capture.compiled import CompileCall
 from bisect_repro.capture.rng import tree_digest
 from bisect_repro.capture.trace import OpRecord, TraceEntry
+from bisect_repro.replay.interface import ReplicaFactory, ReplicaLike
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.replica import ReplicaFailed
-from bisect_repro.serve.protocol import Description, Fetched, Hello, SkipResult, StepRecord, StepResult, StepStart
+from bisect_repro.serve.protocol import Description, Fetched, Hello, SkipResult, StepRecord, StepResult, StepStart, Trace
 from bisect_repro.store.run import Run
 
 _ENTROPY = itertools.count(1_000)  # what the OS hands a seed from entropy: never the same twice
@@ -112,6 +120,9 @@ class Program:
     step: Callable[[Call], Outcome]
     state: dict[str, str] = field(default_factory=lambda: {"fc.weight": "w0"})
     """The trainee's tensors (their hashes) as built."""
+    build: Callable[[LaunchSpec | None], Mapping[str, str]] | None = None
+    """The trainee's tensors as built from what the process was started from (its ``seeds``, its
+    ``config``), instead of ``state``."""
     streams: dict[str, Any] = field(default_factory=lambda: {"torch": 0})
     loader: Callable[[int, Mapping[str, Any]], Batch] = sequential
     environment: dict[str, Any] = field(default_factory=dict)
@@ -141,11 +152,11 @@ def _tensor(digest_: str) -> torch.Tensor:
 class FakeReplica:
     """A replica of a :class:`Program` (see the module docstring)."""
 
-    afresh = False  # a fake's repeats run where its program says
-
     def __init__(self, program: Program, label: str = "run A", spec: LaunchSpec | None = None) -> None:
         self.program, self.label, self.spec = program, label, spec
         self.hello: Hello | None = None
+        self.afresh = False
+        """Each repeat of a step runs in a fresh process (:meth:`repeat_afresh`)."""
         self.step: int | None = None
         self.closed = False
         self.processes = 0
@@ -158,7 +169,8 @@ class FakeReplica:
     def _build(self) -> None:
         """A freshly built process: the program's state and streams, nothing run yet."""
         self.processes += 1
-        self.state, self.rng = dict(self.program.state), dict(self.program.streams)
+        built = self.program.state if self.program.build is None else self.program.build(self.spec)
+        self.state, self.rng = dict(built), dict(self.program.streams)
         """The trainee's tensors (their hashes) and the random streams, now."""
         self.cursor: dict[str, Any] = {"position": 0}
         """The data position now."""
@@ -170,7 +182,13 @@ class FakeReplica:
 
     @property
     def reruns(self) -> bool:
-        return self.hello is None or self.hello.reruns
+        return (self.hello is None or self.hello.reruns) and not self.afresh
+
+    def repeat_afresh(self, first: int) -> None:
+        """From now on each repeat of a step is a fresh process restored at checkpoint ``first`` and replayed to it."""
+        assert self._restored is not None, "restore() first"
+        path, _, environment = self._restored
+        self._restored, self.afresh = (path, first, environment), True
 
     def _check(self) -> None:
         assert self.hello is not None, "connect() first"
@@ -197,7 +215,9 @@ class FakeReplica:
         self.hello = Hello(pid=0, reruns=self.program.reruns)
         return self.hello
 
-    def restore(self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False) -> None:
+    def restore(
+        self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False, kept_from: int | None = None
+    ) -> None:
         """Load the run directory's checkpoint (a framework's process keeps the state it was built with)."""
         self._check()
         if not self.reruns and self._restored is not None:
@@ -208,7 +228,7 @@ class FakeReplica:
 
     def _load(self, run: Path, step: int, environment: dict[str, Any]) -> None:
         self.settings.update({k: v for k, v in environment.items() if k in env.APPLICABLE})
-        if self.reruns:
+        if self.program.reruns:  # a framework's process builds its own start
             checkpoint = Run.open(run).checkpoint(step)
             self.state, self.rng, self.cursor = dict(checkpoint["hashes"]), dict(checkpoint["streams"]), dict(checkpoint["data"])
         elif step != 0:
@@ -243,7 +263,7 @@ class FakeReplica:
 
     def _order(self, batch: Batch) -> str | None:
         """The digest of a batch's sample indices, as logged (none in a framework's loop)."""
-        return digest(batch.indices) if batch.indices is not None and self.reruns else None
+        return digest(batch.indices) if batch.indices is not None and self.program.reruns else None
 
     def _take(self) -> _Start:
         """The next batch from the loader, and the start of the step it is for."""
@@ -254,7 +274,7 @@ class FakeReplica:
         return _Start(self.position, dict(self.state), dict(self.rng), pre_streams, data, batch)
 
     def _fetched(self, start: _Start, batch: Batch) -> Fetched:
-        if not self.reruns:  # a framework's loop tells the batch only as the step runs
+        if not self.program.reruns:  # a framework's loop tells the batch only as the step runs
             return Fetched(step=start.step)
         return Fetched(step=start.step, indices=batch.indices, order=self._order(batch), batch=batch.content)
 
@@ -298,7 +318,7 @@ class FakeReplica:
         self,
         step: int,
         *,
-        trace: str = "light",
+        trace: Trace = "light",
         keep: list[int] | tuple[int, ...] = (),
         ops: str | None = None,
         alerts: bool = False,
@@ -307,8 +327,10 @@ class FakeReplica:
         fixed_entropy: int | None = None,
         commit: bool = False,
         streams: dict[str, Any] | None = None,
+        compile_bisect: str | None = None,
     ) -> StepResult:
-        """Run a kept step again from its start (see the module docstring); ``alerts`` are never raised here."""
+        """Run a kept step again from its start (see the module docstring); ``alerts`` are never
+        raised here, and nothing is compiled to bisect."""
         self._check()
         start = self._kept(step)
         committed = (commit and step == max(self.kept)) or not self.reruns
@@ -340,14 +362,14 @@ class FakeReplica:
             outcome=digest(sorted(self.state.items())),
             streams_after={n: tree_digest(v) for n, v in self.rng.items()},
             seeding=list(outcome.seeding),
-            batch=batch.content if not self.reruns else None,
+            batch=batch.content if not self.program.reruns else None,
         )
 
     def streams(self, step: int) -> StepStart:
         """The streams a kept step starts from, after its batch was fetched and before, and its data position."""
         self._check()
         start = self._kept(step)
-        if not self.reruns:  # a framework's hooks see the streams once the batch was drawn
+        if not self.program.reruns:  # a framework's hooks see the streams once the batch was drawn
             return StepStart(streams=dict(start.streams), pre_streams=dict(start.streams), data=None)
         return StepStart(streams=dict(start.streams), pre_streams=dict(start.pre_streams), data=dict(start.data))
 
@@ -355,7 +377,7 @@ class FakeReplica:
         """A kept step's batch fetched again from its data position, under other streams (nothing else
         changes); a fake loader has no epoch streams."""
         self._check()
-        if not self.reruns:
+        if not self.program.reruns:
             raise ReplicaFailed(f"replay of {self.label}: 'data' needs the batch fetched again, which a framework's loader does not allow")
         start = self._kept(step)
         return self._fetched(start, self.program.loader(start.data["position"], dict(pre_streams or start.pre_streams)))
@@ -377,6 +399,11 @@ class FakeReplica:
             convolutions=False,
             build_seeding=[],
         )
+
+    def compiled(self) -> list[CompileCall]:
+        """A program calls no ``torch.compile``."""
+        self._check()
+        return []
 
     def items_change(self, step: int, stream: str) -> bool | None:
         """Unknown: a fake loader has no dataset of its own to ask."""
@@ -404,3 +431,8 @@ class Launcher:
         replica = FakeReplica(self.programs[spec.path or ""], label, spec)
         self.started.append(replica)
         return replica
+
+
+if TYPE_CHECKING:  # mypy checks the fake against the interface the replay and diagnose/ are typed against
+    _FAKE: type[ReplicaLike] = FakeReplica
+    _LAUNCHER: Callable[[Mapping[str, Program]], ReplicaFactory] = Launcher

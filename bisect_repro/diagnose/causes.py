@@ -107,11 +107,11 @@ def cause_title(cause: str) -> str:
         return cause
 
 
-def stream_fix(streams: Sequence[str], *, resumed: bool = False, reseeds: Sequence[Mapping[str, Any]] = ()) -> str:
+def stream_fix(streams: Sequence[str], *, resumed: bool = False, reseeds: Sequence[SeedingCall] = ()) -> str:
     """How to seed the named streams alike in both runs; ``reseeds``: the entropy seeding calls to remove."""
     if reseeds:
-        calls = "; ".join(dict.fromkeys(SeedingCall.from_json(r).describe() for r in reseeds))
-        seeded = "; ".join(dict.fromkeys(_RESEED_FIXES.get(r.get("stream", ""), "a seed of your own") for r in reseeds))
+        calls = "; ".join(dict.fromkeys(r.describe() for r in reseeds))
+        seeded = "; ".join(dict.fromkeys(_RESEED_FIXES.get(r.stream, "a seed of your own") for r in reseeds))
         return f"remove the reseeding from entropy ({calls}), or give it a seed: {seeded}"
     parts = []
     for name in streams:
@@ -240,7 +240,7 @@ def fix_for(
     cause: Cause,
     *,
     streams: Sequence[str] = (),
-    reseeds: Sequence[Mapping[str, Any]] = (),
+    reseeds: Sequence[SeedingCall] = (),
     resumed: bool = False,
     loader: Mapping[str, Any] | None = None,
     op: str | None = None,
@@ -272,7 +272,7 @@ def explanation_for(
     *,
     where: str,
     streams: Sequence[str] = (),
-    reseeds: Sequence[Mapping[str, Any]] = (),
+    reseeds: Sequence[SeedingCall] = (),
     keys: Sequence[str] = (),
     data_by: str | None = None,
     reseeded: bool = False,
@@ -286,7 +286,7 @@ def explanation_for(
     ``proven``: an experiment made the difference vanish (otherwise no sentence says one did)."""
     named = ", ".join(streams or keys)
     if cause is Cause.RNG_STATE and reseeds:
-        calls = "; ".join(dict.fromkeys(SeedingCall.from_json(r).describe() for r in reseeds))
+        calls = "; ".join(dict.fromkeys(r.describe() for r in reseeds))
         if between is not None:
             return (
                 f"{named} was reseeded from entropy between steps {between - 1} and {between} ({calls}), and the data of "

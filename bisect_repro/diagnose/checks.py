@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..capture.trace import first_difference, first_divergent_op, same_sequence, uninitialised
-from ..replay.replica import Replica
+from ..replay.interface import ReplicaLike
 from ..serve.protocol import StepResult
 from . import causes
 from .causes import Cause
@@ -62,10 +62,10 @@ class RecipeChecks:
 
     def __init__(
         self,
-        replica: Replica,
+        replica: ReplicaLike,
         outcomes: list[StepResult],
         environment: Mapping[str, Any],
-        fresh: Callable[[], Replica] | None = None,
+        fresh: Callable[[], ReplicaLike] | None = None,
     ) -> None:
         self.replica, self.outcomes, self.environment, self.fresh = replica, outcomes, dict(environment), fresh
         self.unrepeatable_step: int | None = None
@@ -134,7 +134,7 @@ class RecipeChecks:
     def _why(self, check: Any) -> list[Finding]:
         s = check.step
         if check.kind == "reseeded":
-            calls = "; ".join(dict.fromkeys(f"{c['call']} at {c.get('where')}" for c in check.reseeds))
+            calls = "; ".join(dict.fromkeys(f"{c.call} at {c.where}" for c in check.reseeds))
             proof = (
                 "with that seeding given a fixed seed, the step repeats"
                 if check.reseed_proven

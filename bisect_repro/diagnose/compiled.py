@@ -28,16 +28,16 @@ import io
 import shlex
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..capture.compiled import CompileCall
 from ..capture.trace import first_difference
+from ..replay.interface import ReplicaFactory, ReplicaLike
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import Divergence
 from ..replay.ranked import start_replica
-from ..replay.replica import Replica, ReplicaFailed
+from ..replay.replica import ReplicaFailed
 from ..serve.protocol import StepResult
 from ..store.meta import CodeKind
 from ..store.run import Run
@@ -198,7 +198,7 @@ def bisect_compiled(
     spec: LaunchSpec,
     divergence: Divergence,
     checkpoint: int,
-    replica: Replica,
+    replica: ReplicaLike,
 ) -> CompileBisect:
     """Run the compiler bisector on the divergent step in ``replica``, a fresh replica of the
     compiled run (``side``); the reference is the other run's light trace of the step."""
@@ -248,13 +248,13 @@ def bisect_compiled(
 
 def compile_bisect(
     runs: tuple[Run, Run],
-    replicas: tuple[Replica, Replica],
+    replicas: tuple[ReplicaLike, ReplicaLike],
     specs: tuple[LaunchSpec, LaunchSpec],
     divergence: Divergence,
     checkpoints: tuple[int, int],
     cause: Cause,
     *,
-    start: Callable[[LaunchSpec, str], Replica] = start_replica,
+    start: ReplicaFactory = start_replica,
 ) -> CompileBisect | None:
     """The compiler bisection of the divergent step, where exactly one run compiled and the
     verdict's ``cause`` is one a compiler can explain (``None`` otherwise); a fresh replica of the

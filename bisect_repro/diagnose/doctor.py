@@ -44,6 +44,7 @@ from ..capture import env
 from ..capture.rng import GLOBAL_STREAMS
 from ..errors import BisectReproError, RecipeError
 from ..record.recipe import recipe_file
+from ..replay.interface import ReplicaFactory
 from . import causes
 from .audit import environment_findings
 from .checks import RecipeChecks, threads_finding
@@ -305,16 +306,18 @@ def doctor(
     steps: int = DEFAULT_STEPS,
     progress: Progress | None = None,
     command: list[str] | None = None,
+    replica: ReplicaFactory | None = None,
 ) -> DoctorReport:
     """Audit a recipe, or a script by its ``command`` (``["python", "train.py", ...]``), or without
-    either this environment."""
+    either this environment; ``replica`` starts each process of the code (``None``: a real one,
+    see :mod:`~bisect_repro.diagnose.subjects`)."""
     started = time.perf_counter()
     say = progress or (lambda stage: None)
     config = dict(config or {})
     if command is not None:
         if config:
             raise BisectReproError("doctor: --set is for a recipe; a script takes its own arguments after --")
-        subject = script_subject(command)
+        subject = script_subject(command, replica)
         target = subject.name
         findings, fingerprint = _diagnose(subject, _checked_steps(steps), say)
     elif target is None:
@@ -327,7 +330,8 @@ def doctor(
         path = recipe_file(target)  # checks the TARGET's form
         if path is not None and not path.is_file():
             raise RecipeError(f"{path}: no such recipe file; check the TARGET path")
-        findings, fingerprint = _diagnose(recipe_subject(target, config), _checked_steps(steps), say)
+        subject = recipe_subject(target, config) if replica is None else recipe_subject(target, config, replica)
+        findings, fingerprint = _diagnose(subject, _checked_steps(steps), say)
     order = {severity: rank for rank, severity in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
     return DoctorReport(

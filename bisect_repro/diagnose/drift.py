@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import RunFormatError
 from ..store.run import Run
-from .verdict import plain_fields
+from .jsonform import plain_fields
 
 __all__ = ["DriftedTensor", "RankDrift", "rank_drift"]
 

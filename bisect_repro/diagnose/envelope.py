@@ -41,8 +41,8 @@ from ..replay.launch import LaunchSpec
 from ..store.meta import CodeKind
 from ..store.run import Run
 from .numerics import FLOOR, Measured, decide, distances, signals_differing
+from .numerics_result import Envelope, Numerics
 from .records import Records, rank_zero_alike
-from .verdict import Envelope, Numerics
 
 __all__ = ["judge", "measure_envelope"]
 

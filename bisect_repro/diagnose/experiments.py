@@ -32,17 +32,16 @@ swapped in on the focus rank alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from ..capture import env
 from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference, first_divergent_op
+from ..replay.interface import ReplicaFactory
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import Divergence, Lockstep
 from ..replay.ranked import start_replica
-from ..replay.replica import Replica
 from ..serve.protocol import StepResult
 from .causes import Cause, config_values, explanation_for, fix_for
 from .difference import difference_stats
@@ -50,15 +49,15 @@ from .records import Records
 from .reseeds import prove_kept
 from .selfcheck import OPS_PHASE, RERUNS, Repeatability, check_repeats, ops_context
 from .swaps import Swaps
-from .verdict import Confidence, Evidence, Verdict
+from .verdict import Confidence, Evidence, OpContext, Verdict
 
 __all__ = ["StepAnalysis"]
 
 _MACHINE = ("python", "torch", "numpy", "cuda", "cudnn", "devices", "cpu")  # what a replay here cannot set
 
 
-def _calls(seeding: list[dict[str, Any]]) -> str:
-    return ", ".join(dict.fromkeys(SeedingCall.from_json(c).describe() for c in seeding))
+def _calls(seeding: list[SeedingCall]) -> str:
+    return ", ".join(dict.fromkeys(c.describe() for c in seeding))
 
 
 class StepAnalysis:
@@ -66,7 +65,7 @@ class StepAnalysis:
 
     def __init__(
         self, records: Records, lockstep: Lockstep, divergence: Divergence, specs: tuple[LaunchSpec, LaunchSpec],
-        checkpoints: tuple[int, int], *, start: Callable[[LaunchSpec, str], Replica] = start_replica,
+        checkpoints: tuple[int, int], *, start: ReplicaFactory = start_replica,
     ) -> None:  # fmt: skip
         self.records, self.divergence, self.start = records, divergence, start
         """What starts a fresh replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
@@ -77,7 +76,7 @@ class StepAnalysis:
         self.checkpoints = checkpoints
         self.evidence: list[Evidence] = []
         self.notes: list[str] = []
-        self.ops_context: list[dict[str, Any]] = []
+        self.ops_context: list[OpContext] = []
         self.reseeded = False
         """A stream ended the step in another state each time it ran from the same state."""
         self.unrecorded_data = False

@@ -234,7 +234,7 @@ def records_verdict(records: Records) -> Verdict:
         cause=found.cause,
         confidence=Confidence.INFERRED,
         rng=found.rng,
-        reseeded=found.reseeded,
+        reseeded=[SeedingCall.from_json(call) for call in found.reseeded],
         config_keys=found.config_keys,
         environment_keys=found.environment_keys,
         evidence=evidence,

@@ -43,8 +43,8 @@ import numpy as np
 
 from ..store.run import Run
 from ..store.sketches import Sketches, read_sketches
+from .numerics_result import Departure, Distance, Envelope, Numerics
 from .records import Records, layer_of, model_name
-from .verdict import Departure, Distance, Envelope, Numerics
 
 __all__ = ["FACTOR", "FLOOR", "Measured", "decide", "distances", "run_sketches", "signals_differing"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..replay.replica import Replica
+from ..replay.interface import ReplicaLike
 from ..serve.protocol import Description, StepResult
 
 __all__ = ["Probe", "ProbeDifferences", "ProbedBatch", "differences", "probe"]
@@ -67,7 +67,7 @@ class ProbeDifferences:
         return not self.init and not self.final and self.order is None and self.content is None and self.loss is None
 
 
-def probe(replica: Replica, steps: int, *, keep: bool = False) -> tuple[Probe, list[StepResult]]:
+def probe(replica: ReplicaLike, steps: int, *, keep: bool = False) -> tuple[Probe, list[StepResult]]:
     """The probe of a freshly connected replica (see the module docstring), and each step's
     untraced result; ``keep`` keeps every step's start in the replica, to run again."""
     built = replica.describe()

@@ -15,13 +15,10 @@ in the experiment, so a step that draws from one made there still differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference
+from ..replay.interface import ReplicaFactory
 from ..replay.launch import LaunchSpec
-from ..replay.replica import Replica
 from ..serve.protocol import StepResult
 from ..store.run import Run
 from .causes import Cause
@@ -30,19 +27,16 @@ from .verdict import Confidence, Evidence, Verdict
 __all__ = ["prove_kept", "recorded_reseeds"]
 
 
-def recorded_reseeds(run: Run, step: int) -> list[dict[str, Any]]:
+def recorded_reseeds(run: Run, step: int) -> list[SeedingCall]:
     """The calls from entropy ``run``'s step log shows at ``step`` (their values left out)."""
     calls = run.steps.get(step, {}).get("seeded") or []
-    return [{k: v for k, v in c.items() if k != "value"} for c in calls if isinstance(c, dict) and c.get("entropy") is True]
+    return [SeedingCall.from_json(c) for c in calls if isinstance(c, dict) and c.get("entropy") is True]
 
 
-def _kept_run(
-    start: Callable[[LaunchSpec, str], Replica], spec: LaunchSpec, run: Run, checkpoint: int, step: int, label: str
-) -> StepResult:
+def _kept_run(start: ReplicaFactory, spec: LaunchSpec, run: Run, checkpoint: int, step: int, label: str) -> StepResult:
     with start(spec, label) as replica:
         replica.connect()
-        replica.request("restore", run=str(run.path.resolve()), step=checkpoint, environment=run.meta.environment or {}, kept_from=step)
-        replica.step = checkpoint
+        replica.restore(run.path, checkpoint, run.meta.environment, kept_from=step)
         replica.skip(step)
         replica.fetch()
         return replica.run(step, trace="full")
@@ -54,7 +48,7 @@ def prove_kept(
     specs: tuple[LaunchSpec, LaunchSpec],
     checkpoints: tuple[int, int],
     traces: tuple[StepResult, StepResult],
-    start: Callable[[LaunchSpec, str], Replica],
+    start: ReplicaFactory,
 ) -> Evidence | None:
     """Where a run's step log shows reseeds at the verdict's step: each such run replayed with them
     leaving their streams as they are (see the module docstring), against the other as replayed.
@@ -66,8 +60,8 @@ def prove_kept(
         return None
     reseeding = [label for label, found in zip("AB", calls, strict=True) if found]
     every = [c for found in calls for c in found]
-    named = ", ".join(dict.fromkeys(SeedingCall.from_json(c).describe() for c in every))
-    streams = sorted({str(c.get("stream")) for c in every})
+    named = ", ".join(dict.fromkeys(c.describe() for c in every))
+    streams = sorted({c.stream for c in every})
     subject = f"run {' and run '.join(reseeding)} with {named} leaving {', '.join(streams)} as it is"
     kept = [
         _kept_run(start, specs[i], runs[i], checkpoints[i], step, f"run {'AB'[i]} with its reseeds kept") if calls[i] else traces[i]

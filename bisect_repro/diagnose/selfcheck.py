@@ -27,12 +27,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
+from ..capture.seeding import SeedingCall
 from ..capture.trace import OpRecord, first_difference, first_divergent_op, same_sequence, uninitialised
-from ..replay.replica import Replica
+from ..replay.interface import ReplicaLike
 from ..serve.protocol import StepResult, Trace
 from .records import seeds_one_of
+from .verdict import OpContext
 
 __all__ = ["Repeatability", "check_repeats", "ops_context"]
 
@@ -50,7 +51,7 @@ class Repeatability:
     repeats: bool = True
     streams: list[str] = field(default_factory=list)
     """Streams reseeded from entropy during the step."""
-    reseeds: list[dict[str, Any]] = field(default_factory=list)
+    reseeds: list[SeedingCall] = field(default_factory=list)
     """The seeding calls from entropy, with their call sites."""
     reseed_proven: bool = False
     """With entropy seeding fixed, the step repeated."""
@@ -62,7 +63,7 @@ class Repeatability:
     """The op that gave different outputs on identical inputs."""
     op_pairs: int = 0
     """In how many pairs of re-runs it did."""
-    context: list[dict[str, Any]] = field(default_factory=list)
+    context: list[OpContext] = field(default_factory=list)
     """The ops around it (see :func:`ops_context`)."""
     first: int | None = None
     """The first traced entry that differed between two runs of the step (when traced)."""
@@ -83,7 +84,7 @@ def _same(a: StepResult, b: StepResult, traced: bool) -> bool:
     return first_difference(a.entries, b.entries) is None if traced else a.outcome == b.outcome
 
 
-def check_repeats(replica: Replica, step: int, base: StepResult | None = None, *, trace: Trace = "full") -> Repeatability:
+def check_repeats(replica: ReplicaLike, step: int, base: StepResult | None = None, *, trace: Trace = "full") -> Repeatability:
     """Re-run ``step`` (kept in ``replica``) against ``base`` (its first run, or a run now) and classify.
 
     The re-runs are compared with each other as well as with ``base``: a stream that ends in
@@ -108,7 +109,7 @@ def check_repeats(replica: Replica, step: int, base: StepResult | None = None, *
         fixed = [replica.run(step, trace=trace, fixed_entropy=_FIXED_ENTROPY) for _ in range(2)]
         found.reseed_proven = _same(fixed[0], fixed[1], traced) and fixed[0].streams_after == fixed[1].streams_after
         seen += [c for r in fixed for c in r.seeding if c.get("entropy") and seeds_one_of(c, found.streams)]
-        found.reseeds = list({(c["call"], c.get("where")): c for c in seen}.values())
+        found.reseeds = list({(c["call"], c.get("where")): SeedingCall.from_json(c) for c in seen}.values())
         return found
     third = again[0] if fresh else replica.run(step, trace=trace)
     if not fresh and all(_same(again[0], r, traced) and again[0].streams_after == r.streams_after for r in (again[1], third)):
@@ -134,7 +135,7 @@ def check_repeats(replica: Replica, step: int, base: StepResult | None = None, *
     return found
 
 
-def _locate_op(replica: Replica, step: int, phase: str, found: Repeatability) -> None:
+def _locate_op(replica: ReplicaLike, step: int, phase: str, found: Repeatability) -> None:
     hits: Counter[tuple[str, str | None, str]] = Counter()
     records: dict[tuple[str, str | None, str], OpRecord] = {}
     for _ in range(RERUNS + 1):
@@ -164,14 +165,14 @@ def _locate_op(replica: Replica, step: int, phase: str, found: Repeatability) ->
         found.op = records[key]
 
 
-def ops_context(a: list[OpRecord], b: list[OpRecord], index: int, around: int = 4) -> list[dict[str, Any]]:
+def ops_context(a: list[OpRecord], b: list[OpRecord], index: int, around: int = 4) -> list[OpContext]:
     """The ops around ``index`` in ``a``'s order, each marked by whether its inputs and outputs matched ``b``'s."""
     rows = []
     for i in range(max(0, index - around), min(len(a), index + around + 1)):
         other = b[i] if i < len(b) else None
-        rows.append({
-            "index": i, "op": a[i].op, "layer": a[i].layer, "phase": a[i].phase or "step", "first": i == index,
-            "inputs_equal": other is not None and a[i].same_inputs(other),
-            "outputs_equal": other is not None and a[i].op == other.op and a[i].outputs == other.outputs,
-        })  # fmt: skip
+        rows.append(OpContext(
+            index=i, op=a[i].op, layer=a[i].layer, phase=a[i].phase or "step", first=i == index,
+            inputs_equal=other is not None and a[i].same_inputs(other),
+            outputs_equal=other is not None and a[i].op == other.op and a[i].outputs == other.outputs,
+        ))  # fmt: skip
     return rows

@@ -34,8 +34,11 @@ from typing import Any
 from ..errors import BisectReproError
 from ..record.recipe import module_file
 from ..record.script import parse_command
+from ..replay.interface import Progress, ReplicaFactory, ReplicaLike
 from ..replay.launch import LaunchSpec, spec_for_command, spec_for_recipe
 from ..replay.replica import Replica
+from ..serve.protocol import Restored
+from ..serve.requests import Request, Restore
 from ..store.printable import printable
 
 __all__ = ["Subject", "recipe_subject", "script_subject"]
@@ -48,17 +51,19 @@ class Subject:
     """What runs, by name (a recipe TARGET, or a script's command line), and how to start a process of it."""
 
     name: str
-    start: Callable[[str], Replica]
+    start: Callable[[str], ReplicaLike]
     """A fresh process of the code with this ``PYTHONHASHSEED``."""
-    pinned: Callable[[], Replica] | None = None
+    pinned: Callable[[], ReplicaLike] | None = None
     """A script's: a fresh process with the global streams seeded alike before the script runs, for
     the steps run again (``None``: a recipe's steps run again in the process that first ran them)."""
 
 
-def recipe_subject(target: str, config: Mapping[str, Any]) -> Subject:
-    def start(hash_seed: str) -> Replica:
+def recipe_subject(target: str, config: Mapping[str, Any], replica: ReplicaFactory = Replica) -> Subject:
+    """A recipe TARGET built with ``config``; ``replica`` starts each process (a real one by default)."""
+
+    def start(hash_seed: str) -> ReplicaLike:
         spec = spec_for_recipe(target, dict(config), {"PYTHONHASHSEED": hash_seed})
-        return Replica(spec, f"{target} (PYTHONHASHSEED={hash_seed})")
+        return replica(spec, f"{target} (PYTHONHASHSEED={hash_seed})")
 
     return Subject(target, start)
 
@@ -71,15 +76,17 @@ class _FromStart(Replica):
         super().__init__(spec, label)
         self._restored, self.step = (Path(spec.path or "."), 0, None), 0
 
-    def request(self, op: str, tree: Any = None, progress: Any = None, **args: Any) -> tuple[dict[str, Any], Any]:
-        if op == "restore":  # nothing to restore: the process stands at the script's own start
-            return {"step": args.get("step", 0)}, None
-        return super().request(op, tree, progress, **args)
+    def request(self, request: Request, progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
+        if isinstance(request, Restore):  # nothing to restore: the process stands at the script's own start
+            return Restored(step=request.step).to_json(), None
+        return super().request(request, progress)
 
 
-def script_subject(words: list[str]) -> Subject:
+def script_subject(words: list[str], replica: ReplicaFactory | None = None) -> Subject:
     """``python train.py ARGS`` or ``python -m pkg.train ARGS``: a one-line error for anything else
-    (see the module docstring)."""
+    (see the module docstring); ``replica`` starts each process (by default a real one, run from the
+    script's own start)."""
+    make: ReplicaFactory = replica or _FromStart
     command = parse_command(words)
     if command.nproc is not None:
         raise BisectReproError("doctor: give the script itself, as in: doctor -- python train.py ARGS (torchrun is not audited yet)")
@@ -89,11 +96,11 @@ def script_subject(words: list[str]) -> Subject:
     def spec(hash_seed: str) -> LaunchSpec:
         return spec_for_command(path, command.argv, {"PYTHONHASHSEED": hash_seed}, module=command.module)
 
-    def start(hash_seed: str) -> Replica:
-        return _FromStart(spec(hash_seed), f"{name} (PYTHONHASHSEED={hash_seed})")
+    def start(hash_seed: str) -> ReplicaLike:
+        return make(spec(hash_seed), f"{name} (PYTHONHASHSEED={hash_seed})")
 
-    def pinned() -> Replica:
-        return _FromStart(spec("1").with_seeds(_PINNED), f"{name} (global streams seeded)")
+    def pinned() -> ReplicaLike:
+        return make(spec("1").with_seeds(_PINNED), f"{name} (global streams seeded)")
 
     spec("1")  # a module that is not its file is refused here, before anything runs
     return Subject(name, start, pinned)

@@ -36,12 +36,14 @@ from typing import Any
 
 from ..capture import env
 from ..capture.rng import GLOBAL_STREAMS, loader_draws_from, tree_digest
+from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference
 from ..record.arguments import shown_command
+from ..replay.interface import ReplicaFactory, ReplicaLike
 from ..replay.launch import LaunchSpec
 from ..replay.lockstep import both
 from ..replay.ranked import start_replica
-from ..replay.replica import Replica, ReplicaFailed
+from ..replay.replica import ReplicaFailed
 from ..serve.protocol import Fetched, StepResult
 from ..store.meta import CodeKind
 from ..store.run import Run
@@ -75,13 +77,13 @@ class Swaps:
     def __init__(
         self,
         records: Records,
-        replicas: tuple[Replica, Replica],
+        replicas: tuple[ReplicaLike, ReplicaLike],
         specs: tuple[LaunchSpec, LaunchSpec],
         checkpoint_b: int,
         step: int,
         evidence: list[Evidence],
         *,
-        start: Callable[[LaunchSpec, str], Replica] = start_replica,
+        start: ReplicaFactory = start_replica,
         checkpoint_a: int | None = None,
     ) -> None:
         self.records, self.specs, self.checkpoint_b, self.step, self.evidence = records, specs, checkpoint_b, step, evidence
@@ -113,7 +115,7 @@ class Swaps:
                 verdict.cause = Cause.RNG_STATE
                 # How those streams came apart, where the step logs show it: a reseed from entropy in an earlier step.
                 start = self.records.streams_equal_until(verdict.rng, s)
-                verdict.reseeded = [call for _, call in self.records.reseeds(start, s, verdict.rng)]
+                verdict.reseeded = [SeedingCall.from_json(call) for _, call in self.records.reseeds(start, s, verdict.rng)]
                 return
         if self._settings(verdict, lambda settings: matches(self.rb.run(s, trace="full", environment=settings))):
             return

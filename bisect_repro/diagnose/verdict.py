@@ -16,22 +16,23 @@ default).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any
 
+from ..capture.seeding import SeedingCall
+from ..replay.lockstep import Parted
 from .causes import Cause
 from .compiled import CompileBisect
+from .jsonform import ReadBack, known_fields, plain_fields
+from .numerics_result import Numerics
 
 __all__ = [
     "SCHEMA",
     "CompareResult",
     "Confidence",
-    "Departure",
-    "Distance",
-    "Envelope",
     "Evidence",
-    "Numerics",
+    "OpContext",
     "Outcome",
     "RankResult",
     "ReplayInfo",
@@ -40,28 +41,6 @@ __all__ = [
 ]
 
 SCHEMA = "bisect-repro/compare/2"
-
-
-def plain_fields(obj: object, *names: str) -> dict[str, Any]:
-    """The named attributes of ``obj``, in that order: a JSON form's fields that need no conversion."""
-    return {name: getattr(obj, name) for name in names}
-
-
-def _known(cls: type, found: Mapping[str, Any], *, but: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The items of ``found`` that are fields of the dataclass ``cls`` (less ``but``)."""
-    names = {f.name for f in fields(cls)} - set(but)
-    return {key: value for key, value in found.items() if key in names}
-
-
-_ReadT = TypeVar("_ReadT", bound="_ReadBack")
-
-
-class _ReadBack:
-    """A dataclass whose JSON form holds its fields as they are, so it reads back field by field."""
-
-    @classmethod
-    def from_json(cls: type[_ReadT], found: Mapping[str, Any]) -> _ReadT:
-        return cls(**_known(cls, found))
 
 
 class Confidence(str, Enum):
@@ -118,8 +97,8 @@ class Verdict:
     confidence: Confidence = Confidence.INFERRED
     rng: list[str] = field(default_factory=list)
     """The random streams the cause names."""
-    reseeded: list[dict[str, Any]] = field(default_factory=list)
-    """Seeding calls from entropy the step made (``call``, ``stream``, ``where``)."""
+    reseeded: list[SeedingCall] = field(default_factory=list)
+    """Seeding calls from entropy the step made (or the step logs show), with their call sites."""
     config_keys: list[str] = field(default_factory=list)
     environment_keys: list[str] = field(default_factory=list)
     max_abs_diff: float | None = None
@@ -141,10 +120,10 @@ class Verdict:
             **plain_fields(self, "step", "phase", "layer", "tensor", "op", "rank"),
             "cause": self.cause.value,
             "confidence": self.confidence.value,
+            "rng": self.rng,
+            "reseeded": [call.to_json() for call in self.reseeded],
             **plain_fields(
                 self,
-                "rng",
-                "reseeded",
                 "config_keys",
                 "environment_keys",
                 "max_abs_diff",
@@ -160,7 +139,8 @@ class Verdict:
     @classmethod
     def from_json(cls, found: Mapping[str, Any]) -> Verdict:
         return cls(
-            **_known(cls, found, but=("cause", "confidence", "evidence")),
+            **known_fields(cls, found, but=("cause", "confidence", "reseeded", "evidence")),
+            reseeded=[SeedingCall.from_json(call) for call in found.get("reseeded") or []],
             cause=Cause(found.get("cause", Cause.UNKNOWN.value)),
             confidence=Confidence(found.get("confidence", Confidence.INFERRED.value)),
             evidence=[Evidence(**item) for item in found.get("evidence") or []],
@@ -168,15 +148,15 @@ class Verdict:
 
 
 @dataclass(kw_only=True)
-class ReplayInfo(_ReadBack):
+class ReplayInfo(ReadBack):
     performed: bool = False
     from_step: int | None = None
     replayed_steps: int = 0
     faithful: bool | None = None
     """Every replayed step before the divergent one reproduced its own run's records (data order,
     batch, loss, snapshots). The divergent step itself may not, when its cause is entropy."""
-    parted: list[dict[str, Any]] = field(default_factory=list)
-    """Where each replica first parted from its own records: ``run``, ``step``, ``what``."""
+    parted: list[Parted] = field(default_factory=list)
+    """Where each replica first parted from its own records."""
     seconds: float = 0.0
     commands: list[str] = field(default_factory=list)
     """What was run to replay each run."""
@@ -188,13 +168,39 @@ class ReplayInfo(_ReadBack):
     :mod:`bisect_repro.replay.forks`."""
 
     def to_json(self) -> dict[str, Any]:
-        return plain_fields(
-            self, "performed", "from_step", "replayed_steps", "faithful", "parted", "seconds", "commands", "processes", "forked"
-        )
+        return {
+            **plain_fields(self, "performed", "from_step", "replayed_steps", "faithful"),
+            "parted": [p.to_json() for p in self.parted],
+            **plain_fields(self, "seconds", "commands", "processes", "forked"),
+        }
+
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> ReplayInfo:
+        parted = [Parted(**known_fields(Parted, p)) for p in found.get("parted") or []]
+        return cls(**known_fields(cls, found, but=("parted",)), parted=parted)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpContext(ReadBack):
+    """One op around the first divergent op, in run A's order, marked by whether its inputs and
+    outputs matched run B's op at the same place."""
+
+    index: int
+    op: str
+    layer: str | None
+    phase: str
+    """``forward``, ``backward``, or ``step`` (outside the model)."""
+    first: bool
+    """The first divergent op."""
+    inputs_equal: bool
+    outputs_equal: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return plain_fields(self, "index", "op", "layer", "phase", "first", "inputs_equal", "outputs_equal")
 
 
 @dataclass(kw_only=True)
-class TimelineRow(_ReadBack):
+class TimelineRow(ReadBack):
     step: int
     equal: bool
     differing_tensors: int
@@ -242,97 +248,6 @@ class RankResult:
 
 
 @dataclass(kw_only=True)
-class Distance(_ReadBack):
-    """The relative L2 distance of all weights at one snapshot (run B from run A, over A's norm),
-    from the sketches; ``exact`` from both runs' checkpoints where both have one; ``layers`` per layer."""
-
-    step: int
-    relative: float
-    exact: float | None = None
-    layers: dict[str, float] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return plain_fields(self, "step", "relative", "exact", "layers")
-
-
-@dataclass(kw_only=True)
-class Envelope:
-    """How far rounding alone moves this training: run A replayed from its checkpoint at
-    ``from_step`` with ``method`` changed (another thread count, a one-ulp perturbation), its
-    distance from run A at each snapshot."""
-
-    method: str
-    from_step: int
-    points: list[Distance] = field(default_factory=list)
-    activations: list[Distance] = field(default_factory=list)
-    """The same for the modules' outputs, at each step whose forward pass was sketched."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "method": self.method,
-            "from_step": self.from_step,
-            "points": [p.to_json() for p in self.points],
-            "activations": [p.to_json() for p in self.activations],
-        }
-
-    @classmethod
-    def from_json(cls, found: Mapping[str, Any]) -> Envelope:
-        points, activations = ([Distance.from_json(p) for p in found.get(key) or []] for key in ("points", "activations"))
-        return cls(method=found["method"], from_step=found["from_step"], points=points, activations=activations)
-
-
-@dataclass(kw_only=True)
-class Departure(_ReadBack):
-    """The first snapshot where the runs' distance leaves the envelope, and the layer that leaves
-    it furthest there; ``cause`` names an exact signal that differs, or ``numerics``."""
-
-    step: int
-    layer: str | None
-    relative: float
-    envelope: float
-    cause: str
-    last_within: int | None = None
-    """The last snapshot within the envelope before ``step``: the step that departed lies between."""
-
-    def to_json(self) -> dict[str, Any]:
-        return plain_fields(self, "step", "layer", "relative", "envelope", "cause", "last_within")
-
-
-@dataclass(kw_only=True)
-class Numerics:
-    """Whether two runs differ by rounding only (the ``numerics`` object of ``compare --json``)."""
-
-    rounding_only: bool
-    departure: Departure | None = None
-    distance: list[Distance] = field(default_factory=list)
-    envelope: Envelope | None = None
-    signals: list[str] = field(default_factory=list)
-    """The exact signals that differ (sample indices, batch contents, streams, settings, config); empty when they agree."""
-    sentence: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rounding_only": self.rounding_only,
-            "departure": self.departure.to_json() if self.departure else None,
-            "distance": [d.to_json() for d in self.distance],
-            "envelope": self.envelope.to_json() if self.envelope else None,
-            **plain_fields(self, "signals", "sentence"),
-        }
-
-    @classmethod
-    def from_json(cls, found: Mapping[str, Any]) -> Numerics:
-        departure, envelope = found.get("departure"), found.get("envelope")
-        return cls(
-            rounding_only=found["rounding_only"],
-            departure=Departure.from_json(departure) if departure else None,
-            distance=[Distance.from_json(d) for d in found.get("distance") or []],
-            envelope=Envelope.from_json(envelope) if envelope else None,
-            signals=list(found.get("signals") or []),
-            sentence=found.get("sentence") or "",
-        )
-
-
-@dataclass(kw_only=True)
 class CompareResult:
     runs: list[str]
     identical: bool = False
@@ -343,8 +258,8 @@ class CompareResult:
     replay: ReplayInfo = field(default_factory=ReplayInfo)
     timeline: list[TimelineRow] = field(default_factory=list)
     first_log_difference: dict[str, int | None] = field(default_factory=dict)
-    ops_context: list[dict[str, Any]] = field(default_factory=list)
-    """The ops around the first divergent op, in run A's order: ``op``, ``layer``, ``phase``, ``inputs_equal``, ``outputs_equal``."""
+    ops_context: list[OpContext] = field(default_factory=list)
+    """The ops around the first divergent op, in run A's order."""
     notes: list[str] = field(default_factory=list)
     ranks: list[RankResult] = field(default_factory=list)
     """Each rank compared (rank 0 alone for single-process runs); the verdict is the earliest of theirs."""
@@ -364,7 +279,9 @@ class CompareResult:
             **plain_fields(self, "config_diff", "environment_diff", "snapshots"),
             "replay": self.replay.to_json(),
             "timeline": [row.to_json() for row in self.timeline],
-            **plain_fields(self, "first_log_difference", "ops_context", "notes"),
+            "first_log_difference": self.first_log_difference,
+            "ops_context": [row.to_json() for row in self.ops_context],
+            "notes": self.notes,
             "ranks": [rank.to_json() for rank in self.ranks],
             "unused_streams": self.unused_streams,
             "compile_bisect": self.compile_bisect.to_json() if self.compile_bisect is not None else None,
@@ -376,10 +293,11 @@ class CompareResult:
         """A ``bisect-repro/compare/2`` object (``compare --json``) read back."""
         verdict, numerics = found.get("verdict"), found.get("numerics")
         return cls(
-            **_known(cls, found, but=("verdict", "replay", "timeline", "ranks", "compile_bisect", "numerics")),
+            **known_fields(cls, found, but=("verdict", "replay", "timeline", "ops_context", "ranks", "compile_bisect", "numerics")),
+            ops_context=[OpContext.from_json(row) for row in found.get("ops_context") or []],
             numerics=Numerics.from_json(numerics) if numerics else None,
             verdict=Verdict.from_json(verdict) if verdict else None,
-            compile_bisect=CompileBisect(**_known(CompileBisect, found["compile_bisect"])) if found.get("compile_bisect") else None,
+            compile_bisect=CompileBisect(**known_fields(CompileBisect, found["compile_bisect"])) if found.get("compile_bisect") else None,
             replay=ReplayInfo.from_json(found.get("replay") or {}),
             timeline=[TimelineRow.from_json(row) for row in found.get("timeline") or []],
             ranks=[RankResult.from_json(rank) for rank in found.get("ranks") or []],

@@ -74,7 +74,7 @@ def walk(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Compare
             if result.compile_bisect is not None:
                 verdict.evidence.append(Evidence(**result.compile_bisect.evidence()))
                 verdict.fix = "; ".join(filter(None, (verdict.fix, result.compile_bisect.fix)))
-        info.parted = [p.to_json() for p in lockstep.parted]
+        info.parted = list(lockstep.parted)
         result.notes += lockstep.notes
         if divergence is None and lockstep.parted:
             verdict = _parted_verdict(records, lockstep.parted)
@@ -138,13 +138,14 @@ def _init_verdict(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result
     if row.step in a.checkpoints and row.step in b.checkpoints and tensor in a.meta.model.get("parameters", {}):
         verdict.set_difference(difference_stats(a.checkpoint(row.step)["model"][tensor], b.checkpoint(row.step)["model"][tensor]))
     resumed = b.meta.options.resumed_from is not None
-    cause, confidence, streams, reseeds, evidence = streams_deciding_init(specs)
+    found = streams_deciding_init(specs)
     result.replay.performed = True
-    verdict.cause, verdict.confidence, verdict.rng, verdict.reseeded, verdict.evidence = cause, confidence, streams, reseeds, evidence
-    if cause is Cause.RNG_STATE:
+    verdict.cause, verdict.confidence, verdict.rng, verdict.reseeded = found.cause, found.confidence, found.streams, found.reseeds
+    verdict.evidence = found.evidence
+    if found.cause is Cause.RNG_STATE:
         verdict.explanation = (
             f"the runs start from different states ({tensor} differs at step {row.step}): the initialisation draws from "
-            f"{', '.join(streams)}, which {'were reseeded from entropy' if reseeds else 'were not seeded alike'}"
+            f"{', '.join(found.streams)}, which {'were reseeded from entropy' if found.reseeds else 'were not seeded alike'}"
         )
     else:
         verdict.explanation = (
@@ -159,6 +160,11 @@ def _init_verdict(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result
                 Confidence.INFERRED,
             )
     verdict.fix = fix_for(
-        verdict.cause, streams=verdict.rng, reseeds=reseeds, resumed=resumed, keys=verdict.environment_keys, config=records.config_diff
+        verdict.cause,
+        streams=verdict.rng,
+        reseeds=found.reseeds,
+        resumed=resumed,
+        keys=verdict.environment_keys,
+        config=records.config_diff,
     )
     return verdict

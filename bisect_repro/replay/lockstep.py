@@ -57,9 +57,9 @@ from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference
 from ..serve.protocol import Fetched, StepResult, Trace
 from ..store.run import Run
+from .interface import ReplicaFactory
 from .launch import LaunchSpec, ReplayUnavailable
 from .ranked import start_replica
-from .replica import Replica
 
 __all__ = ["Attempt", "Divergence", "Lockstep", "Parted", "both"]
 
@@ -122,7 +122,7 @@ class Lockstep:
         specs: tuple[LaunchSpec, LaunchSpec],
         progress: Progress | None = None,
         *,
-        start: Callable[[LaunchSpec, str], Replica] = start_replica,
+        start: ReplicaFactory = start_replica,
     ) -> None:
         self.runs = runs
         self.start = start

@@ -40,6 +40,7 @@ from typing import Any, NoReturn
 from ..record.torchrun import torchrun_command
 from ..serve.channel import Channel, ChannelClosed, Listener
 from ..serve.protocol import Hello
+from ..serve.requests import Request, Restore, encode
 from ..store.run import Run
 from .bootstrap import LOGS_VARIABLE
 from .launch import LaunchSpec
@@ -159,20 +160,21 @@ class RankedReplica(Replica):
         self.channel, self.hello = self.channels[self.spec.focus], self.hellos[self.spec.focus]
         return self.hello
 
-    def request(self, op: str, tree: Any = None, progress: Progress | None = None, **args: Any) -> tuple[dict[str, Any], Any]:
-        """Send ``op`` to every rank (``tree`` to the focus rank only); the focus rank's reply."""
-        return self._broadcast(op, dict.fromkeys(range(self.world_size), args), tree, progress)
+    def request(self, request: Request, progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
+        """Send a request to every rank (its state tree to the focus rank only); the focus rank's reply."""
+        return self._broadcast(dict.fromkeys(range(self.world_size), request), progress)
 
-    def _broadcast(
-        self, op: str, args: dict[int, dict[str, Any]], tree: Any = None, progress: Progress | None = None
-    ) -> tuple[dict[str, Any], Any]:
+    def _broadcast(self, requests: dict[int, Request], progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
+        """Send each rank its request (a state tree to the focus rank only); the focus rank's reply."""
         assert len(self.channels) == self.world_size, "connect() first"
+        focus = self.spec.focus
+        op = requests[focus].op
         _log.debug("replay of %s: %s to %d ranks", self.label, op, self.world_size)
         self._check_alive()
-        focus = self.spec.focus
         for rank, channel in self.channels.items():
+            message, tree = encode(requests[rank])
             try:
-                channel.send({"op": op, **args[rank]}, tree if rank == focus else None)
+                channel.send(message, tree if rank == focus else None)
             except OSError:
                 self._fail(f"stopped before {op!r}", rank)
         futures = {rank: self._receivers.submit(self._reply, rank, op, progress if rank == focus else None) for rank in self.channels}
@@ -195,16 +197,18 @@ class RankedReplica(Replica):
         return reply, payload
 
     # -- requests that differ by rank ----------------------------------------------------------
-    def restore(self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False) -> None:
+    def restore(
+        self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False, kept_from: int | None = None
+    ) -> None:
         """Each rank loads its own checkpoint at ``step`` and applies its own recorded settings
         (``rank{r}/rank.json``'s; ``environment`` only where a rank has none recorded)."""
         if not self.reruns and self._restored is not None:
-            super().restore(run, step, environment, rebuilt=rebuilt)
+            super().restore(run, step, environment, rebuilt=rebuilt, kept_from=kept_from)
             return
         run = Path(run).resolve()
         opened = Run.open(run)
         own = {r: opened.open_rank(r).environment or environment or {} for r in range(self.world_size)}
-        self._broadcast("restore", {r: {"run": str(run), "step": step, "environment": own[r], "rebuilt": rebuilt} for r in own})
+        self._broadcast({r: Restore(run=str(run), step=step, environment=own[r], rebuilt=rebuilt, kept_from=kept_from) for r in own})
         self._restored = (run, step, environment)
         self.step = step
 

@@ -46,19 +46,20 @@ from typing import Any
 
 from ..capture.compiled import CompileCall
 from ..errors import BisectReproError
+from ..serve import requests
 from ..serve.channel import Channel, ChannelClosed, Listener
-from ..serve.protocol import Description, Fetch, Fetched, Hello, Run, SkipResult, StepResult, StepStart, Trace
+from ..serve.protocol import CompileCalls, Description, Fetched, Hello, ItemsChange, SkipResult, StateHashes, StepResult, StepStart
+from ..serve.requests import Request, Trace, encode
 from .bootstrap import SPEC_VARIABLE
 from .cores import CORES
 from .deadline import Deadline, DeadlinePassed, allowance, guarded
 from .forks import ForkedProcess, start_process
+from .interface import Progress
 from .launch import LaunchSpec
 
 _log = logging.getLogger(__name__)
 
 __all__ = ["Replica", "ReplicaFailed", "last_line", "processes_started"]
-
-Progress = Callable[[int], None]
 
 
 _STARTS: list[None] = []
@@ -198,7 +199,7 @@ class Replica:
         try:
             fresh.connect()
             path, first, environment = self._restored
-            fresh.request("restore", run=str(path), step=first, environment=environment or {}, rebuilt=False)
+            fresh.request(requests.Restore(run=str(path), step=first, environment=environment or {}))
             fresh.step = first
             if step > first:
                 fresh.step = fresh.skip(step).step
@@ -235,15 +236,18 @@ class Replica:
             self.hello = Hello.from_json(hello)
         return self.hello
 
-    def request(self, op: str, tree: Any = None, progress: Progress | None = None, **args: Any) -> tuple[dict[str, Any], Any]:
+    def request(self, request: Request, progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
+        """Send a request (:mod:`bisect_repro.serve.requests`); its reply, as JSON and its state tree."""
         channel = self.channel
         assert channel is not None, "connect() first"
-        _log.debug("replay of %s: %s %s", self.label, op, args)
-        steps = args["until"] - (self.step or 0) if isinstance(args.get("until"), int) else 1
+        op = request.op
+        message, tree = encode(request)
+        _log.debug("replay of %s: %s", self.label, message)
+        steps = request.until - (self.step or 0) if isinstance(request, requests.Skip) else 1
         deadline = Deadline(f"replay of {self.label}, {op!r}", allowance(self.spec.step_seconds, steps), self.spec.step_seconds)
         try:
-            with contextlib.nullcontext() if op == "exit" else CORES.held(urgent=not self.spare):  # see cores.py
-                channel.send({"op": op, **args}, tree)
+            with contextlib.nullcontext() if isinstance(request, requests.Exit) else CORES.held(urgent=not self.spare):  # see cores.py
+                channel.send(message, tree)
                 reply, payload = channel.receive_reply(*guarded(deadline, self._check_alive, progress))
         except DeadlinePassed as error:
             self.process.kill()
@@ -258,15 +262,18 @@ class Replica:
             raise ReplicaFailed(f"replay of {self.label}: {reply['error']}")
         return reply, payload
 
-    def restore(self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False) -> None:
+    def restore(
+        self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False, kept_from: int | None = None
+    ) -> None:
         """Load a run's checkpoint and recorded settings; ``rebuilt``: keep the hyperparameters the
-        code was built with (another config), not the checkpoint's. A framework's run restores only
-        its own start (the step its script starts from)."""
+        code was built with (another config), not the checkpoint's; ``kept_from``: from that step on,
+        a call from entropy leaves its stream as it is (:class:`~bisect_repro.serve.protocol.Restore`).
+        A framework's run restores only its own start (the step its script starts from)."""
         if not self.reruns and self._restored is not None:
             self._to_start_of(step)
             return
         run = Path(run).resolve()  # the process may run in another folder (the recorded one)
-        self.request("restore", run=str(run), step=step, environment=environment or {}, rebuilt=rebuilt)
+        self.request(requests.Restore(run=str(run), step=step, environment=environment or {}, rebuilt=rebuilt, kept_from=kept_from))
         self._restored = (run, step, environment)
         self.step = step
 
@@ -276,15 +283,14 @@ class Replica:
         if not self.reruns and self.step is not None and self.step > until:
             self._to_start_of(until)
             return SkipResult(step=until)
-        reply, _ = self.request("skip", until=until, hashes_at=list(hashes_at or []), progress=progress)
+        reply, _ = self.request(requests.Skip(until=until, hashes_at=tuple(hashes_at or ())), progress)
         result = SkipResult.from_json(reply)
         self.step = result.step
         return result
 
     def fetch(self, keep: list[int] | None = None) -> Fetched:
         """Take the next batch and keep the step's start (and those of the steps in ``keep``)."""
-        request = Fetch(keep=tuple(keep or ()))
-        return Fetched.from_json(self.request("fetch", keep=list(request.keep))[0])
+        return Fetched.from_json(self.request(requests.Fetch(keep=tuple(keep or ())))[0])
 
     def run(
         self,
@@ -304,12 +310,11 @@ class Replica:
         """Run a kept step again (each option: :class:`~bisect_repro.serve.protocol.Run`), under
         ``streams`` instead of its own when given."""
         self._to_start_of(step)
-        request = Run(
+        request = requests.Run(
             step=step, trace=trace, keep=tuple(sorted(keep)), ops=ops, alerts=alerts, environment=environment,
-            advance=tuple(advance), fixed_entropy=fixed_entropy, commit=commit, compile_bisect=compile_bisect,
+            advance=tuple(advance), fixed_entropy=fixed_entropy, commit=commit, compile_bisect=compile_bisect, streams=streams,
         )  # fmt: skip
-        message = request.to_json()
-        reply, tree = self.request(message.pop("op"), {"streams": streams} if streams is not None else None, **message)
+        reply, tree = self.request(request)
         if commit or not self.reruns:
             self.step = step + 1
         return StepResult.from_reply(reply, tree)
@@ -317,31 +322,29 @@ class Replica:
     def streams(self, step: int) -> StepStart:
         """The streams a kept step starts from (after its batch was fetched, and before) and its data position."""
         self._to_start_of(step)
-        _, tree = self.request("streams", step=step)
+        _, tree = self.request(requests.Streams(step=step))
         return StepStart.from_tree(tree or {})
 
     def data(self, step: int, *, pre_streams: dict[str, Any] | None = None, epoch_streams: dict[str, Any] | None = None) -> Fetched:
         """A kept step's batch fetched again from its data position, under other streams."""
-        reply, _ = self.request("data", {"pre_streams": pre_streams, "epoch_streams": epoch_streams}, step=step)
+        reply, _ = self.request(requests.Data(step=step, pre_streams=pre_streams, epoch_streams=epoch_streams))
         return Fetched.from_json(reply)
 
     def hashes(self) -> dict[str, str]:
         """The hash of every tensor of the state now."""
-        return dict(self.request("hashes")[0]["hashes"])
+        return StateHashes.from_json(self.request(requests.Hashes())[0]).hashes
 
     def compiled(self) -> list[CompileCall]:
         """The ``torch.compile`` calls the replayed code made."""
-        reply, _ = self.request("compiled")
-        return [CompileCall.from_json(call) for call in reply.get("calls", [])]
+        return CompileCalls.from_json(self.request(requests.Compiled())[0]).calls
 
     def describe(self) -> Description:
         """What ``doctor`` asks of a freshly built process."""
-        return Description.from_json(self.request("describe")[0])
+        return Description.from_json(self.request(requests.Describe())[0])
 
     def items_change(self, step: int, stream: str) -> bool | None:
         """Whether the dataset's items at a kept step's indices change with ``stream`` one draw further."""
-        changes = self.request("items", step=step, stream=stream)[0]["changes"]
-        return None if changes is None else bool(changes)
+        return ItemsChange.from_json(self.request(requests.Items(step=step, stream=stream))[0]).changes
 
     def close(self) -> None:
         """End the process (the rest of its script does not run) and remove its folder; a spare
@@ -357,7 +360,7 @@ class Replica:
         try:
             if self._connected() and self.process.poll() is None:
                 with contextlib.suppress(ReplicaFailed):
-                    self.request("exit")
+                    self.request(requests.Exit())
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:

@@ -26,12 +26,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..capture.seeding import SeedingCall
 from ..diagnose.causes import cause_title
 from ..diagnose.summary import SCHEMA as SHOW_SCHEMA
 from ..diagnose.summary import RunSummary
 from ..diagnose.verdict import SCHEMA as COMPARE_SCHEMA
-from ..diagnose.verdict import CompareResult, RankResult, TimelineRow, Verdict
+from ..diagnose.verdict import CompareResult, OpContext, RankResult, TimelineRow, Verdict
 from ..errors import BisectReproError
 from ..store.run import Run
 from ..version import __version__
@@ -152,8 +151,7 @@ def _verdict(result: CompareResult) -> str:
     body += f"<p>{esc(explanation[:1].upper() + explanation[1:])}.</p>" if explanation else ""
     body += f'<div class="fix"><b>Fix:</b> {esc(verdict.fix)}</div>' if verdict.fix else ""
     if verdict.reseeded:
-        calls = [SeedingCall.from_json(found) for found in verdict.reseeded]
-        items = "".join(f"<li>{c.describe(_code)}{f' ({esc(c.stream)})' if c.stream else ''}</li>" for c in calls)
+        items = "".join(f"<li>{c.describe(_code)}{f' ({esc(c.stream)})' if c.stream else ''}</li>" for c in verdict.reseeded)
         body += f"<p>Reseeded from entropy during the step:</p><ul>{items}</ul>"
     if verdict.evidence:
         rows = [[esc(e.experiment), esc(e.subject), badge(e.outcome.value), esc(e.detail)] for e in verdict.evidence]
@@ -255,16 +253,16 @@ def _difference(verdict: Verdict | None) -> str:
     return section("First divergent tensor", body)
 
 
-def _ops(ops: Sequence[Mapping[str, Any]]) -> str:
+def _ops(ops: Sequence[OpContext]) -> str:
     if not ops:
         return ""
 
-    def equal(flag: Any) -> str:
-        return badge("equal") if flag else badge("differ") if flag is False else "-"
+    def equal(flag: bool) -> str:
+        return badge("equal") if flag else badge("differ")
 
-    rows = [[value(o.get("index")), f"<code>{esc(o.get('op'))}</code>", value(o.get("layer")), value(o.get("phase")),
-             equal(o.get("inputs_equal")), equal(o.get("outputs_equal"))] for o in ops]  # fmt: skip
-    css = ["first" if o.get("first") else "" for o in ops]
+    rows = [[value(o.index), f"<code>{esc(o.op)}</code>", value(o.layer), value(o.phase),
+             equal(o.inputs_equal), equal(o.outputs_equal)] for o in ops]  # fmt: skip
+    css = ["first" if o.first else "" for o in ops]
     note = '<p class="small muted">In run A\'s order; the highlighted op is the first whose outputs differ.</p>'
     return section("Ops around the first divergent op", note + table(["#", "op", "layer", "phase", "inputs", "outputs"], rows, row_css=css))
 
@@ -299,9 +297,7 @@ def _replay(result: CompareResult) -> str:
         for label, command in zip(("run A", "run B"), replay.commands, strict=False):
             pairs.append((f"{label} replayed by", f"<code>{esc(command)}</code>"))
         for parted in replay.parted:
-            pairs.append(
-                ("parted from its records", f"run {esc(parted.get('run'))} at step {value(parted.get('step'))}: {esc(parted.get('what'))}")
-            )
+            pairs.append(("parted from its records", f"run {esc(parted.run)} at step {value(parted.step)}: {esc(parted.what)}"))
     else:
         pairs.append(("replay", "none: the verdict is from the records alone"))
     pairs.append(("last equal snapshot", value(result.snapshots.get("last_equal"))))

@@ -226,7 +226,7 @@ def render_comparison(result: CompareResult, console: Console) -> None:
 def replay_summary(replay: ReplayInfo) -> tuple[str, bool]:
     """How faithful a replay was, in words that agree with where it parted from its records, and
     whether it reproduced every step before the divergent one."""
-    parted = ", ".join(f"run {p.get('run')} at step {p.get('step')}" for p in replay.parted)
+    parted = ", ".join(f"run {p.run} at step {p.step}" for p in replay.parted)
     if not replay.faithful:
         return f"did not reproduce the records exactly ({parted or 'see the notes'})", False
     if parted:  # only at the divergent step, whose cause (entropy) makes a replay differ from its record

@@ -27,12 +27,11 @@ from ..capture.batch import batch_tensors, combine_digests
 from ..capture.hashing import hash_tensors
 from ..store.run import Run as RunDirectory
 from .instrument import InstrumentedStep, loss_value
-from .protocol import Fetched, Restore, Run, Skip, SkipResult, StepRecord, StepStart
-from .server import StepServer
+from .protocol import Fetched, Restored, SkipResult, StepRecord, StepStart
+from .requests import Data, Exit, Fetch, Items, Restore, Run, Skip, Streams
+from .server import Reply, StepServer
 
 __all__ = ["HookServer"]
-
-_NOT_HERE = ("data", "items")  # need a batch fetched again: not when a framework owns the loader
 
 
 @dataclass
@@ -104,42 +103,44 @@ class HookServer(StepServer):
     # -- requests ------------------------------------------------------------------------------
     def _serve(self) -> None:
         while True:
-            request, tree = self.channel.receive()
-            op = request.get("op")
-            if op == "run" and int(request["step"]) == self.current:
-                self._start_run(Run.from_json(request), tree)
+            request = self._receive()
+            if isinstance(request, Run) and request.step == self.current:
+                self._start_run(request)
                 return
-            if op == "skip" and int(request["until"]) > self.current:
-                self._skipping = _Skipping(Skip.from_json(request), SkipResult(step=self.current))
+            if isinstance(request, Skip) and request.until > self.current:
+                self._skipping = _Skipping(request, SkipResult(step=self.current))
                 return
-            if op == "exit":
+            if isinstance(request, Exit):
                 self._exit()
-            self.channel.send(*self._answer(op, request, tree))
+            if isinstance(request, Skip):  # already there
+                self.channel.send(SkipResult(step=self.current).to_json())
+            elif isinstance(request, Run):
+                self.channel.send({"error": f"step {request.step} cannot run here: this process stands at step {self.current}"})
+            elif request is not None:
+                self.channel.send(*self.answer(request))
 
-    def _answer(self, op: str | None, request: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
-        step = self.current
-        if op == "skip":  # already there
-            return SkipResult(step=step).to_json(), None
-        if op == "restore":
-            if int(request["step"]) != self.first:
-                return {"error": f"a framework's run replays from its own start (step {self.first}), not from step {request['step']}"}, None
-            self._restore_streams(Restore.from_json(request))
-            return {"step": step}, None
-        if op == "fetch":
-            return Fetched(step=step).to_json(), None
-        if op == "streams":
-            return {"step": step}, StepStart(streams=self._start_streams, pre_streams=self._start_streams, data=None).to_tree()
-        if op == "run":
-            return {"error": f"step {request['step']} cannot run here: this process stands at step {step}"}, None
-        if op in _NOT_HERE:
-            return {"error": f"{op!r} needs the batch fetched again, which a framework's loader does not allow"}, None
-        if op == "hashes":
-            return self._hashes(request, tree)
-        if op == "describe":
-            return self._describe(request, tree)
-        if op == "compiled":
-            return self._compiled(request, tree)
-        return {"error": f"unknown request {op!r}"}, None
+    # -- the answers that differ from a step server's (see server.ANSWERS) --------------------------
+    def _restore(self, request: Restore) -> Reply:
+        if request.step != self.first:
+            return {"error": f"a framework's run replays from its own start (step {self.first}), not from step {request.step}"}, None
+        self._restore_streams(request)
+        return Restored(step=self.current).to_json(), None
+
+    def _fetch(self, request: Fetch) -> Reply:
+        return Fetched(step=self.current).to_json(), None
+
+    def _streams(self, request: Streams) -> Reply:
+        return {"step": self.current}, StepStart(streams=self._start_streams, pre_streams=self._start_streams, data=None).to_tree()
+
+    def _data(self, request: Data) -> Reply:
+        return self._not_here(request)
+
+    def _items(self, request: Items) -> Reply:
+        return self._not_here(request)
+
+    def _not_here(self, request: Data | Items) -> Reply:
+        """A request that needs the batch fetched again."""
+        return {"error": f"{request.op!r} needs the batch fetched again, which a framework's loader does not allow"}, None
 
     def _restore_streams(self, request: Restore) -> None:
         """At the run's own start: the recorded settings and random streams, as its checkpoint there
@@ -154,11 +155,10 @@ class HookServer(StepServer):
             self.state.streams.load_state_dict(streams)
             self._start_streams = self.state.streams.state_dict()
 
-    def _start_run(self, request: Run, tree: Any) -> None:
+    def _start_run(self, request: Run) -> None:
         if request.compile_bisect is not None:
             compiled.bisect_trial(request.compile_bisect)
-        streams = (tree or {}).get("streams")
-        if streams is not None:
-            self.state.streams.load_state_dict(streams)
+        if request.streams is not None:
+            self.state.streams.load_state_dict(request.streams)
         self._running = InstrumentedStep(self.trainee, self.state, self.watch, request, lambda: self._state_hashes(grads=True))
         self._running.__enter__()

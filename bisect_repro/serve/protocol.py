@@ -5,21 +5,23 @@ builds requests and reads replies through these types, the replaying process
 (:class:`~bisect_repro.serve.server.StepServer`) reads requests and builds replies through them,
 so no field is named twice. Each message is a JSON object on the
 :class:`~bisect_repro.serve.channel.Channel` (``op`` names a request), plus, for the few that carry
-tensors or random-stream states, a state tree beside it.
+tensors or random-stream states, a state tree beside it. The requests, and the one encoder and
+decoder both ends use, are in :mod:`bisect_repro.serve.requests`.
 
 ========== ================================== ============================================
-request    fields                             reply
+request    class (:mod:`~.requests`)          reply
 ========== ================================== ============================================
-restore    :class:`Restore`                   ``{step}``
-skip       :class:`Skip`                      :class:`Skipped` (and ``{progress}`` lines)
-fetch      :class:`Fetch`                     :class:`Fetched`
-run        :class:`Run` (tree: streams)       :class:`StepResult` (tree: kept tensors)
-streams    ``{step}``                         :class:`StepStart` (as a tree)
-data       ``{step}`` (tree: streams)         :class:`Fetched`
-hashes     ``{}``                             ``{hashes}``
-describe   ``{}``                             :class:`Description`
-items      ``{step, stream}``                 ``{changes}``
-exit       ``{}``                             ``{ok}``
+restore    ``Restore``                        :class:`Restored`
+skip       ``Skip``                           :class:`SkipResult` (and ``{progress}`` lines)
+fetch      ``Fetch``                          :class:`Fetched`
+run        ``Run`` (tree: streams)            :class:`StepResult` (tree: kept tensors)
+streams    ``Streams``                        :class:`StepStart` (as a tree)
+data       ``Data`` (tree: streams)           :class:`Fetched`
+hashes     ``Hashes``                         :class:`StateHashes`
+describe   ``Describe``                       :class:`Description`
+items      ``Items``                          :class:`ItemsChange`
+compiled   ``Compiled``                       :class:`CompileCalls`
+exit       ``Exit``                           ``{ok}``
 ========== ================================== ============================================
 
 A reply ``{"error": ...}`` answers any request the process could not serve.
@@ -33,30 +35,33 @@ a run directory is (:mod:`bisect_repro.store.meta`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
+from ..capture.compiled import CompileCall
 from ..capture.trace import OpRecord, TraceEntry
+from .requests import Fetch, Restore, Run, Skip, Trace
 
 __all__ = [
+    "CompileCalls",
     "Description",
     "Fetch",
     "Fetched",
     "Hello",
     "HiddenStream",
+    "ItemsChange",
     "Restore",
+    "Restored",
     "Run",
     "Skip",
     "SkipResult",
+    "StateHashes",
     "StepRecord",
     "StepResult",
     "StepStart",
     "Trace",
 ]
-
-Trace = Literal["none", "light", "full"]
-"""How much of a step is traced: nothing, the batch and the outcome, or every tensor."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,99 +88,6 @@ class Hello:
             world_size=data.get("world_size", 1),
             structure=data.get("structure"),
             reruns=bool(data.get("reruns", True)),
-        )
-
-
-# -- requests -------------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class Restore:
-    """Load a checkpoint of a run directory (read, never executed) and its in-process settings."""
-
-    run: str
-    step: int
-    environment: dict[str, Any] = field(default_factory=dict)
-    rebuilt: bool = False
-    """Keep the hyperparameters the code was built with (another config), not the checkpoint's."""
-    kept_from: int | None = None
-    """From this step on, every call that would reseed a stream from entropy leaves it as it is
-    (before it, each is given its recorded value)."""
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Restore:
-        environment = dict(data.get("environment") or {})
-        kept = data.get("kept_from")
-        return cls(
-            run=str(data["run"]),
-            step=int(data["step"]),
-            environment=environment,
-            rebuilt=bool(data.get("rebuilt")),
-            kept_from=None if kept is None else int(kept),
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Skip:
-    """Train untraced up to ``until``, with the state hashes at the steps in ``hashes_at``."""
-
-    until: int
-    hashes_at: tuple[int, ...] = ()
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Skip:
-        return cls(until=int(data["until"]), hashes_at=tuple(int(s) for s in data.get("hashes_at", ())))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Fetch:
-    """Take the next batch and keep, in memory, everything the step starts from; forget the kept
-    steps not in ``keep``."""
-
-    keep: tuple[int, ...] = ()
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Fetch:
-        return cls(keep=tuple(int(s) for s in data.get("keep", ())))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Run:
-    """Run a kept step again from its start."""
-
-    step: int
-    trace: Trace = "light"
-    keep: tuple[int, ...] = ()
-    """Indices of trace entries whose tensors come back as copies."""
-    ops: str | None = None
-    """Record every aten op of one pass: ``forward``, ``backward`` or ``all``."""
-    alerts: bool = False
-    """Catch PyTorch's warnings about ops with no deterministic kernel."""
-    environment: dict[str, Any] | None = None
-    """In-process settings to run under (another run's), undone after the step."""
-    advance: tuple[str, ...] = ()
-    """Streams drawn from once before the step."""
-    fixed_entropy: int | None = None
-    """Seed every call that would seed from entropy with this value instead."""
-    commit: bool = False
-    """Move on to the next step afterwards (only from the latest kept step)."""
-    compile_bisect: str | None = None
-    """Compile the model again first, as one trial of the compiler bisection whose state is in this folder."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"op": "run", **asdict(self)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Run:
-        return cls(
-            step=int(data["step"]),
-            trace=data.get("trace", "light"),
-            keep=tuple(int(i) for i in data.get("keep", ())),
-            ops=data.get("ops"),
-            alerts=bool(data.get("alerts")),
-            environment=data.get("environment"),
-            advance=tuple(str(s) for s in data.get("advance", ())),
-            fixed_entropy=data.get("fixed_entropy"),
-            commit=bool(data.get("commit")),
-            compile_bisect=data.get("compile_bisect"),
         )
 
 
@@ -240,6 +152,63 @@ class StepRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepRecord:
         return cls(step=int(data["step"]), order=data.get("order"), batch=data.get("batch"), loss=data.get("loss"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restored:
+    """The reply to ``restore``: the step the process now stands at the start of."""
+
+    step: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Restored:
+        return cls(step=int(data["step"]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateHashes:
+    """The reply to ``hashes``: the hash of every tensor of the state now."""
+
+    hashes: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hashes": self.hashes}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StateHashes:
+        return cls(hashes={str(k): str(v) for k, v in dict(data["hashes"]).items()})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemsChange:
+    """The reply to ``items``: whether the items change (``None``: not known, no indices or no dataset to ask)."""
+
+    changes: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"changes": self.changes}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ItemsChange:
+        changes = data.get("changes")
+        return cls(changes=None if changes is None else bool(changes))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileCalls:
+    """The reply to ``compiled``: the ``torch.compile`` calls the code made."""
+
+    calls: list[CompileCall]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"calls": [call.to_json() for call in self.calls]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CompileCalls:
+        return cls(calls=[CompileCall.from_json(call) for call in data.get("calls", [])])
 
 
 @dataclass

@@ -3,13 +3,15 @@
 When ``BISECT_REPRO_REPLAY`` is set (see :mod:`bisect_repro.serve.channel`), a
 :class:`~bisect_repro.record.recorder.Recorder` records nothing: it connects to the controller
 (``compare`` or ``doctor``), and its ``batches()`` becomes :meth:`StepServer.batches`, a loop of
-requests (their types: :mod:`bisect_repro.serve.protocol`). The loop body the user wrote is the
+requests (their types: :mod:`bisect_repro.serve.requests`, the replies':
+:mod:`bisect_repro.serve.protocol`). The loop body the user wrote is the
 step: to run a step, the server puts the state in place, yields the batch, and the body trains
 on it; ``recorder.log(loss)`` hands the loss back. A script therefore replays unchanged, and a
 recipe replays through the same loop (``record``'s), so there is one replay engine for both.
 
-Requests (a JSON object, and a state tree for those that carry one; typed in
-:mod:`bisect_repro.serve.protocol`):
+Requests (each decoded by :func:`~bisect_repro.serve.requests.decode`; ``run`` and ``skip`` train
+in the loop, ``exit`` ends it, and the rest are answered through :data:`ANSWERS`, the table
+:class:`~bisect_repro.serve.hooks.HookServer` answers through too):
 
 - ``restore {run, step, environment}``: load a checkpoint of a run directory (read, never
   executed) and the recorded in-process settings; a rank of a distributed run loads its own
@@ -46,7 +48,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -67,12 +69,39 @@ from ..trainee import Trainee
 from .channel import Channel
 from .instrument import InstrumentedStep, loss_value
 from .process import watched_process
-from .protocol import Description, Fetch, Fetched, Hello, HiddenStream, Restore, Run, Skip, SkipResult, StepRecord, StepStart
+from .protocol import (
+    CompileCalls,
+    Description,
+    Fetched,
+    Hello,
+    HiddenStream,
+    ItemsChange,
+    Restored,
+    SkipResult,
+    StateHashes,
+    StepRecord,
+    StepStart,
+)  # fmt: skip
+from .requests import Compiled, Data, Describe, Exit, Fetch, Hashes, Items, Request, Restore, Run, Skip, Streams, UnknownRequest, decode
 from .start import KeptStart, hyperparameters, keep_start, load_start, overlay_hyperparameters
 
-__all__ = ["StepServer", "batch_digest", "order_digest"]
+__all__ = ["ANSWERS", "StepServer", "batch_digest", "order_digest"]
 
-Handler = Callable[[dict[str, Any], Any], tuple[dict[str, Any], Any]]
+Reply = tuple[dict[str, Any], Any]
+"""A reply: its JSON object, and the state tree beside it (``None`` for most)."""
+
+ANSWERS: dict[type[Request], str] = {
+    Restore: "_restore",
+    Fetch: "_fetch",
+    Streams: "_streams",
+    Hashes: "_hashes",
+    Data: "_data",
+    Describe: "_describe",
+    Items: "_items",
+    Compiled: "_compiled",
+}
+"""The method of a server that answers each request not run in the loop (``run``, ``skip``,
+``exit``); a framework's server overrides those it answers otherwise."""
 
 
 def batch_digest(batch: Any) -> str:
@@ -114,16 +143,6 @@ class StepServer:
         self.watch = watched.watch if watched is not None else SeedingWatch().install()
         self.threads_set = watched.threads_set if watched is not None else []
         self.build_seeding = [call.to_json() for call in self.watch.calls]
-        self._handlers: dict[str, Handler] = {
-            "restore": self._restore,
-            "fetch": self._fetch,
-            "streams": self._streams,
-            "hashes": self._hashes,
-            "data": self._data,
-            "describe": self._describe,
-            "items": self._items,
-            "compiled": self._compiled,
-        }
 
     @classmethod
     def connect(
@@ -170,18 +189,29 @@ class StepServer:
         """Serve requests until ``exit``, yielding a batch for each step to run (``steps`` is the
         recording's business, not the replay's: the controller decides what runs)."""
         while True:
-            request, tree = self.channel.receive()
-            op = request.get("op")
-            if op == "run":
-                yield from self._run(Run.from_json(request), tree)
-            elif op == "skip":
-                yield from self._skip(Skip.from_json(request))
-            elif op == "exit":
+            request = self._receive()
+            if isinstance(request, Run):
+                yield from self._run(request)
+            elif isinstance(request, Skip):
+                yield from self._skip(request)
+            elif isinstance(request, Exit):
                 self._exit()
-            elif isinstance(op, str) and op in self._handlers:
-                self.channel.send(*self._handlers[op](request, tree))
-            else:
-                self.channel.send({"error": f"unknown request {op!r}"})
+            elif request is not None:
+                self.channel.send(*self.answer(request))
+
+    def _receive(self) -> Request | None:
+        """The next request (``None``: one whose ``op`` names none, answered with an error)."""
+        message, tree = self.channel.receive()
+        try:
+            return decode(message, tree)
+        except UnknownRequest as error:
+            self.channel.send({"error": str(error)})
+            return None
+
+    def answer(self, request: Request) -> Reply:
+        """The reply to a request answered outside the loop (see :data:`ANSWERS`)."""
+        reply: Reply = getattr(self, ANSWERS[type(request)])(request)
+        return reply
 
     def _exit(self) -> None:
         self.channel.send({"ok": True})
@@ -191,8 +221,7 @@ class StepServer:
         os._exit(0)  # the rest of the script (evaluation, saving, uploads) must not run
 
     # -- simple requests -----------------------------------------------------------------------
-    def _restore(self, message: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
-        request = Restore.from_json(message)
+    def _restore(self, request: Restore) -> Reply:
         env.apply(request.environment)
         built = hyperparameters(self.trainee) if request.rebuilt else None
         run = RunDirectory.open(request.run)
@@ -204,10 +233,9 @@ class StepServer:
             overlay_hyperparameters(self.trainee, built)
         self.position = self.current = request.step
         self.starts.clear()
-        return {"step": self.position}, None
+        return Restored(step=self.position).to_json(), None
 
-    def _fetch(self, message: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
-        request = Fetch.from_json(message)
+    def _fetch(self, request: Fetch) -> Reply:
         pre_streams, data = self.state.streams.state_dict(), self.state.data.state_dict()
         batch, indices = next_micro_batches(self.state.data, self.accumulate)
         self.starts = {s: start for s, start in self.starts.items() if s in request.keep}
@@ -217,31 +245,30 @@ class StepServer:
         )
         return fetched.to_json(), None
 
-    def _streams(self, message: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
-        start = self.starts[int(message["step"])]
+    def _streams(self, request: Streams) -> Reply:
+        start = self.starts[request.step]
         return {"step": start.step}, StepStart(streams=start.streams, pre_streams=start.pre_streams, data=start.data).to_tree()
 
-    def _hashes(self, message: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
-        return {"hashes": self._state_hashes()}, None
+    def _hashes(self, request: Hashes) -> Reply:
+        return StateHashes(hashes=self._state_hashes()).to_json(), None
 
-    def _data(self, message: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
+    def _data(self, request: Data) -> Reply:
         """Fetch a kept step's batch again from its data position, under other streams; then put
         the data back where it was."""
-        start = self.starts[int(message["step"])]
-        tree = tree or {}
+        start = self.starts[request.step]
         now = (self.state.data.state_dict(), self.state.streams.state_dict())
         position = dict(start.data)
-        if tree.get("epoch_streams") is not None and position.get("epoch_streams") is not None:
-            position["epoch_streams"] = tree["epoch_streams"]
+        if request.epoch_streams is not None and position.get("epoch_streams") is not None:
+            position["epoch_streams"] = request.epoch_streams
         self.state.data.load_state_dict(position)
-        self.state.streams.load_state_dict(tree.get("pre_streams") or start.pre_streams)
+        self.state.streams.load_state_dict(request.pre_streams or start.pre_streams)
         batch, indices = next_micro_batches(self.state.data, self.accumulate)
         fetched = Fetched(step=start.step, indices=indices, order=order_digest(indices), batch=batch_digest(batch))
         self.state.data.load_state_dict(now[0])
         self.state.streams.load_state_dict(now[1])
         return fetched.to_json(), None
 
-    def _describe(self, message: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
+    def _describe(self, request: Describe) -> Reply:
         hidden = hidden_streams(self.trainee)
         states = self.state.streams.state_dict()
         hidden_states = RandomStreams(hidden).state_dict()
@@ -257,14 +284,14 @@ class StepServer:
         )
         return description.to_json(), None
 
-    def _items(self, message: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
+    def _items(self, request: Items) -> Reply:
         """Do the dataset's items at a kept step's indices change with ``stream`` one draw further?"""
-        start = self.starts[int(message["step"])]
+        start = self.starts[request.step]
         dataset: Any = getattr(self.trainee.loader, "dataset", None)
         sources = recipe_streams(self.trainee)
-        name = message["stream"]
+        name = request.stream
         if start.indices is None or not hasattr(dataset, "__getitem__") or (name not in sources and name not in start.streams):
-            return {"changes": None}, None
+            return ItemsChange(changes=None).to_json(), None
         streams = RandomStreams(sources)
         saved_global, saved = self.state.streams.state_dict(), streams.state_dict()
 
@@ -277,13 +304,13 @@ class StepServer:
             self.state.streams.load_state_dict(start.pre_streams)
             streams.load_state_dict(saved)
             draw_once(name, sources)
-            return {"changes": contents() != before}, None
+            return ItemsChange(changes=contents() != before).to_json(), None
         finally:
             streams.load_state_dict(saved)
             self.state.streams.load_state_dict(saved_global)
 
-    def _compiled(self, message: dict[str, Any], tree: Any) -> tuple[dict[str, Any], Any]:
-        return {"calls": [call.to_json() for call in compiled.calls()]}, None
+    def _compiled(self, request: Compiled) -> Reply:
+        return CompileCalls(calls=list(compiled.calls())).to_json(), None
 
     # -- stepping ------------------------------------------------------------------------------
     def _skip(self, request: Skip) -> Iterator[Any]:
@@ -307,12 +334,12 @@ class StepServer:
         result.step = self.position
         self.channel.send(result.to_json())
 
-    def _run(self, request: Run, tree: Any) -> Iterator[Any]:
+    def _run(self, request: Run) -> Iterator[Any]:
         start = self.starts[request.step]
         commit = request.commit and request.step == max(self.starts)
         if request.compile_bisect is not None:
             compiled.bisect_trial(request.compile_bisect)
-        load_start(self.state, start, (tree or {}).get("streams"))
+        load_start(self.state, start, request.streams)
         run = InstrumentedStep(self.trainee, self.state, self.watch, request, lambda: self._state_hashes(grads=True))
         run.note_batch(start.batch, start.indices)
         self.loss, self.current = None, request.step

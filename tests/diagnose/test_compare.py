@@ -113,7 +113,7 @@ def test_distributed_runs_diverge_at_the_earliest_step_on_the_rank_where_it_star
 def test_a_reseed_from_an_unknown_call_site_is_named_by_its_call_alone(tmp_path) -> None:
     result = compare(two_ranks(tmp_path / "a"), two_ranks(tmp_path / "b", reseed=True, where=None), replay=False)
     verdict = result.verdict
-    assert verdict is not None and verdict.reseeded[0]["where"] is None
+    assert verdict is not None and verdict.reseeded[0].where is None
     assert "step 3 reseeded from entropy: torch.seed()" in [e.detail for e in verdict.evidence]
     assert "remove the reseeding from entropy (torch.seed()), or give it a seed" in verdict.fix
     assert "<li><code>torch.seed()</code> (torch)</li>" in comparison_html(result)

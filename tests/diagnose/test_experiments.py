@@ -18,7 +18,7 @@ from tests.fake_programs import one_layer, only_at, record, reseeding
 from tests.fake_replica import Call, Launcher, Outcome, Program
 
 SPECS = (LaunchSpec(kind=CodeKind.SCRIPT, path="/code/a.py"), LaunchSpec(kind=CodeKind.SCRIPT, path="/code/b.py"))
-RESEED = SeedingCall("torch", "torch.seed()", True, "train.py:12").to_json()
+RESEED = SeedingCall("torch", "torch.seed()", True, "train.py:12")
 
 
 def explained(
@@ -53,7 +53,7 @@ def test_a_step_that_reseeds_from_entropy_in_run_b_is_proven_by_fixing_the_entro
     assert verdict.evidence[3].detail == "with torch.seed() at train.py:12 given a fixed seed, step 5 repeats exactly"
     # the op trace names the first op whose outputs part on equal inputs: the dropout mask, drawn from the reseeded stream
     assert verdict.op == "aten.bernoulli_.float" and verdict.fraction_differing
-    assert [(row["op"], row["first"], row["inputs_equal"], row["outputs_equal"]) for row in analysis.ops_context] == [
+    assert [(row.op, row.first, row.inputs_equal, row.outputs_equal) for row in analysis.ops_context] == [
         ("aten.mm.default", False, True, True),
         ("aten.bernoulli_.float", True, True, False),
         ("aten.mul.Tensor", False, False, False),

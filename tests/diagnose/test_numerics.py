@@ -13,8 +13,9 @@ import torch
 
 from bisect_repro.diagnose import numerics
 from bisect_repro.diagnose.numerics import FACTOR, Measured, _replicas, decide, distance_at
+from bisect_repro.diagnose.numerics_result import Distance, Envelope, Numerics
 from bisect_repro.diagnose.records import model_name, rank_zero_alike
-from bisect_repro.diagnose.verdict import CompareResult, Distance, Envelope, Numerics
+from bisect_repro.diagnose.verdict import CompareResult
 from bisect_repro.errors import RunFormatError
 from bisect_repro.store.run import Run
 from bisect_repro.store.sketches import read_sketches

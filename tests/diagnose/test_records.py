@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bisect_repro.capture.seeding import SeedingCall
 from bisect_repro.diagnose.causes import Cause
 from bisect_repro.diagnose.from_records import records_verdict
 from bisect_repro.diagnose.records import read_records
@@ -55,7 +56,7 @@ def test_an_entropy_seeding_call_logged_in_the_divergent_step_names_the_stream_a
     a = run(tmp_path / "a")
     b = run(tmp_path / "b", hashes={4: "moved", 6: "moved"}, losses={3: 2.5}, seeded={3: call})
     verdict = verdict_of(a, b)
-    assert (verdict.step, verdict.cause, verdict.rng, verdict.reseeded) == (3, Cause.RNG_STATE, ["torch"], [call])
+    assert (verdict.step, verdict.cause, verdict.rng, verdict.reseeded) == (3, Cause.RNG_STATE, ["torch"], [SeedingCall.from_json(call)])
     assert verdict.evidence[1] == Evidence(
         experiment="records", subject="the step logs", outcome="differs", detail="step 3 reseeded from entropy: torch.seed() at train.py:9"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bisect_repro.capture.seeding import SeedingCall
 from bisect_repro.capture.trace import TraceEntry
 from bisect_repro.diagnose.causes import Cause
 from bisect_repro.diagnose.reseeds import prove_kept
@@ -42,8 +43,8 @@ class _Fresh:
     def connect(self) -> None:
         pass
 
-    def request(self, op: str, **args: Any) -> None:
-        self.asked.append((op, args["step"], args["kept_from"]))
+    def restore(self, run: Path, step: int, environment: Any = None, *, kept_from: int | None = None) -> None:
+        self.asked.append(("restore", step, kept_from))
 
     def skip(self, until: int) -> None:
         self.asked.append(("skip", until))
@@ -70,7 +71,8 @@ def test_the_run_that_reseeds_computes_the_others_step_with_its_reseed_kept_prov
     assert asked == [("restore", 0, 2), ("skip", 2)]  # replayed from its checkpoint, kept from the step on
     assert (found.experiment, found.outcome.value) == ("reseed_kept", "matches") and found.subject.startswith("run B with torch.seed()")
     assert (verdict.cause, verdict.confidence, verdict.rng) == (Cause.RNG_STATE, Confidence.PROVEN, ["torch"])
-    assert verdict.reseeded == [{k: v for k, v in CALL.items() if k != "value"}]
+    assert verdict.reseeded == [SeedingCall.from_json(CALL)]
+    assert verdict.to_json()["reseeded"] == [{k: v for k, v in CALL.items() if k != "value"}]  # the JSON form: the call less its value
 
 
 def test_a_kept_reseed_that_still_differs_proves_nothing(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bisect_repro.capture.seeding import SeedingCall
 from bisect_repro.diagnose.causes import Cause
 from bisect_repro.diagnose.from_records import records_verdict
 from bisect_repro.diagnose.records import read_records
@@ -106,7 +107,7 @@ def test_an_order_drawn_right_after_a_reseed_is_the_reseed_in_the_data_between_t
     b = run(tmp_path / "b", hashes={4: "moved", 6: "moved"}, orders={3: "other", 4: "other"}, batches={3: "x"}, seeded={3: call})
     verdict = records_verdict(read_records(a, b))
     assert (verdict.step, verdict.phase, verdict.tensor, verdict.cause) == (3, "data", "batch.indices", Cause.RNG_STATE)
-    assert verdict.reseeded == [call] and "between steps 2 and 3 (torch.seed() at vae.py:88)" in verdict.explanation
+    assert verdict.reseeded == [SeedingCall.from_json(call)] and "between steps 2 and 3 (torch.seed() at vae.py:88)" in verdict.explanation
     assert "remove the reseeding from entropy" in verdict.fix
 
 

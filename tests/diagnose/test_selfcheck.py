@@ -28,7 +28,7 @@ def test_a_step_that_computes_the_same_from_the_same_state_repeats() -> None:
 def test_a_step_that_reseeds_a_stream_from_entropy_is_proven_so_by_fixing_the_entropy() -> None:
     found = check_repeats(kept(Program(step=reseeding)), 0)
     assert (found.kind, found.streams, found.reseed_proven) == ("reseeded", ["torch"], True)
-    assert found.reseeds == [SeedingCall("torch", "torch.seed()", True, "train.py:12").to_json()]
+    assert found.reseeds == [SeedingCall("torch", "torch.seed()", True, "train.py:12")]
     assert found.trace is not None and found.first is not None and found.trace.entries[found.first].tensor == "fc.output"
 
 
@@ -60,7 +60,7 @@ def test_an_op_that_gives_other_outputs_on_identical_inputs_in_two_pairs_is_nond
     assert (found.kind, found.hidden, found.op_pairs) == ("nondeterministic_op", None, 2)
     assert found.op is not None and (found.op.op, found.op.layer, found.op.phase) == ("aten.index_add_.default", "fc", "backward")
     assert found.trace is not None and found.first is not None and found.trace.entries[found.first].tensor == "fc.weight.grad"
-    assert [(row["op"], row["first"], row["inputs_equal"], row["outputs_equal"]) for row in found.context] == [
+    assert [(row.op, row.first, row.inputs_equal, row.outputs_equal) for row in found.context] == [
         ("aten.index_add_.default", True, True, False)  # only the backward pass was traced: the phase the trace first differs in
     ]
 

@@ -127,3 +127,24 @@ def test_a_replica_that_cannot_start_leaves_no_other_replica_running(tmp_path: P
     with pytest.raises(ReplicaFailed, match="cannot start"):
         Lockstep(runs, SPECS, start=start)
     assert [(r.label, r.closed) for r in launcher.started] == [(f"run A ({runs[0].path})", True)]
+
+
+def reseeding_once(call: Call) -> Outcome:
+    """Step 5 reseeds from entropy on its first run in a process only (a loop's counter decides)."""
+    return reseeding(call) if call.step == 5 and call.runs == 0 else one_layer(call)
+
+
+def test_a_step_whose_repeat_seeds_otherwise_is_repeated_in_fresh_processes_from_the_first_checkpoints(tmp_path: Path) -> None:
+    a, b = Program(step=one_layer), Program(step=reseeding_once)
+    runs = recorded(tmp_path, a, b)
+    launcher = Launcher({"/code/a.py": a, "/code/b.py": b})
+    lockstep, found = replayed(runs, launcher)
+    assert found is not None and found.step == 5
+    lockstep.settle_repeats(found)
+    assert lockstep.notes and "run B" in lockstep.notes[0] and "(steps 0/0)" in lockstep.notes[0]
+    replica_b = launcher.started[1]
+    assert all(r.afresh and not r.reruns for r in launcher.started)
+    processes = replica_b.processes
+    again = [replica_b.run(5, trace="none") for _ in range(2)]  # each a fresh process, replayed from step 0
+    assert all(r.seeding and r.seeding[0]["call"] == "torch.seed()" for r in again)
+    assert replica_b.processes == processes + 2

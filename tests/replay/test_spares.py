@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.replica import SPARES, Replica, processes_started
 from bisect_repro.serve.protocol import Hello
+from bisect_repro.serve.requests import Request, Run, Skip
 from bisect_repro.store.meta import CodeKind
 
 SPEC = LaunchSpec(kind=CodeKind.SCRIPT, path="/code/train.py")
@@ -57,14 +58,14 @@ class Simulated(Replica):
         self.channel = object()  # type: ignore[assignment]
         return self.hello
 
-    def request(self, op: str, tree: Any = None, progress: Any = None, **args: Any) -> tuple[dict[str, Any], Any]:
+    def request(self, request: Request, progress: Any = None) -> tuple[dict[str, Any], Any]:
         self._check_alive()
-        process, step = self.process, args.get("step", args.get("until"))
-        Simulated.log.append((process.number, op, step))
-        if op == "skip":
-            process.at = args["until"]
+        process, step = self.process, request.until if isinstance(request, Skip) else getattr(request, "step", None)
+        Simulated.log.append((process.number, request.op, step))
+        if isinstance(request, Skip):
+            process.at = request.until
             return {"step": process.at}, None
-        if op == "run":
+        if isinstance(request, Run):
             assert step == process.at, f"process {process.number} stands at step {process.at}, asked to run {step}"
             process.at += 1
             return {"step": step, "outcome": f"process {process.number}"}, None

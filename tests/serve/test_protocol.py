@@ -4,22 +4,42 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
+from bisect_repro.capture.compiled import CompileCall
 from bisect_repro.capture.trace import OpRecord, TraceEntry
 from bisect_repro.serve.protocol import (
+    CompileCalls,
     Description,
-    Fetch,
     Fetched,
     Hello,
     HiddenStream,
-    Restore,
-    Run,
-    Skip,
+    ItemsChange,
+    Restored,
     SkipResult,
+    StateHashes,
     StepRecord,
     StepResult,
     StepStart,
+)  # fmt: skip
+from bisect_repro.serve.requests import (
+    REQUESTS,
+    Compiled,
+    Data,
+    Describe,
+    Exit,
+    Fetch,
+    Hashes,
+    Items,
+    Request,
+    Restore,
+    Run,
+    Skip,
+    Streams,
+    UnknownRequest,
+    decode,
+    encode,
 )
 
 
@@ -29,12 +49,48 @@ def through_json(message: dict) -> dict:
 
 def test_requests_round_trip_and_take_their_defaults() -> None:
     run = Run(step=3, trace="full", keep=(1, 4), ops="backward", environment={"torch.get_num_threads": 1}, fixed_entropy=7, commit=True)
-    message = through_json(run.to_json())
-    assert message["op"] == "run" and Run.from_json(message) == run
+    message, tree = encode(run)
+    assert message["op"] == "run" and tree is None and decode(through_json(message)) == run
     assert Run.from_json({"step": 2}) == Run(step=2)  # light trace, nothing kept, nothing fixed
     assert Skip.from_json({"until": 9, "hashes_at": [5, 10]}) == Skip(until=9, hashes_at=(5, 10))
     assert Fetch.from_json({}) == Fetch() and Fetch.from_json({"keep": [2]}).keep == (2,)
     assert Restore.from_json({"run": "/r", "step": 4}) == Restore(run="/r", step=4, environment={}, rebuilt=False)
+
+
+EVERY: list[Request] = [
+    Restore(run="/r", step=4, environment={"torch.use_deterministic_algorithms": True}, rebuilt=True, kept_from=5),
+    Skip(until=9, hashes_at=(5, 8)),
+    Fetch(keep=(1, 2)),
+    Run(step=3, trace="full", keep=(0,), streams={"torch": torch.arange(4)}),
+    Streams(step=3),
+    Data(step=3, pre_streams={"torch": torch.arange(2)}),
+    Items(step=3, stream="loader.dataset.rng"),
+    Hashes(),
+    Describe(),
+    Compiled(),
+    Exit(),
+]
+
+
+@pytest.mark.parametrize("request_", EVERY, ids=lambda r: r.op)
+def test_every_request_is_encoded_and_decoded_by_its_op(request_: Request) -> None:
+    """One encoder and one decoder: the JSON carries ``op`` and the fields, the state tree the stream states."""
+    message, tree = encode(request_)
+    decoded = decode(through_json(message), tree)
+    assert type(decoded) is type(request_) and message["op"] == request_.op
+    assert {k: v for k, v in vars(decoded).items() if k not in request_.TREE} == {
+        k: v for k, v in vars(request_).items() if k not in request_.TREE
+    }
+    for name in request_.TREE:
+        sent, received = getattr(request_, name), getattr(decoded, name)
+        assert (sent is None and received is None) or torch.equal(sent["torch"], received["torch"])
+        assert name not in message
+
+
+def test_every_op_has_one_request_and_an_unknown_one_is_refused() -> None:
+    assert sorted(REQUESTS) == sorted(r.op for r in EVERY)
+    with pytest.raises(UnknownRequest, match="unknown request 'ping'"):
+        decode({"op": "ping"})
 
 
 def test_replies_round_trip() -> None:
@@ -49,6 +105,15 @@ def test_replies_round_trip() -> None:
     assert Description.from_json(through_json(described.to_json())) == described
     start = StepStart(streams={"torch": {"kind": "torch"}}, pre_streams={}, data=None)
     assert StepStart.from_tree(start.to_tree()) == start
+    call = CompileCall(target="Net", backend="inductor", settings="mode=default", replayable=False, why_not="a function")
+    for reply in (
+        Restored(step=4),
+        StateHashes(hashes={"w": "h"}),
+        ItemsChange(changes=None),
+        ItemsChange(changes=True),
+        CompileCalls(calls=[call]),
+    ):
+        assert type(reply).from_json(through_json(reply.to_json())) == reply
 
 
 def test_a_step_result_crosses_as_json_and_a_tree_of_its_kept_tensors() -> None:
