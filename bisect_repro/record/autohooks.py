@@ -63,6 +63,7 @@ from torch.utils.data import DataLoader
 
 from ..capture.batch import batch_tensors
 from ..capture.data import IndexTap, tap_indices, untap_indices
+from ..serve.rewind import Draw
 from ..trainee import NoOptimizer, Trainee
 from .options import RecordOptions
 from .parts import Parts, model_of
@@ -77,6 +78,7 @@ class AutoHooks:
     def __init__(self, out: Path | str, options: RecordOptions) -> None:
         self.out, self.options = out, options
         self.optimizers: list[torch.optim.Optimizer] = []  # those made before the model's first forward, in order
+        self.schedulers: list[Any] = []  # the learning-rate schedulers made, in order (a replay's rewind puts them back)
         self.model: torch.nn.Module | None = None
         self._parts: set[int] = set()  # the modules whose forward is the model's (several optimizers: each part)
         self._stepped_now: set[int] = set()  # the optimizers that stepped since the step began
@@ -119,10 +121,18 @@ class AutoHooks:
             tap = hooks._taps[id(loader)][1]
             if tap is not None:
                 tap.pending.clear()  # a new pass: what an abandoned one prefetched is not its
-            return hooks._drawn(iterate(loader), tap)
+            return hooks._drawn(iterate(loader), tap, id(loader))
 
         DataLoader.__iter__ = tapped  # type: ignore[method-assign]
         self._undo += [lambda: setattr(DataLoader, "__iter__", iterate), self._untap]
+        scheduler = torch.optim.lr_scheduler.LRScheduler.__init__
+
+        def made(made_scheduler: Any, *args: Any, **kwargs: Any) -> None:
+            scheduler(made_scheduler, *args, **kwargs)
+            hooks.schedulers.append(made_scheduler)
+
+        torch.optim.lr_scheduler.LRScheduler.__init__ = made  # type: ignore[method-assign,assignment]
+        self._undo.append(lambda: setattr(torch.optim.lr_scheduler.LRScheduler, "__init__", scheduler))
         forward = torch.nn.modules.module.register_module_forward_pre_hook(self._forward)
         outputs = torch.nn.modules.module.register_module_forward_hook(self._output)
         stepped = register_optimizer_step_post_hook(self._stepped)
@@ -161,12 +171,29 @@ class AutoHooks:
             outputs, _ = batch_tensors(output)
             self._made.update(t.untyped_storage().data_ptr() for t in outputs.values() if t.device.type != "meta")
 
-    def _drawn(self, batches: Any, tap: IndexTap | None) -> Any:
+    def _next(self, batches: Any, tap: IndexTap | None, source: int) -> Draw | None:
+        """The loader's next batch with its indices (``None``: exhausted); in a rewound step of a
+        replay, the kept one again (:mod:`bisect_repro.serve.rewind`)."""
+
+        def take() -> Draw | None:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return None
+            return batch, tap.pop_indices() if tap is not None and torch.is_grad_enabled() else None
+
+        rewinder = self.recorder.rewinder if self.recorder is not None else None
+        if rewinder is None:
+            return take()
+        rewinder.schedulers = self.schedulers
+        return rewinder.draw(source, take)
+
+    def _drawn(self, batches: Any, tap: IndexTap | None, source: int) -> Any:
         """The loader's batches, each noted with its sample indices as it is drawn."""
-        for batch in batches:
+        while (drawn := self._next(batches, tap, source)) is not None:
+            batch, indices = drawn
             if torch.is_grad_enabled():
                 self._after_backward()
-                indices = tap.pop_indices() if tap is not None else None
                 if self.recorder is None:
                     self._early.append((batch, indices))
                 else:

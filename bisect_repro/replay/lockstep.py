@@ -59,7 +59,8 @@ from ..serve.protocol import Fetched, StepResult, Trace
 from ..store.run import Run
 from .launch import LaunchSpec, ReplayUnavailable
 from .ranked import start_replica
-from .replica import Replica
+from .replica import Replica, ReplicaFailed
+from .rewind import unfaithful
 
 __all__ = ["Attempt", "Divergence", "Lockstep", "Parted", "both"]
 
@@ -316,6 +317,44 @@ class Lockstep:
             f"attribute); every experiment repeats the step in a fresh process replayed from the first checkpoints "
             f"(steps {self.first[0]}/{self.first[1]})"
         )
+
+    def settle_rewinds(self, divergence: Divergence) -> None:
+        """Where a replica's process runs each step once but can rewind (an unchanged script's), show
+        that a rewind reproduces the divergent step's first run and its records: then its repeats
+        rewind that process; otherwise they are fresh processes, and a note says why (see
+        :mod:`~bisect_repro.replay.rewind`)."""
+        trace: Trace = "light" if self.replicas[0].reruns else "full"  # as the walk traced the step
+
+        def settle(which: int) -> None:
+            replica = self.replicas[which]
+            if replica.reruns or replica.hello is None or not replica.hello.rewinds:
+                return
+            why = self._rewound(replica, self.runs[which], divergence.step, divergence.light[which], trace)
+            if why is None:
+                return
+            self.notes.append(
+                f"run {'AB'[which]}'s step {divergence.step} is repeated in fresh processes replayed to it, "
+                f"not by rewinding its replaying process: rewound, it {why}"
+            )
+            replica.prefetch(divergence.step)
+
+        self.pair(lambda: settle(0), lambda: settle(1))
+
+    @staticmethod
+    def _rewound(replica: Replica, run: Run, step: int, first: StepResult, trace: Trace) -> str | None:
+        """Rewind ``replica`` to ``step`` and run it as its first run (``first``) was traced: ``None``
+        when it reproduces that run and the records (the step's repeats then rewind), else why not."""
+        try:
+            consumes = replica.rewind(step)
+            why = unfaithful(first, replica.run(step, trace=trace), run, step, replica.hashes())
+        except ReplicaFailed as error:
+            replica.step = step + 1  # whatever happened, the next repeat takes a fresh process
+            why = f"failed: {error}"
+        if why is None:
+            replica.rewinds.step, replica.rewinds.consumes = step, consumes
+        else:
+            replica.rewinds.refused = True
+        return why
 
     @property
     def seconds(self) -> float:

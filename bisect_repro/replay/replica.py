@@ -20,12 +20,12 @@ a fork server that has already imported torch and what the code imports, instead
 together (:mod:`~bisect_repro.replay.cores`).
 
 A run whose framework runs each step once per process (``reruns`` false), or whose loop a repeat in one process would
-not put back (:meth:`Replica.repeat_afresh`), repeats a step in a fresh process, restored and replayed to it.
-:data:`SPARES` such processes are kept ready (spares): :meth:`Replica.prefetch` starts them once the replay knows a
-step the experiments cannot start before (the last equal snapshot), and each spare taken starts another; a spare
-stands at a step at or before the one it is taken for and trains on to it. A spare nobody takes is killed when the
-replica closes, even mid-start (its process cost CPU, never a result). Every process started is counted
-(:func:`processes_started`), which compare reports.
+not put back (:meth:`Replica.repeat_afresh`), repeats a step in a fresh process, restored and replayed to it, unless
+its process is an unchanged script's, shown to rewind faithfully (:mod:`~bisect_repro.replay.rewind`). :data:`SPARES`
+fresh processes are kept ready (spares, none while a rewind may serve): :meth:`Replica.prefetch` starts them once the
+replay knows a step the experiments cannot start before (the last equal snapshot), each spare taken starts another; a
+spare stands at or before the step it is taken for and trains on to it. A spare nobody takes is killed when the
+replica closes, even mid-start. Every process started is counted (:func:`processes_started`), which compare reports.
 
 Where the guarantees stop: the replica's output goes to a log file, whose last lines are quoted when the process dies
 or never connects (the script fails, or never builds a Recorder).
@@ -53,6 +53,7 @@ from .cores import CORES
 from .deadline import Deadline, DeadlinePassed, allowance, guarded
 from .forks import ForkedProcess, start_process
 from .launch import LaunchSpec
+from .rewind import Rewinds
 
 _log = logging.getLogger(__name__)
 
@@ -79,8 +80,7 @@ class ReplicaFailed(BisectReproError):
 
 
 def last_line(log: Path, strip: Callable[[str], str] = str) -> str:
-    """The last line a replaying process wrote to ``log`` (``strip`` applied, at most 300
-    characters), logged in full at debug level; ``no output`` when there is none."""
+    """The last line a process wrote to ``log`` (``strip`` applied, at most 300 characters; ``no output``: none), logged in full."""
     try:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
@@ -107,10 +107,11 @@ class Replica:
         self._spares: list[tuple[Future[Replica], int]] = []  # under way or ready, oldest first, with their steps
         self._starting: set[Replica] = set()  # being started now (killed when the replica closes first)
         self._spare_lock = threading.Lock()
-        self._closing = False
-        self.spare = False  # a spare being prepared: its requests yield the cores to the replay's
+        self._closing, self.spare = False, False  # spare: being prepared, its requests yield the cores to the replay's
         self.afresh = False
         """Each repeat of a step runs in a fresh process, though this one could run it again (:meth:`repeat_afresh`)."""
+        self.rewinds = Rewinds()
+        """The step whose repeats rewind this process instead of taking a fresh one (:mod:`~bisect_repro.replay.rewind`)."""
         _STARTS.append(None)
         self._start()
 
@@ -151,11 +152,13 @@ class Replica:
         path, _, environment = self._restored
         self._restored, self.afresh = (path, first, environment), True
 
-    def _to_start_of(self, step: int) -> None:
-        """In a process that runs each step once (a framework's), stand at the start of ``step``:
-        go on from here, or take a fresh process replayed to it. The next fresh process is started
-        at once, in the background, for the same step: experiments repeat a step several times."""
+    def _to_start_of(self, step: int, *, plain: bool = True, compiles: bool = False) -> None:
+        """In a process that runs each step once (a framework's), stand at the start of ``step``: go on
+        from here, rewind (:mod:`~bisect_repro.replay.rewind`), or take a fresh process replayed to it."""
         if self.reruns or self.step == step:
+            return
+        if self.step == step + 1 and self.rewinds.serves(step, plain=plain, compiles=compiles):
+            self.rewind(step)
             return
         if self.step is not None and self.step < step:
             self.skip(step)
@@ -176,15 +179,17 @@ class Replica:
 
     def prefetch(self, step: int) -> None:
         """Where each step runs once a process, start up to :data:`SPARES` spare processes, replayed to ``step``."""
-        if self.reruns or self._restored is None or self._closing:
+        rewinding = self.hello is not None and self.hello.rewinds and not self.rewinds.refused  # no spare unless a rewind fails
+        if self.reruns or self._restored is None or self._closing or rewinding:
             return
         while len(self._spares) < SPARES:
             self._spares.append((self._pool.submit(self._prepared, step, spare=True), step))
 
     def _adopt(self, fresh: Replica) -> None:
-        """Take over a fresh replica's process and connection (this one's has ended)."""
+        """Take over a fresh replica's process and connection (this one's has ended), where no rewind is verified."""
         for name in ("listener", "log", "process", "channel", "hello", "step"):
             setattr(self, name, getattr(fresh, name))
+        self.rewinds.step = None
 
     def _prepared(self, step: int, *, spare: bool) -> Replica:
         """A fresh process of this run, restored and replayed to the start of ``step`` (``spare``: ahead of need)."""
@@ -283,8 +288,7 @@ class Replica:
 
     def fetch(self, keep: list[int] | None = None) -> Fetched:
         """Take the next batch and keep the step's start (and those of the steps in ``keep``)."""
-        request = Fetch(keep=tuple(keep or ()))
-        return Fetched.from_json(self.request("fetch", keep=list(request.keep))[0])
+        return Fetched.from_json(self.request("fetch", keep=list(Fetch(keep=tuple(keep or ())).keep))[0])
 
     def run(
         self,
@@ -303,7 +307,7 @@ class Replica:
     ) -> StepResult:
         """Run a kept step again (each option: :class:`~bisect_repro.serve.protocol.Run`), under
         ``streams`` instead of its own when given."""
-        self._to_start_of(step)
+        self._to_start_of(step, plain=streams is None and not advance and fixed_entropy is None, compiles=compile_bisect is not None)
         request = Run(
             step=step, trace=trace, keep=tuple(sorted(keep)), ops=ops, alerts=alerts, environment=environment,
             advance=tuple(advance), fixed_entropy=fixed_entropy, commit=commit, compile_bisect=compile_bisect,
@@ -313,6 +317,12 @@ class Replica:
         if commit or not self.reruns:
             self.step = step + 1
         return StepResult.from_reply(reply, tree)
+
+    def rewind(self, step: int) -> bool:
+        """Put the process back at the start of ``step``, which it ran last; whether its data draws moved a stream."""
+        reply, _ = self.request("rewind", step=step)
+        self.step = step
+        return bool(reply.get("consumes"))
 
     def streams(self, step: int) -> StepStart:
         """The streams a kept step starts from (after its batch was fetched, and before) and its data position."""
@@ -331,8 +341,7 @@ class Replica:
 
     def compiled(self) -> list[CompileCall]:
         """The ``torch.compile`` calls the replayed code made."""
-        reply, _ = self.request("compiled")
-        return [CompileCall.from_json(call) for call in reply.get("calls", [])]
+        return [CompileCall.from_json(call) for call in self.request("compiled")[0].get("calls", [])]
 
     def describe(self) -> Description:
         """What ``doctor`` asks of a freshly built process."""
@@ -369,13 +378,13 @@ class Replica:
     def _connected(self) -> bool:
         return self.channel is not None
 
-    def _kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
-
     def _close_connections(self) -> None:
         if self.channel is not None:
             self.channel.close()
+
+    def _kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
 
     def __enter__(self) -> Replica:
         return self

@@ -71,6 +71,9 @@ class Hello:
     reruns: bool = True
     """Whether a kept step can run again in this process (``False`` when a framework drives the
     loop: each repeat of a step is then a fresh process)."""
+    rewinds: bool = False
+    """Whether a process that runs each step once can run the last fetched step again by rewinding
+    to its start (``rewind``, see :mod:`bisect_repro.serve.rewind`)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,6 +86,7 @@ class Hello:
             world_size=data.get("world_size", 1),
             structure=data.get("structure"),
             reruns=bool(data.get("reruns", True)),
+            rewinds=bool(data.get("rewinds", False)),
         )
 
 

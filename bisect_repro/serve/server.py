@@ -97,6 +97,8 @@ class StepServer:
     reruns = True
     """A kept step can run again in this process (a framework's hooks cannot; see ``hooks.py``)."""
     replaying = True
+    rewinds = False
+    """A step can run again in this process by rewinding it (:mod:`bisect_repro.serve.rewind`); only in a single process."""
 
     def __init__(self, trainee: Trainee, channel: Channel, start_step: int = 0, scope: Scope | None = None, accumulate: int = 1) -> None:
         self.trainee = trainee
@@ -135,6 +137,7 @@ class StepServer:
             world_size=int(os.environ.get("WORLD_SIZE", 1)),
             structure=model_structure(trainee.model),
             reruns=cls.reruns,
+            rewinds=cls.rewinds and int(os.environ.get("WORLD_SIZE", 1)) == 1,
         )
         return cls(trainee, Channel.connect(address, token, hello.to_json()), start_step, scope, accumulate)
 
