@@ -189,7 +189,7 @@ class Replica:
         """Take over a fresh replica's process and connection (this one's has ended), where no rewind is verified."""
         for name in ("listener", "log", "process", "channel", "hello", "step"):
             setattr(self, name, getattr(fresh, name))
-        self.rewinds.step = None
+        self.rewinds.step, self.rewinds.refused = None, True
 
     def _prepared(self, step: int, *, spare: bool) -> Replica:
         """A fresh process of this run, restored and replayed to the start of ``step`` (``spare``: ahead of need)."""

@@ -46,7 +46,8 @@ class Rewinds:
     consumes: bool = False
     """The step's data draws moved a random stream."""
     refused: bool = False
-    """The process cannot rewind, or a rewind was shown not faithful: repeats are fresh processes."""
+    """No rewind serves the replica any more (its process cannot rewind, a rewind was not faithful,
+    or a fresh process took over): its repeats are fresh processes, with spares kept ready."""
 
     def serves(self, step: int, *, plain: bool, compiles: bool) -> bool:
         """Whether a repeat of ``step`` runs in the rewound process (``plain``: under the step's own streams)."""
