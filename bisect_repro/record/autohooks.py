@@ -33,6 +33,10 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   batches under ``torch.no_grad()`` (evaluation) are not batches;
 - **the random streams**: the global ones (Python, NumPy, torch, each CUDA device), which is where
   a loader without a generator of its own draws;
+- **the learning-rate schedulers** the script makes are noted, not recorded: in a replay, a step
+  rewound in its process (:mod:`bisect_repro.serve.rewind`) gets them back with the rest of its
+  start, and each batch a ``DataLoader`` yields passes through the replay server, which feeds a
+  rewound step its kept batches instead of the loader's next ones;
 - **the config**: :attr:`AutoHooks.config`, filled by whoever records the script (the values its
   ``argparse`` parser read, see :mod:`bisect_repro.record.arguments`) before the model's first forward.
 
@@ -44,7 +48,8 @@ one-line note on stderr says so when it is made); an
 optimizer that never steps, beside others that do, makes the whole run one step; inputs passed only as
 keyword arguments are hashed only when a ``DataLoader`` yields them; a loader's own generator, a
 dataset's generators and the script's counters are not captured (the replay runs the script from
-its start, so they are reproduced anyway); a batch a loop prefetches from a ``DataLoader`` before
+its start, so they are reproduced anyway; a rewound step that reads one is caught, and repeated in
+fresh processes); a batch a loop prefetches from a ``DataLoader`` before
 the optimizer step belongs to the step that drew it; the loss is not logged (the script computes
 it where no hook sees it). A script that never steps an optimizer records nothing.
 """
@@ -183,10 +188,7 @@ class AutoHooks:
             return batch, tap.pop_indices() if tap is not None and torch.is_grad_enabled() else None
 
         rewinder = self.recorder.rewinder if self.recorder is not None else None
-        if rewinder is None:
-            return take()
-        rewinder.schedulers = self.schedulers
-        return rewinder.draw(source, take)
+        return take() if rewinder is None else rewinder.draw(source, take)
 
     def _drawn(self, batches: Any, tap: IndexTap | None, source: int) -> Any:
         """The loader's batches, each noted with its sample indices as it is drawn."""
@@ -224,6 +226,8 @@ class AutoHooks:
             self._parts = {id(m) for m in self.model.children()} if isinstance(self.model, Parts) else {id(self.model)}
             trainee = Trainee(self.model, list(self.optimizers) or None, ())
             self.recorder = FrameworkRecorder(self.out, trainee, self.options, config=self.config, environment={}, start_step=0, auto=True)
+            if self.recorder.rewinder is not None:
+                self.recorder.rewinder.schedulers = self.schedulers  # the list itself: one made later is kept too
             self._backwards = 0
             self.recorder.begin_step()
             for batch, indices in self._early:
