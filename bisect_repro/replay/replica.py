@@ -53,11 +53,12 @@ from .cores import CORES
 from .deadline import Deadline, DeadlinePassed, allowance, guarded
 from .forks import ForkedProcess, start_process
 from .launch import LaunchSpec
+from .output import last_line
 from .rewind import Rewinds
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["Replica", "ReplicaFailed", "last_line", "processes_started"]
+__all__ = ["Replica", "ReplicaFailed", "processes_started"]
 
 Progress = Callable[[int], None]
 
@@ -77,18 +78,6 @@ def processes_started() -> int:
 
 class ReplicaFailed(BisectReproError):
     """The replaying process died or could not start; the message quotes its last output."""
-
-
-def last_line(log: Path, strip: Callable[[str], str] = str) -> str:
-    """The last line a process wrote to ``log`` (``strip`` applied, at most 300 characters; ``no output``: none), logged in full."""
-    try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        lines = []
-    if not lines:
-        return "no output"
-    _log.debug("the last output of %s:\n%s", log, "\n".join(lines[-40:]))
-    return strip(lines[-1])[:300]
 
 
 class Replica:
@@ -152,17 +141,17 @@ class Replica:
         path, _, environment = self._restored
         self._restored, self.afresh = (path, first, environment), True
 
-    def _to_start_of(self, step: int, *, plain: bool = True, compiles: bool = False) -> None:
+    def _to_start_of(self, step: int, *, plain: bool = True, compiles: bool = False) -> bool:
         """In a process that runs each step once (a framework's), stand at the start of ``step``: go on
         from here, rewind (:mod:`~bisect_repro.replay.rewind`), or take a fresh process replayed to it."""
         if self.reruns or self.step == step:
-            return
+            return False
         if self.step == step + 1 and self.rewinds.serves(step, plain=plain, compiles=compiles):
             self.rewind(step)
-            return
+            return True
         if self.step is not None and self.step < step:
             self.skip(step)
-            return
+            return False
         usable = next((i for i, (_, at) in enumerate(self._spares) if at <= step), None)
         fresh = self._spares.pop(usable)[0].result() if usable is not None else None
         if fresh is None:
@@ -176,6 +165,7 @@ class Replica:
         if self.afresh:  # a loop's server runs a step it has fetched
             self.fetch()
         self.prefetch(step)
+        return False
 
     def prefetch(self, step: int) -> None:
         """Where each step runs once a process, start up to :data:`SPARES` spare processes, replayed to ``step``."""
@@ -307,13 +297,22 @@ class Replica:
     ) -> StepResult:
         """Run a kept step again (each option: :class:`~bisect_repro.serve.protocol.Run`), under
         ``streams`` instead of its own when given."""
-        self._to_start_of(step, plain=streams is None and not advance and fixed_entropy is None, compiles=compile_bisect is not None)
+        plain = streams is None and not advance and fixed_entropy is None
+        rewound = self._to_start_of(step, plain=plain, compiles=compile_bisect is not None)
         request = Run(
             step=step, trace=trace, keep=tuple(sorted(keep)), ops=ops, alerts=alerts, environment=environment,
             advance=tuple(advance), fixed_entropy=fixed_entropy, commit=commit, compile_bisect=compile_bisect,
         )  # fmt: skip
         message = request.to_json()
-        reply, tree = self.request(message.pop("op"), {"streams": streams} if streams is not None else None, **message)
+        try:
+            reply, tree = self.request(message.pop("op"), {"streams": streams} if streams is not None else None, **message)
+        except ReplicaFailed:
+            if not rewound:
+                raise
+            # the script's loop ended on a counter of its own that each rewind moved: fresh processes from here on
+            self.rewinds.step, self.rewinds.refused, self.step = None, True, step + 1
+            return self.run(step, trace=trace, keep=keep, ops=ops, alerts=alerts, environment=environment, advance=advance,
+                            fixed_entropy=fixed_entropy, commit=commit, streams=streams, compile_bisect=compile_bisect)  # fmt: skip
         if commit or not self.reruns:
             self.step = step + 1
         return StepResult.from_reply(reply, tree)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bisect_repro.replay.launch import LaunchSpec
-from bisect_repro.replay.replica import SPARES, Replica, processes_started
+from bisect_repro.replay.replica import SPARES, Replica, ReplicaFailed, processes_started
 from bisect_repro.serve.protocol import Hello
 from bisect_repro.store.meta import CodeKind
 
@@ -138,10 +138,17 @@ class Rewinding(Simulated):
         self.hello = Hello(pid=self.process.number, reruns=False, rewinds=True)
         return self.hello
 
+    ends_after: ClassVar[int | None] = None
+    """The rewinds after which the script's loop ends (a counter of its own that each rewind moves)."""
+
     def request(self, op: str, tree: Any = None, progress: Any = None, **args: Any) -> tuple[dict[str, Any], Any]:
+        process = self.process
+        rewinds = sum(1 for number, done, _ in Simulated.log if number == process.number and done == "rewind")
+        if op == "run" and process.number == 1 and Rewinding.ends_after is not None and rewinds > Rewinding.ends_after:
+            process.returncode = 0
+            raise ReplicaFailed("replay of run A: training ended after step 6; the replay cannot go further")
         if op != "rewind":
             return super().request(op, tree, progress, **args)
-        process = self.process
         Simulated.log.append((process.number, op, args["step"]))
         assert args["step"] == process.at - 1, f"process {process.number} stands at step {process.at}, asked to rewind to {args['step']}"
         process.at = args["step"]
@@ -183,4 +190,16 @@ def test_without_a_verified_rewind_each_repeat_is_a_fresh_process() -> None:
     replica.prefetch(5)
     assert len(replica._spares) == SPARES
     assert replica.run(5).outcome != "process 1" and all(op != "rewind" for _, op, _ in Simulated.log)
+    replica.close()
+
+
+def test_a_script_whose_loop_ends_while_rewound_has_that_repeat_and_the_next_run_in_fresh_processes() -> None:
+    replica = _rewinding(verified=5)
+    Rewinding.ends_after = 2
+    try:
+        served = [replica.run(5).outcome for _ in range(3)]
+    finally:
+        Rewinding.ends_after = None
+    assert served[0] == "process 1" and served[1] != "process 1" and served[2] != "process 1", served
+    assert replica.rewinds.refused and replica.rewinds.step is None
     replica.close()
