@@ -16,6 +16,9 @@ it in one.
 =========================  ==============================================================
 the kept step              a rewind
 =========================  ==============================================================
+is not the last fetched,   refused
+or the process is not at
+the next step's start
 has not run to its end     refused: its batches are not all kept
 is the process's first     refused: its start is taken after its batch was drawn
 any other                  state restored, batches fed again

@@ -30,6 +30,9 @@ Requests (a JSON object, and a state tree for those that carry one; typed in
 - ``compiled {}``: the ``torch.compile`` calls the code made (see
   :mod:`bisect_repro.capture.compiled`); ``run`` with ``compile_bisect`` compiles them again first,
   as one trial of a compiler bisection;
+- ``rewind {step}``: (an unchanged script's process, :mod:`bisect_repro.serve.rewind`) put the
+  last fetched step's start back, where the process stands at the next step's start, so that the
+  next ``run`` runs that step again;
 - ``exit {}``: end the process at once, without running the rest of the script.
 
 Where the guarantees stop: the loop body runs as written, so its side effects (prints, logging
