@@ -4,7 +4,9 @@ A replay gives each call from entropy the value its run recorded
 (:mod:`bisect_repro.capture.entropy`), so a step that reseeds repeats exactly, and no experiment
 that re-runs it shows it differing from itself. When the step logs show calls from entropy at the
 divergent step, :func:`prove_kept` replays each run that made them in a fresh process from its
-checkpoint, each call from the divergent step on leaving its stream as it is (``kept_from``): when
+checkpoint (or rewinds its replaying process to the step, where a verified rewind serves it,
+:mod:`bisect_repro.replay.rewind`), each call from the divergent step on leaving its stream as it
+is (``kept_from``, ``kept_entropy``): when
 the two runs then compute the same at the step (the batch, every traced tensor), the reseeds are
 the cause, ``proven``. A call made between two steps (before a loader's
 epoch) counts with the step after it, as the recorder logs it.
@@ -37,8 +39,10 @@ def recorded_reseeds(run: Run, step: int) -> list[dict[str, Any]]:
 
 
 def _kept_run(
-    start: Callable[[LaunchSpec, str], Replica], spec: LaunchSpec, run: Run, checkpoint: int, step: int, label: str
+    start: Callable[[LaunchSpec, str], Replica], spec: LaunchSpec, run: Run, checkpoint: int, step: int, label: str, rewound: Replica | None
 ) -> StepResult:
+    if rewound is not None and rewound.rewinds.serves(step, plain=False, compiles=False):  # the same run, in the replay's process
+        return rewound.run(step, trace="full", kept_entropy=True)
     with start(spec, label) as replica:
         replica.connect()
         replica.request("restore", run=str(run.path.resolve()), step=checkpoint, environment=run.meta.environment or {}, kept_from=step)
@@ -55,11 +59,13 @@ def prove_kept(
     checkpoints: tuple[int, int],
     traces: tuple[StepResult, StepResult],
     start: Callable[[LaunchSpec, str], Replica],
+    replicas: tuple[Replica, Replica] | None = None,
 ) -> Evidence | None:
     """Where a run's step log shows reseeds at the verdict's step: each such run replayed with them
     leaving their streams as they are (see the module docstring), against the other as replayed.
     On a match the verdict becomes ``rng_state``, proven, naming the streams and the calls. The
-    experiment's evidence, or ``None`` when no step log shows a reseed there."""
+    experiment's evidence, or ``None`` when no step log shows a reseed there. ``replicas``: the
+    replay's, whose verified rewind of the step runs the experiment in place of a fresh process."""
     step = verdict.step
     calls = [recorded_reseeds(run, step) for run in runs]
     if not calls[0] and not calls[1]:
@@ -70,7 +76,9 @@ def prove_kept(
     streams = sorted({str(c.get("stream")) for c in every})
     subject = f"run {' and run '.join(reseeding)} with {named} leaving {', '.join(streams)} as it is"
     kept = [
-        _kept_run(start, specs[i], runs[i], checkpoints[i], step, f"run {'AB'[i]} with its reseeds kept") if calls[i] else traces[i]
+        _kept_run(start, specs[i], runs[i], checkpoints[i], step, f"run {'AB'[i]} with its reseeds kept", replicas and replicas[i])
+        if calls[i]
+        else traces[i]
         for i in (0, 1)
     ]
     matched = first_difference(kept[0].entries, kept[1].entries) is None

@@ -99,14 +99,12 @@ class Replica:
         self._closing, self.spare = False, False  # spare: being prepared, its requests yield the cores to the replay's
         self.afresh = False
         """Each repeat of a step runs in a fresh process, though this one could run it again (:meth:`repeat_afresh`)."""
-        self.rewinds = Rewinds()
-        """The step whose repeats rewind this process instead of taking a fresh one (:mod:`~bisect_repro.replay.rewind`)."""
+        self.rewinds = Rewinds()  # the step whose repeats rewind this process instead of taking a fresh one (rewind.py)
         _STARTS.append(None)
         self._start()
 
     def _environment(self) -> dict[str, str]:
-        """The environment the process starts with: this one's, with the run's recorded variables
-        and the channel's."""
+        """The environment the process starts with: this one's, with the run's recorded variables and the channel's."""
         package_root = str(Path(__file__).resolve().parents[2])
         environment = {k: v for k, v in os.environ.items() if not k.startswith("BISECT_REPRO_")}
         for name, value in self.spec.variables.items():  # REPLAYED_VARIABLES only (see launch.py)
@@ -129,8 +127,7 @@ class Replica:
 
     @property
     def reruns(self) -> bool:
-        """Whether a step can run again in this process (``False`` when a framework drives the loop:
-        then each repeat of a step is a fresh process, replayed to it, which this class starts)."""
+        """Whether a step can run again in this process (``False``: a framework's loop, whose repeats this class starts)."""
         return (self.hello is None or self.hello.reruns) and not self.afresh
 
     def repeat_afresh(self, first: int) -> None:
@@ -291,17 +288,19 @@ class Replica:
         environment: dict[str, Any] | None = None,
         advance: list[str] | tuple[str, ...] = (),
         fixed_entropy: int | None = None,
+        kept_entropy: bool = False,
         commit: bool = False,
         streams: dict[str, Any] | None = None,
         compile_bisect: str | None = None,
     ) -> StepResult:
         """Run a kept step again (each option: :class:`~bisect_repro.serve.protocol.Run`), under
         ``streams`` instead of its own when given."""
-        plain = streams is None and not advance and fixed_entropy is None
+        plain = streams is None and not advance and fixed_entropy is None and not kept_entropy
         rewound = self._to_start_of(step, plain=plain, compiles=compile_bisect is not None)
         request = Run(
             step=step, trace=trace, keep=tuple(sorted(keep)), ops=ops, alerts=alerts, environment=environment,
-            advance=tuple(advance), fixed_entropy=fixed_entropy, commit=commit, compile_bisect=compile_bisect,
+            advance=tuple(advance), fixed_entropy=fixed_entropy, kept_entropy=kept_entropy, commit=commit,
+            compile_bisect=compile_bisect,
         )  # fmt: skip
         message = request.to_json()
         try:
@@ -312,7 +311,8 @@ class Replica:
             # the script's loop ended on a counter of its own that each rewind moved: fresh processes from here on
             self.rewinds.step, self.rewinds.refused, self.step = None, True, step + 1
             return self.run(step, trace=trace, keep=keep, ops=ops, alerts=alerts, environment=environment, advance=advance,
-                            fixed_entropy=fixed_entropy, commit=commit, streams=streams, compile_bisect=compile_bisect)  # fmt: skip
+                            fixed_entropy=fixed_entropy, kept_entropy=kept_entropy, commit=commit, streams=streams,
+                            compile_bisect=compile_bisect)  # fmt: skip
         if commit or not self.reruns:
             self.step = step + 1
         return StepResult.from_reply(reply, tree)
@@ -325,7 +325,8 @@ class Replica:
 
     def streams(self, step: int) -> StepStart:
         """The streams a kept step starts from (after its batch was fetched, and before) and its data position."""
-        self._to_start_of(step)
+        if self.rewinds.step != step or self.step != step + 1:  # a verified rewind's process tells them as it stands
+            self._to_start_of(step)
         _, tree = self.request("streams", step=step)
         return StepStart.from_tree(tree or {})
 

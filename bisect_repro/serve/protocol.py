@@ -159,6 +159,9 @@ class Run:
     """Streams drawn from once before the step."""
     fixed_entropy: int | None = None
     """Seed every call that would seed from entropy with this value instead."""
+    kept_entropy: bool = False
+    """Every call that would seed from entropy leaves its stream as it is (the step's recorded values
+    not given), as in a process restored with ``kept_from`` at this step."""
     commit: bool = False
     """Move on to the next step afterwards (only from the latest kept step)."""
     compile_bisect: str | None = None
@@ -178,6 +181,7 @@ class Run:
             environment=data.get("environment"),
             advance=tuple(str(s) for s in data.get("advance", ())),
             fixed_entropy=data.get("fixed_entropy"),
+            kept_entropy=bool(data.get("kept_entropy", False)),
             commit=bool(data.get("commit")),
             compile_bisect=data.get("compile_bisect"),
         )

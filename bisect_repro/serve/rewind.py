@@ -41,6 +41,7 @@ from torch.utils._pytree import tree_map
 
 from ..capture.rng import tree_digest
 from .hooks import HookServer
+from .protocol import StepStart
 from .start import KeptStart, keep_start, load_start
 
 __all__ = ["Draw", "RewindingHookServer"]
@@ -119,6 +120,9 @@ class RewindingHookServer(HookServer):
             self._keep()
         if op == "rewind":
             return self._rewind(int(request["step"]))
+        if op == "streams" and self._kept is not None and self._refusal(int(request["step"])) is None:  # the kept step's, from here
+            streams = self._kept.start.streams
+            return {"step": self._kept.start.step}, StepStart(streams=streams, pre_streams=streams, data=None).to_tree()
         return super()._answer(op, request, tree)
 
     def _keep(self) -> None:
