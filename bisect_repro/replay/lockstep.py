@@ -164,9 +164,9 @@ class Lockstep:
 
     def pair(self, first: Callable[[], T], second: Callable[[], T]) -> tuple[T, T]:
         """A request to each replica: at once, unless both train on more torch threads than this
-        machine has cores (as recorded) and each reruns its steps in-process, when they run one after
-        the other (see the module docstring)."""
-        if self.replicas[0].reruns and self.replicas[1].reruns and not self._fit:
+        machine has cores (as recorded) and each reruns its steps in-process (or may rewind them, an
+        unchanged script's), when they run one after the other (see the module docstring)."""
+        if all(r.reruns or (r.hello is not None and r.hello.rewinds) for r in self.replicas) and not self._fit:
             return first(), second()
         return both(first, second)
 
