@@ -27,7 +27,9 @@ The two replicas train side by side, except where each trains on as many torch t
 machine has cores (as their runs recorded, two threads each on two cores): two OpenMP teams on
 too few cores wait on each other's spinning threads, and one after the other is faster; the
 answers are the same either way, each replica being its own process. A framework's replicas are
-always asked at once, since what they wait on is mostly other processes starting.
+always asked at once, since what they wait on is mostly other processes starting; an unchanged
+script's, whose repeats may rewind its one process (:meth:`Lockstep.settle_rewinds`), take turns
+as a recipe's do.
 
 Where a framework runs each step once per process, each replica starts a spare process at once,
 restored and trained to the last equal snapshot (:meth:`~bisect_repro.replay.replica.Replica.prefetch`):
