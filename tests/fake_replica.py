@@ -49,6 +49,7 @@ from bisect_repro.capture.trace import OpRecord, TraceEntry
 from bisect_repro.replay.interface import ReplicaFactory, ReplicaLike
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.replica import ReplicaFailed
+from bisect_repro.replay.rewind import Rewinds
 from bisect_repro.serve.protocol import Description, Fetched, Hello, SkipResult, StepRecord, StepResult, StepStart, Trace
 from bisect_repro.store.run import Run
 
@@ -157,6 +158,8 @@ class FakeReplica:
         self.hello: Hello | None = None
         self.afresh = False
         """Each repeat of a step runs in a fresh process (:meth:`repeat_afresh`)."""
+        self.rewinds = Rewinds(refused=True)
+        """A fake's process is never rewound: its repeats run again in place, or afresh."""
         self.step: int | None = None
         self.closed = False
         self.processes = 0
@@ -314,6 +317,10 @@ class FakeReplica:
         self.rng = dict(outcome.streams)
         return outcome
 
+    def rewind(self, step: int) -> bool:
+        """A fake's process never rewinds (its :attr:`rewinds` are refused)."""
+        raise ReplicaFailed(f"replay of {self.label}: step {step} cannot be rewound here")
+
     def run(
         self,
         step: int,
@@ -325,6 +332,7 @@ class FakeReplica:
         environment: dict[str, Any] | None = None,
         advance: list[str] | tuple[str, ...] = (),
         fixed_entropy: int | None = None,
+        kept_entropy: bool = False,
         commit: bool = False,
         streams: dict[str, Any] | None = None,
         compile_bisect: str | None = None,

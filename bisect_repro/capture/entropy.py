@@ -20,7 +20,8 @@ call                       value                                        given ba
 restored at on, in order. A call made while step ``s`` runs takes the first recorded call of step
 ``s`` not yet given, when that call was the same (the same call as written, at the same call site):
 the stream is then seeded with the recorded value, and the run replays exactly. Each recorded value
-is given once: a step run again in the same process (an experiment) draws from entropy as usual.
+is given once: a step run again in the same process (an experiment) draws from entropy as usual,
+unless the process is rewound to the step (:meth:`EntropyFeed.give_again`).
 
 Where the guarantees stop: a call of another kind or call site than the recorded one, and a call
 beyond those recorded (a replay that goes further, or makes a call the run did not), draws as
@@ -213,3 +214,8 @@ class EntropyFeed:
             return None, "other"
         self.given.add(index)
         return found.value, "recorded"
+
+    def give_again(self, step: int) -> None:
+        """Give the calls recorded from ``step`` on once more (a step run again as a fresh
+        process replayed to it would run it)."""
+        self.given = {i for i in self.given if self.recorded[i].step < step}

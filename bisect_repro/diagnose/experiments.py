@@ -132,7 +132,8 @@ class StepAnalysis:
         return verdict
 
     def _kept(self, verdict: Verdict, ta: StepResult, tb: StepResult) -> bool:
-        found = prove_kept(verdict, (self.records.a, self.records.b), self.swaps.specs, self.checkpoints, (ta, tb), self.start)
+        runs = (self.records.a, self.records.b)
+        found = prove_kept(verdict, runs, self.swaps.specs, self.checkpoints, (ta, tb), self.start, (self.ra, self.rb))
         self.evidence += [found] if found is not None else []
         return found is not None and found.outcome.value == "matches"
 

@@ -65,6 +65,7 @@ def walk(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Compare
             if progress is not None:
                 progress("experimenting", 0, 1)
             lockstep.settle_repeats(divergence)
+            lockstep.settle_rewinds(divergence)
             analysis = StepAnalysis(records, lockstep, divergence, specs, checkpoints)
             verdict = analysis.explain()
             entropy = analysis.unrecorded_data  # a run that draws its data from entropy parts from its records there

@@ -33,6 +33,10 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   batches under ``torch.no_grad()`` (evaluation) are not batches;
 - **the random streams**: the global ones (Python, NumPy, torch, each CUDA device), which is where
   a loader without a generator of its own draws;
+- **the learning-rate schedulers** the script makes are noted, not recorded: in a replay, a step
+  rewound in its process (:mod:`bisect_repro.serve.rewind`) gets them back with the rest of its
+  start, and each batch a ``DataLoader`` yields passes through the replay server, which feeds a
+  rewound step its kept batches instead of the loader's next ones;
 - **the config**: :attr:`AutoHooks.config`, filled by whoever records the script (the values its
   ``argparse`` parser read, see :mod:`bisect_repro.record.arguments`) before the model's first forward.
 
@@ -44,7 +48,8 @@ one-line note on stderr says so when it is made); an
 optimizer that never steps, beside others that do, makes the whole run one step; inputs passed only as
 keyword arguments are hashed only when a ``DataLoader`` yields them; a loader's own generator, a
 dataset's generators and the script's counters are not captured (the replay runs the script from
-its start, so they are reproduced anyway); a batch a loop prefetches from a ``DataLoader`` before
+its start, so they are reproduced anyway; a rewound step that reads one is caught, and repeated in
+fresh processes); a batch a loop prefetches from a ``DataLoader`` before
 the optimizer step belongs to the step that drew it; the loss is not logged (the script computes
 it where no hook sees it). A script that never steps an optimizer records nothing.
 """
@@ -63,6 +68,7 @@ from torch.utils.data import DataLoader
 
 from ..capture.batch import batch_tensors
 from ..capture.data import IndexTap, tap_indices, untap_indices
+from ..serve.rewind import Draw
 from ..trainee import NoOptimizer, Trainee
 from .options import RecordOptions
 from .parts import Parts, model_of
@@ -77,6 +83,7 @@ class AutoHooks:
     def __init__(self, out: Path | str, options: RecordOptions) -> None:
         self.out, self.options = out, options
         self.optimizers: list[torch.optim.Optimizer] = []  # those made before the model's first forward, in order
+        self.schedulers: list[Any] = []  # the learning-rate schedulers made, in order (a replay's rewind puts them back)
         self.model: torch.nn.Module | None = None
         self._parts: set[int] = set()  # the modules whose forward is the model's (several optimizers: each part)
         self._stepped_now: set[int] = set()  # the optimizers that stepped since the step began
@@ -119,10 +126,18 @@ class AutoHooks:
             tap = hooks._taps[id(loader)][1]
             if tap is not None:
                 tap.pending.clear()  # a new pass: what an abandoned one prefetched is not its
-            return hooks._drawn(iterate(loader), tap)
+            return hooks._drawn(iterate(loader), tap, id(loader))
 
         DataLoader.__iter__ = tapped  # type: ignore[method-assign]
         self._undo += [lambda: setattr(DataLoader, "__iter__", iterate), self._untap]
+        scheduler = torch.optim.lr_scheduler.LRScheduler.__init__
+
+        def made(made_scheduler: Any, *args: Any, **kwargs: Any) -> None:
+            scheduler(made_scheduler, *args, **kwargs)
+            hooks.schedulers.append(made_scheduler)
+
+        torch.optim.lr_scheduler.LRScheduler.__init__ = made  # type: ignore[method-assign,assignment]
+        self._undo.append(lambda: setattr(torch.optim.lr_scheduler.LRScheduler, "__init__", scheduler))
         forward = torch.nn.modules.module.register_module_forward_pre_hook(self._forward)
         outputs = torch.nn.modules.module.register_module_forward_hook(self._output)
         stepped = register_optimizer_step_post_hook(self._stepped)
@@ -161,12 +176,26 @@ class AutoHooks:
             outputs, _ = batch_tensors(output)
             self._made.update(t.untyped_storage().data_ptr() for t in outputs.values() if t.device.type != "meta")
 
-    def _drawn(self, batches: Any, tap: IndexTap | None) -> Any:
+    def _next(self, batches: Any, tap: IndexTap | None, source: int) -> Draw | None:
+        """The loader's next batch with its indices (``None``: exhausted); in a rewound step of a
+        replay, the kept one again (:mod:`bisect_repro.serve.rewind`)."""
+
+        def take() -> Draw | None:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return None
+            return batch, tap.pop_indices() if tap is not None and torch.is_grad_enabled() else None
+
+        rewinder = self.recorder.rewinder if self.recorder is not None else None
+        return take() if rewinder is None else rewinder.draw(source, take)
+
+    def _drawn(self, batches: Any, tap: IndexTap | None, source: int) -> Any:
         """The loader's batches, each noted with its sample indices as it is drawn."""
-        for batch in batches:
+        while (drawn := self._next(batches, tap, source)) is not None:
+            batch, indices = drawn
             if torch.is_grad_enabled():
                 self._after_backward()
-                indices = tap.pop_indices() if tap is not None else None
                 if self.recorder is None:
                     self._early.append((batch, indices))
                 else:
@@ -197,6 +226,8 @@ class AutoHooks:
             self._parts = {id(m) for m in self.model.children()} if isinstance(self.model, Parts) else {id(self.model)}
             trainee = Trainee(self.model, list(self.optimizers) or None, ())
             self.recorder = FrameworkRecorder(self.out, trainee, self.options, config=self.config, environment={}, start_step=0, auto=True)
+            if self.recorder.rewinder is not None:
+                self.recorder.rewinder.schedulers = self.schedulers  # the list itself: one made later is kept too
             self._backwards = 0
             self.recorder.begin_step()
             for batch, indices in self._early:

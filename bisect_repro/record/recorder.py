@@ -34,6 +34,7 @@ from ..capture.pystate import caller_scope
 from ..errors import BisectReproError, RecordingWarning
 from ..serve.channel import replay_address
 from ..serve.hooks import HookServer
+from ..serve.rewind import RewindingHookServer
 from ..serve.server import StepServer
 from ..trainee import Trainee
 from .options import RecordOptions, SessionPlan
@@ -77,7 +78,7 @@ def _open_role(plan: SessionPlan) -> Role:
     global _server
     address = replay_address()
     if address is not None and _server is None:
-        kind = HookServer if plan.framework else StepServer
+        kind = (RewindingHookServer if plan.auto else HookServer) if plan.framework else StepServer
         accumulate = plan.options.accumulate if plan.options is not None else 1
         _server = kind.connect(plan.trainee, *address, start_step=plan.start_step, scope=plan.scope, accumulate=accumulate)
         return _server
@@ -218,6 +219,11 @@ class FrameworkRecorder(Recorder):
     def end_step(self) -> None:
         """The current step is done (its optimizer step taken)."""
         self._role.end_step()
+
+    @property
+    def rewinder(self) -> RewindingHookServer | None:
+        """In a replay of an unchanged script, the server that feeds a rewound step its kept batches."""
+        return self._role if isinstance(self._role, RewindingHookServer) else None
 
 
 _current: list[Recorder] = []  # the recorders whose steps are running, innermost last

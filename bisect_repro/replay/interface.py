@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from ..capture.compiled import CompileCall
 from ..serve.protocol import Description, Fetched, Hello, SkipResult, StepResult, StepStart, Trace
 from .launch import LaunchSpec
+from .rewind import Rewinds
 
 __all__ = ["Progress", "ReplicaFactory", "ReplicaLike"]
 
@@ -40,6 +41,8 @@ class ReplicaLike(Protocol):
     """The step the code stands at the start of (``None`` before a restore)."""
     afresh: bool
     """Each repeat of a step runs in a fresh process (:meth:`repeat_afresh`)."""
+    rewinds: Rewinds
+    """Which step a repeat rewinds this replica's one process to (an unchanged script's; :mod:`~bisect_repro.replay.rewind`)."""
 
     @property
     def reruns(self) -> bool:
@@ -67,10 +70,13 @@ class ReplicaLike(Protocol):
         environment: dict[str, Any] | None = None,
         advance: list[str] | tuple[str, ...] = (),
         fixed_entropy: int | None = None,
+        kept_entropy: bool = False,
         commit: bool = False,
         streams: dict[str, Any] | None = None,
         compile_bisect: str | None = None,
     ) -> StepResult: ...
+
+    def rewind(self, step: int) -> bool: ...
 
     def streams(self, step: int) -> StepStart: ...
 

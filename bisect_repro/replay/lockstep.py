@@ -27,7 +27,9 @@ The two replicas train side by side, except where each trains on as many torch t
 machine has cores (as their runs recorded, two threads each on two cores): two OpenMP teams on
 too few cores wait on each other's spinning threads, and one after the other is faster; the
 answers are the same either way, each replica being its own process. A framework's replicas are
-always asked at once, since what they wait on is mostly other processes starting.
+always asked at once, since what they wait on is mostly other processes starting; an unchanged
+script's, whose repeats may rewind its one process (:meth:`Lockstep.settle_rewinds`), take turns
+as a recipe's do.
 
 Where a framework runs each step once per process, each replica starts a spare process at once,
 restored and trained to the last equal snapshot (:meth:`~bisect_repro.replay.replica.Replica.prefetch`):
@@ -57,9 +59,11 @@ from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference
 from ..serve.protocol import Fetched, StepResult, Trace
 from ..store.run import Run
-from .interface import ReplicaFactory
+from .interface import ReplicaFactory, ReplicaLike
 from .launch import LaunchSpec, ReplayUnavailable
 from .ranked import start_replica
+from .replica import ReplicaFailed
+from .rewind import unfaithful
 
 __all__ = ["Attempt", "Divergence", "Lockstep", "Parted", "both"]
 
@@ -163,9 +167,9 @@ class Lockstep:
 
     def pair(self, first: Callable[[], T], second: Callable[[], T]) -> tuple[T, T]:
         """A request to each replica: at once, unless both train on more torch threads than this
-        machine has cores (as recorded) and each reruns its steps in-process, when they run one after
-        the other (see the module docstring)."""
-        if self.replicas[0].reruns and self.replicas[1].reruns and not self._fit:
+        machine has cores (as recorded) and each reruns its steps in-process (or may rewind them, an
+        unchanged script's), when they run one after the other (see the module docstring)."""
+        if all(r.reruns or (r.hello is not None and r.hello.rewinds) for r in self.replicas) and not self._fit:
             return first(), second()
         return both(first, second)
 
@@ -316,6 +320,44 @@ class Lockstep:
             f"attribute); every experiment repeats the step in a fresh process replayed from the first checkpoints "
             f"(steps {self.first[0]}/{self.first[1]})"
         )
+
+    def settle_rewinds(self, divergence: Divergence) -> None:
+        """Where a replica's process runs each step once but can rewind (an unchanged script's), show
+        that a rewind reproduces the divergent step's first run and its records: then its repeats
+        rewind that process; otherwise they are fresh processes, and a note says why (see
+        :mod:`~bisect_repro.replay.rewind`)."""
+        trace: Trace = "light" if self.replicas[0].reruns else "full"  # as the walk traced the step
+
+        def settle(which: int) -> None:
+            replica = self.replicas[which]
+            if replica.reruns or replica.hello is None or not replica.hello.rewinds:
+                return
+            why = self._rewound(replica, self.runs[which], divergence.step, divergence.light[which], trace)
+            if why is None:
+                return
+            self.notes.append(
+                f"run {'AB'[which]}'s step {divergence.step} is repeated in fresh processes replayed to it, "
+                f"not by rewinding its replaying process: rewound, it {why}"
+            )
+            replica.prefetch(divergence.step)
+
+        self.pair(lambda: settle(0), lambda: settle(1))
+
+    @staticmethod
+    def _rewound(replica: ReplicaLike, run: Run, step: int, first: StepResult, trace: Trace) -> str | None:
+        """Rewind ``replica`` to ``step`` and run it as its first run (``first``) was traced: ``None``
+        when it reproduces that run and the records (the step's repeats then rewind), else why not."""
+        try:
+            consumes = replica.rewind(step)
+            why = unfaithful(first, replica.run(step, trace=trace), run, step, replica.hashes())
+        except ReplicaFailed as error:
+            replica.step = step + 1  # whatever happened, the next repeat takes a fresh process
+            why = f"failed: {error}"
+        if why is None:
+            replica.rewinds.step, replica.rewinds.consumes = step, consumes
+        else:
+            replica.rewinds.refused = True
+        return why
 
     @property
     def seconds(self) -> float:

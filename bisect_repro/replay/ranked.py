@@ -44,7 +44,8 @@ from ..serve.requests import Request, Restore, encode
 from ..store.run import Run
 from .bootstrap import LOGS_VARIABLE
 from .launch import LaunchSpec
-from .replica import Progress, Replica, ReplicaFailed, last_line
+from .output import last_line
+from .replica import Progress, Replica, ReplicaFailed
 
 __all__ = ["RankedReplica", "start_replica"]
 

@@ -20,12 +20,12 @@ a fork server that has already imported torch and what the code imports, instead
 together (:mod:`~bisect_repro.replay.cores`).
 
 A run whose framework runs each step once per process (``reruns`` false), or whose loop a repeat in one process would
-not put back (:meth:`Replica.repeat_afresh`), repeats a step in a fresh process, restored and replayed to it.
-:data:`SPARES` such processes are kept ready (spares): :meth:`Replica.prefetch` starts them once the replay knows a
-step the experiments cannot start before (the last equal snapshot), and each spare taken starts another; a spare
-stands at a step at or before the one it is taken for and trains on to it. A spare nobody takes is killed when the
-replica closes, even mid-start (its process cost CPU, never a result). Every process started is counted
-(:func:`processes_started`), which compare reports.
+not put back (:meth:`Replica.repeat_afresh`), repeats a step in a fresh process, restored and replayed to it, unless
+its process is an unchanged script's, shown to rewind faithfully (:mod:`~bisect_repro.replay.rewind`). :data:`SPARES`
+fresh processes are kept ready (spares, none while a rewind may serve): :meth:`Replica.prefetch` starts them once the
+replay knows a step the experiments cannot start before (the last equal snapshot), each spare taken starts another; a
+spare stands at or before the step it is taken for and trains on to it. A spare nobody takes is killed when the
+replica closes, even mid-start. Every process started is counted (:func:`processes_started`), which compare reports.
 
 Where the guarantees stop: the replica's output goes to a log file, whose last lines are quoted when the process dies
 or never connects (the script fails, or never builds a Recorder).
@@ -39,7 +39,6 @@ import logging
 import os
 import subprocess
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -56,10 +55,12 @@ from .deadline import Deadline, DeadlinePassed, allowance, guarded
 from .forks import ForkedProcess, start_process
 from .interface import Progress
 from .launch import LaunchSpec
+from .output import last_line
+from .rewind import Rewinds
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["Replica", "ReplicaFailed", "last_line", "processes_started"]
+__all__ = ["Replica", "ReplicaFailed", "processes_started"]
 
 
 _STARTS: list[None] = []
@@ -79,19 +80,6 @@ class ReplicaFailed(BisectReproError):
     """The replaying process died or could not start; the message quotes its last output."""
 
 
-def last_line(log: Path, strip: Callable[[str], str] = str) -> str:
-    """The last line a replaying process wrote to ``log`` (``strip`` applied, at most 300
-    characters), logged in full at debug level; ``no output`` when there is none."""
-    try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        lines = []
-    if not lines:
-        return "no output"
-    _log.debug("the last output of %s:\n%s", log, "\n".join(lines[-40:]))
-    return strip(lines[-1])[:300]
-
-
 class Replica:
     """One replaying process (see the module docstring). Start several, then :meth:`connect` each."""
 
@@ -108,16 +96,15 @@ class Replica:
         self._spares: list[tuple[Future[Replica], int]] = []  # under way or ready, oldest first, with their steps
         self._starting: set[Replica] = set()  # being started now (killed when the replica closes first)
         self._spare_lock = threading.Lock()
-        self._closing = False
-        self.spare = False  # a spare being prepared: its requests yield the cores to the replay's
+        self._closing, self.spare = False, False  # spare: being prepared, its requests yield the cores to the replay's
         self.afresh = False
         """Each repeat of a step runs in a fresh process, though this one could run it again (:meth:`repeat_afresh`)."""
+        self.rewinds = Rewinds()  # the step whose repeats rewind this process instead of taking a fresh one (rewind.py)
         _STARTS.append(None)
         self._start()
 
     def _environment(self) -> dict[str, str]:
-        """The environment the process starts with: this one's, with the run's recorded variables
-        and the channel's."""
+        """The environment the process starts with: this one's, with the run's recorded variables and the channel's."""
         package_root = str(Path(__file__).resolve().parents[2])
         environment = {k: v for k, v in os.environ.items() if not k.startswith("BISECT_REPRO_")}
         for name, value in self.spec.variables.items():  # REPLAYED_VARIABLES only (see launch.py)
@@ -140,8 +127,7 @@ class Replica:
 
     @property
     def reruns(self) -> bool:
-        """Whether a step can run again in this process (``False`` when a framework drives the loop:
-        then each repeat of a step is a fresh process, replayed to it, which this class starts)."""
+        """Whether a step can run again in this process (``False``: a framework's loop, whose repeats this class starts)."""
         return (self.hello is None or self.hello.reruns) and not self.afresh
 
     def repeat_afresh(self, first: int) -> None:
@@ -152,15 +138,17 @@ class Replica:
         path, _, environment = self._restored
         self._restored, self.afresh = (path, first, environment), True
 
-    def _to_start_of(self, step: int) -> None:
-        """In a process that runs each step once (a framework's), stand at the start of ``step``:
-        go on from here, or take a fresh process replayed to it. The next fresh process is started
-        at once, in the background, for the same step: experiments repeat a step several times."""
+    def _to_start_of(self, step: int, *, plain: bool = True, compiles: bool = False) -> bool:
+        """In a process that runs each step once (a framework's), stand at the start of ``step``: go on
+        from here, rewind (:mod:`~bisect_repro.replay.rewind`), or take a fresh process replayed to it."""
         if self.reruns or self.step == step:
-            return
+            return False
+        if self.step == step + 1 and self.rewinds.serves(step, plain=plain, compiles=compiles):
+            self.rewind(step)
+            return True
         if self.step is not None and self.step < step:
             self.skip(step)
-            return
+            return False
         usable = next((i for i, (_, at) in enumerate(self._spares) if at <= step), None)
         fresh = self._spares.pop(usable)[0].result() if usable is not None else None
         if fresh is None:
@@ -174,18 +162,21 @@ class Replica:
         if self.afresh:  # a loop's server runs a step it has fetched
             self.fetch()
         self.prefetch(step)
+        return False
 
     def prefetch(self, step: int) -> None:
         """Where each step runs once a process, start up to :data:`SPARES` spare processes, replayed to ``step``."""
-        if self.reruns or self._restored is None or self._closing:
+        rewinding = self.hello is not None and self.hello.rewinds and not self.rewinds.refused  # no spare unless a rewind fails
+        if self.reruns or self._restored is None or self._closing or rewinding:
             return
         while len(self._spares) < SPARES:
             self._spares.append((self._pool.submit(self._prepared, step, spare=True), step))
 
     def _adopt(self, fresh: Replica) -> None:
-        """Take over a fresh replica's process and connection (this one's has ended)."""
+        """Take over a fresh replica's process and connection (this one's has ended), where no rewind is verified."""
         for name in ("listener", "log", "process", "channel", "hello", "step"):
             setattr(self, name, getattr(fresh, name))
+        self.rewinds.step, self.rewinds.refused = None, True
 
     def _prepared(self, step: int, *, spare: bool) -> Replica:
         """A fresh process of this run, restored and replayed to the start of ``step`` (``spare``: ahead of need)."""
@@ -303,25 +294,41 @@ class Replica:
         environment: dict[str, Any] | None = None,
         advance: list[str] | tuple[str, ...] = (),
         fixed_entropy: int | None = None,
+        kept_entropy: bool = False,
         commit: bool = False,
         streams: dict[str, Any] | None = None,
         compile_bisect: str | None = None,
     ) -> StepResult:
-        """Run a kept step again (each option: :class:`~bisect_repro.serve.protocol.Run`), under
-        ``streams`` instead of its own when given."""
-        self._to_start_of(step)
+        """Run a kept step again (each option: :class:`~bisect_repro.serve.requests.Run`)."""
+        plain = streams is None and not advance and fixed_entropy is None and not kept_entropy
+        rewound = self._to_start_of(step, plain=plain, compiles=compile_bisect is not None)
         request = requests.Run(
-            step=step, trace=trace, keep=tuple(sorted(keep)), ops=ops, alerts=alerts, environment=environment,
-            advance=tuple(advance), fixed_entropy=fixed_entropy, commit=commit, compile_bisect=compile_bisect, streams=streams,
+            step=step, trace=trace, keep=tuple(sorted(keep)), ops=ops, alerts=alerts, environment=environment, advance=tuple(advance),
+            fixed_entropy=fixed_entropy, kept_entropy=kept_entropy, commit=commit, compile_bisect=compile_bisect, streams=streams,
         )  # fmt: skip
-        reply, tree = self.request(request)
+        try:
+            reply, tree = self.request(request)
+        except ReplicaFailed:
+            if not rewound:
+                raise
+            # the script's loop ended on a counter of its own that each rewind moved: fresh processes from here on
+            self.rewinds.step, self.rewinds.refused, self.step = None, True, step + 1
+            self._to_start_of(step, plain=plain, compiles=compile_bisect is not None)
+            reply, tree = self.request(request)
         if commit or not self.reruns:
             self.step = step + 1
         return StepResult.from_reply(reply, tree)
 
+    def rewind(self, step: int) -> bool:
+        """Put the process back at the start of ``step``, which it ran last; whether its data draws moved a stream."""
+        reply, _ = self.request(requests.Rewind(step=step))
+        self.step = step
+        return bool(reply.get("consumes"))
+
     def streams(self, step: int) -> StepStart:
         """The streams a kept step starts from (after its batch was fetched, and before) and its data position."""
-        self._to_start_of(step)
+        if self.rewinds.step != step or self.step != step + 1:  # a verified rewind's process tells them as it stands
+            self._to_start_of(step)
         _, tree = self.request(requests.Streams(step=step))
         return StepStart.from_tree(tree or {})
 
@@ -372,13 +379,13 @@ class Replica:
     def _connected(self) -> bool:
         return self.channel is not None
 
-    def _kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
-
     def _close_connections(self) -> None:
         if self.channel is not None:
             self.channel.close()
+
+    def _kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
 
     def __enter__(self) -> Replica:
         return self

@@ -79,6 +79,10 @@ class InstrumentedStep:
         for name in request.advance:
             draw_once(name, recipe_streams(self.trainee))
         self.watch.fixed = request.fixed_entropy
+        feed = self.watch.feed
+        if request.kept_entropy and feed is not None:
+            self._stack.callback(setattr, feed, "kept_from", feed.kept_from)
+            feed.kept_from = request.step
         self.seeding = self._stack.enter_context(self.watch.collecting())
         for part in (self.tracer, self.ops.tracing() if self.ops else None, self.alerts.catching() if self.alerts else None):
             if part is not None:

@@ -15,6 +15,7 @@ restore    ``Restore``                        :class:`Restored`
 skip       ``Skip``                           :class:`SkipResult` (and ``{progress}`` lines)
 fetch      ``Fetch``                          :class:`Fetched`
 run        ``Run`` (tree: streams)            :class:`StepResult` (tree: kept tensors)
+rewind     ``Rewind``                         ``{step, consumes}`` (a script's process only)
 streams    ``Streams``                        :class:`StepStart` (as a tree)
 data       ``Data`` (tree: streams)           :class:`Fetched`
 hashes     ``Hashes``                         :class:`StateHashes`
@@ -76,6 +77,9 @@ class Hello:
     reruns: bool = True
     """Whether a kept step can run again in this process (``False`` when a framework drives the
     loop: each repeat of a step is then a fresh process)."""
+    rewinds: bool = False
+    """Whether a process that runs each step once can run the last fetched step again by rewinding
+    to its start (``rewind``, see :mod:`bisect_repro.serve.rewind`)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +92,7 @@ class Hello:
             world_size=data.get("world_size", 1),
             structure=data.get("structure"),
             reruns=bool(data.get("reruns", True)),
+            rewinds=bool(data.get("rewinds", False)),
         )
 
 

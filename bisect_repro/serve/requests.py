@@ -30,6 +30,7 @@ __all__ = [
     "Items",
     "Request",
     "Restore",
+    "Rewind",
     "Run",
     "Skip",
     "Streams",
@@ -135,6 +136,9 @@ class Run:
     """Streams drawn from once before the step."""
     fixed_entropy: int | None = None
     """Seed every call that would seed from entropy with this value instead."""
+    kept_entropy: bool = False
+    """Every call that would seed from entropy leaves its stream as it is (the step's recorded values
+    not given), as in a process restored with ``kept_from`` at this step."""
     commit: bool = False
     """Move on to the next step afterwards (only from the latest kept step)."""
     compile_bisect: str | None = None
@@ -153,6 +157,7 @@ class Run:
             environment=data.get("environment"),
             advance=tuple(str(s) for s in data.get("advance", ())),
             fixed_entropy=data.get("fixed_entropy"),
+            kept_entropy=bool(data.get("kept_entropy", False)),
             commit=bool(data.get("commit")),
             compile_bisect=data.get("compile_bisect"),
             streams=data.get("streams"),
@@ -169,6 +174,20 @@ class Streams:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Streams:
+        return cls(step=int(data["step"]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rewind:
+    """Run the last fetched step again: put its kept start back at the next step's start and feed its
+    batches again (a process that runs each step once; :mod:`bisect_repro.serve.rewind`)."""
+
+    op: ClassVar[Literal["rewind"]] = "rewind"
+    TREE: ClassVar[tuple[str, ...]] = ()
+    step: int
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Rewind:
         return cls(step=int(data["step"]))
 
 
@@ -230,11 +249,11 @@ class Exit(_Bare):
     op: ClassVar[Literal["exit"]] = "exit"
 
 
-Request = Restore | Skip | Fetch | Run | Streams | Data | Items | Hashes | Describe | Compiled | Exit
+Request = Restore | Skip | Fetch | Run | Rewind | Streams | Data | Items | Hashes | Describe | Compiled | Exit
 """Every request a controller sends a replaying process."""
 
 REQUESTS: dict[str, type[Request]] = {
-    cls.op: cls for cls in (Restore, Skip, Fetch, Run, Streams, Data, Items, Hashes, Describe, Compiled, Exit)
+    cls.op: cls for cls in (Restore, Skip, Fetch, Run, Rewind, Streams, Data, Items, Hashes, Describe, Compiled, Exit)
 }
 """Each request's class, by its ``op``."""
 

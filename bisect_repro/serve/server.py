@@ -32,6 +32,9 @@ in the loop, ``exit`` ends it, and the rest are answered through :data:`ANSWERS`
 - ``compiled {}``: the ``torch.compile`` calls the code made (see
   :mod:`bisect_repro.capture.compiled`); ``run`` with ``compile_bisect`` compiles them again first,
   as one trial of a compiler bisection;
+- ``rewind {step}``: (an unchanged script's process, :mod:`bisect_repro.serve.rewind`) put the
+  last fetched step's start back, where the process stands at the next step's start, so that the
+  next ``run`` runs that step again;
 - ``exit {}``: end the process at once, without running the rest of the script.
 
 Where the guarantees stop: the loop body runs as written, so its side effects (prints, logging
@@ -82,7 +85,23 @@ from .protocol import (
     StepRecord,
     StepStart,
 )  # fmt: skip
-from .requests import Compiled, Data, Describe, Exit, Fetch, Hashes, Items, Request, Restore, Run, Skip, Streams, UnknownRequest, decode
+from .requests import (
+    Compiled,
+    Data,
+    Describe,
+    Exit,
+    Fetch,
+    Hashes,
+    Items,
+    Request,
+    Restore,
+    Rewind,
+    Run,
+    Skip,
+    Streams,
+    UnknownRequest,
+    decode,
+)
 from .start import KeptStart, hyperparameters, keep_start, load_start, overlay_hyperparameters
 
 __all__ = ["ANSWERS", "StepServer", "batch_digest", "order_digest"]
@@ -99,6 +118,7 @@ ANSWERS: dict[type[Request], str] = {
     Describe: "_describe",
     Items: "_items",
     Compiled: "_compiled",
+    Rewind: "_rewind",
 }
 """The method of a server that answers each request not run in the loop (``run``, ``skip``,
 ``exit``); a framework's server overrides those it answers otherwise."""
@@ -126,6 +146,8 @@ class StepServer:
     reruns = True
     """A kept step can run again in this process (a framework's hooks cannot; see ``hooks.py``)."""
     replaying = True
+    rewinds = False
+    """A step can run again in this process by rewinding it (:mod:`bisect_repro.serve.rewind`); only in a single process."""
 
     def __init__(self, trainee: Trainee, channel: Channel, start_step: int = 0, scope: Scope | None = None, accumulate: int = 1) -> None:
         self.trainee = trainee
@@ -154,6 +176,7 @@ class StepServer:
             world_size=int(os.environ.get("WORLD_SIZE", 1)),
             structure=model_structure(trainee.model),
             reruns=cls.reruns,
+            rewinds=cls.rewinds and int(os.environ.get("WORLD_SIZE", 1)) == 1,
         )
         return cls(trainee, Channel.connect(address, token, hello.to_json()), start_step, scope, accumulate)
 
@@ -308,6 +331,10 @@ class StepServer:
         finally:
             streams.load_state_dict(saved)
             self.state.streams.load_state_dict(saved_global)
+
+    def _rewind(self, request: Rewind) -> Reply:
+        """Only a process that runs each step once rewinds (:mod:`bisect_repro.serve.rewind`); a step server runs a kept step again."""
+        return {"error": f"step {request.step} cannot be rewound here: this process runs a kept step again instead"}, None
 
     def _compiled(self, request: Compiled) -> Reply:
         return CompileCalls(calls=list(compiled.calls())).to_json(), None

@@ -51,6 +51,20 @@ def test_each_call_from_entropy_is_given_back_the_value_its_run_recorded_once() 
     assert [c.replayed for c in seen] == ["beyond"] * 5 and again[0] != recorded[0]
 
 
+def test_a_step_rewound_is_given_its_recorded_values_again_and_earlier_steps_are_not() -> None:
+    recorded, calls = _watched()
+    logged = [call.to_record() for call in calls]
+    now = {"step": 2}
+    feed = EntropyFeed.of_steps({2: {"seeded": logged[:1]}, 3: {"seeded": logged[1:]}}, 0, lambda: now["step"])
+    _watched(feed)  # step 2 takes its one recorded call
+    now["step"] = 3
+    replayed, seen = _watched(feed)
+    assert [c.replayed for c in seen] == ["other"] + ["recorded"] * 4 and replayed[1:] == recorded[1:]
+    feed.give_again(3)  # rewound to step 3: its calls are given again, step 2's stay given
+    again, seen = _watched(feed)
+    assert [c.replayed for c in seen] == ["other"] + ["recorded"] * 4 and again[1:] == recorded[1:]
+
+
 def test_a_recorded_value_is_never_given_to_another_call_site_or_step() -> None:
     _, calls = _watched()
     logged = [{**call.to_record(), "where": "elsewhere.py:1"} for call in calls]

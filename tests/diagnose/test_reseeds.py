@@ -3,14 +3,16 @@ they are (those whose step logs show reseeds at the step), and what a match or a
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bisect_repro.capture.seeding import SeedingCall
 from bisect_repro.capture.trace import TraceEntry
 from bisect_repro.diagnose.causes import Cause
 from bisect_repro.diagnose.reseeds import prove_kept
 from bisect_repro.diagnose.verdict import Confidence, Verdict
+from bisect_repro.replay.rewind import Rewinds
 from bisect_repro.serve.protocol import StepResult
 from tests.fakes import write_run
 
@@ -90,3 +92,28 @@ def test_when_both_runs_reseed_both_are_replayed_with_their_reseeds_kept(tmp_pat
     assert [a for a in asked if a[0] == "restore"] == [("restore", 0, 2)] * 2
     assert found.outcome.value == "matches" and found.subject.startswith("run A and run B with")
     assert verdict.confidence is Confidence.PROVEN and len(verdict.reseeded) == 2
+
+
+def _fresh(asked: list[Any], spec: Any, label: str) -> _Fresh:
+    return _Fresh("a", asked)
+
+
+class _Rewound:
+    """The replay's replica of a run, standing after the step, with a verified rewind (or none)."""
+
+    def __init__(self, verified: bool, asked: list[Any]) -> None:
+        self.rewinds, self.asked = Rewinds(step=2 if verified else None), asked
+
+    def run(self, step: int, trace: str, kept_entropy: bool) -> StepResult:
+        self.asked.append(("rewound", step, kept_entropy))
+        return _trace("a")
+
+
+def test_a_verified_rewind_runs_the_experiment_in_the_replays_process_and_none_starts_afresh(tmp_path: Path) -> None:
+    runs = (_run(tmp_path / "a", False), _run(tmp_path / "b", True))
+    for verified, expected in ((True, [("rewound", 2, True)]), (False, [("restore", 0, 2), ("skip", 2)])):
+        asked: list[Any] = []
+        verdict = Verdict(step=2, phase="forward", layer="2", tensor="2.output")
+        replicas = cast(Any, (_Rewound(verified, asked), _Rewound(verified, asked)))
+        found = prove_kept(verdict, runs, ("spec a", "spec b"), (0, 0), (_trace("a"), _trace("b")), partial(_fresh, asked), replicas)
+        assert asked == expected and found is not None and found.outcome.value == "matches"

@@ -7,11 +7,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from bisect_repro.cli import app
+from bisect_repro.serve.protocol import Hello
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 runner = CliRunner()
@@ -130,3 +132,57 @@ def test_the_users_own_torchrun_is_recorded_on_each_rank_and_replayed_under_torc
     followed = result["ranks"][0]["verdict"]  # rank 0 reseeded nothing: it parts through DDP's all-reduce
     assert (followed["step"], followed["cause"], followed["confidence"]) == (9, "rng_state", "inferred")
     assert "rank 1 parted first" in followed["explanation"]
+
+
+@pytest.fixture(scope="module")
+def scheduled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DataLoader loop with a per-step schedule, reseeded at step 6 in run B; and the same loop
+    scaling its learning rate by its own enumerate counter (``counted``, ``counted_b``)."""
+    folder = tmp_path_factory.mktemp("scheduled")
+    (folder / "loop.py").write_text((SCRIPTS / "scheduled_loop.py").read_text())
+    runs = {"a": (), "b": ("--reseed-at", "6"), "counted": ("--local-counter",), "counted_b": ("--local-counter", "--reseed-at", "6")}
+    for out, extra in runs.items():
+        _recorded(folder, out, "python", "loop.py", *extra)
+    return folder
+
+
+def _compared(folder: Path, a: str, b: str, monkeypatch: pytest.MonkeyPatch, *, rewinds: bool = True) -> dict[str, Any]:
+    """``compare --json`` in this process; ``rewinds=False``: as if the replaying processes could not rewind."""
+    with monkeypatch.context() as patch:
+        if not rewinds:
+            told = Hello.from_json
+            patch.setattr(Hello, "from_json", classmethod(lambda cls, data: told({**data, "rewinds": False})))
+        result = runner.invoke(app, ["compare", str(folder / a), str(folder / b), "--json"])
+    assert result.exit_code == 1, result.output[-2000:]
+    compared: dict[str, Any] = json.loads(result.stdout)
+    return compared
+
+
+def _where(verdict: dict[str, Any]) -> tuple[Any, ...]:
+    return (verdict["step"], verdict["phase"], verdict["layer"], verdict["op"], verdict["cause"], verdict["rng"], verdict["confidence"])
+
+
+RESEEDED = (6, "forward", "1", "aten.bernoulli_.float", "rng_state", ["torch"], "proven")
+
+
+@pytest.mark.slow
+def test_a_scripts_experiments_rewind_its_replaying_process_fewer_processes_same_verdict(
+    scheduled: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rewound = _compared(scheduled, "a", "b", monkeypatch)
+    fresh = _compared(scheduled, "a", "b", monkeypatch, rewinds=False)
+    assert _where(rewound["verdict"]) == RESEEDED, rewound["verdict"]
+    assert rewound["verdict"] == fresh["verdict"]
+    assert rewound["replay"]["processes"] < fresh["replay"]["processes"], (rewound["replay"], fresh["replay"])
+    assert not any("not by rewinding" in note for note in rewound["notes"]), rewound["notes"]
+
+
+@pytest.mark.slow
+def test_a_loop_reading_its_own_counter_is_caught_when_rewound_and_its_experiments_run_in_fresh_processes(
+    scheduled: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = _compared(scheduled, "counted", "counted_b", monkeypatch)
+    assert _where(result["verdict"]) == RESEEDED, result["verdict"]
+    notes = [note for note in result["notes"] if "not by rewinding" in note]
+    assert len(notes) == 2 and "run A's step 6 is repeated in fresh processes" in notes[0], result["notes"]
+    assert "traced other tensors than its first run" in notes[0] and "a local counter" in notes[0]

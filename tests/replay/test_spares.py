@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bisect_repro.replay.launch import LaunchSpec
-from bisect_repro.replay.replica import SPARES, Replica, processes_started
+from bisect_repro.replay.replica import SPARES, Replica, ReplicaFailed, processes_started
 from bisect_repro.serve.protocol import Hello
-from bisect_repro.serve.requests import Request, Run, Skip
+from bisect_repro.serve.requests import Request, Rewind, Run, Skip
 from bisect_repro.store.meta import CodeKind
 
 SPEC = LaunchSpec(kind=CodeKind.SCRIPT, path="/code/train.py")
@@ -128,4 +128,79 @@ def test_a_spare_is_not_taken_for_a_step_before_its_own() -> None:
     replica.run(7)
     served = int(replica.run(4).outcome.split()[1])  # the spares stand at 6: a fresh process for 4
     assert served != 1 and (served, "skip", 4) in Simulated.log and (served, "skip", 6) not in Simulated.log
+    replica.close()
+
+
+class Rewinding(Simulated):
+    """An unchanged script's process, simulated: it also rewinds to the step it ran last."""
+
+    def connect(self) -> Hello:
+        super().connect()
+        self.hello = Hello(pid=self.process.number, reruns=False, rewinds=True)
+        return self.hello
+
+    ends_after: ClassVar[int | None] = None
+    """The rewinds after which the script's loop ends (a counter of its own that each rewind moves)."""
+
+    def request(self, request: Request, progress: Any = None) -> tuple[dict[str, Any], Any]:
+        process = self.process
+        rewinds = sum(1 for number, done, _ in Simulated.log if number == process.number and done == "rewind")
+        if isinstance(request, Run) and process.number == 1 and Rewinding.ends_after is not None and rewinds > Rewinding.ends_after:
+            process.returncode = 0
+            raise ReplicaFailed("replay of run A: training ended after step 6; the replay cannot go further")
+        if not isinstance(request, Rewind):
+            return super().request(request, progress)
+        Simulated.log.append((process.number, request.op, request.step))
+        assert request.step == process.at - 1, f"process {process.number} stands at step {process.at}, asked to rewind to {request.step}"
+        process.at = request.step
+        return {"step": process.at, "consumes": True}, None
+
+
+def _rewinding(verified: int | None) -> Rewinding:
+    Simulated.log, Simulated.serial = [], 0
+    Simulated.ready.set()
+    replica = Rewinding(SPEC, "run A")
+    replica.connect()
+    replica.restore(Path("/runs/a"), 0)
+    replica.prefetch(3)
+    replica.skip(5)
+    replica.run(5)
+    if verified is not None:
+        replica.rewinds.consumes = replica.rewind(verified)
+        replica.run(verified)
+        replica.rewinds.step = verified
+    return replica
+
+
+def test_a_verified_rewind_serves_the_steps_plain_repeats_in_its_one_process_and_no_spare_is_started() -> None:
+    replica = _rewinding(verified=5)
+    assert not replica._spares  # none while a rewind may serve
+    assert [replica.run(5).outcome for _ in range(3)] == ["process 1"] * 3
+    assert [op for number, op, _ in Simulated.log if number == 1].count("rewind") == 4  # the check's and the three repeats'
+    # under other streams, where the step's data draws moved a stream: a fresh process draws the data under them
+    assert replica.run(5, streams={"torch": {}}).outcome != "process 1"
+    assert replica.run(5).outcome != "process 1" and replica.rewinds.step is None  # the fresh process has no verified rewind
+    assert replica.rewinds.refused and replica._spares  # from now on spares are kept ready, as for a framework's run
+    replica.close()
+
+
+def test_without_a_verified_rewind_each_repeat_is_a_fresh_process() -> None:
+    replica = _rewinding(verified=None)
+    assert not replica._spares
+    replica.rewinds.refused = True  # the check failed: spares as for a framework's run
+    replica.prefetch(5)
+    assert len(replica._spares) == SPARES
+    assert replica.run(5).outcome != "process 1" and all(op != "rewind" for _, op, _ in Simulated.log)
+    replica.close()
+
+
+def test_a_script_whose_loop_ends_while_rewound_has_that_repeat_and_the_next_run_in_fresh_processes() -> None:
+    replica = _rewinding(verified=5)
+    Rewinding.ends_after = 2
+    try:
+        served = [replica.run(5).outcome for _ in range(3)]
+    finally:
+        Rewinding.ends_after = None
+    assert served[0] == "process 1" and served[1] != "process 1" and served[2] != "process 1", served
+    assert replica.rewinds.refused and replica.rewinds.step is None
     replica.close()
