@@ -233,7 +233,7 @@ class Replica:
         assert channel is not None, "connect() first"
         op = request.op
         message, tree = encode(request)
-        _log.debug("replay of %s: %s", self.label, message)
+        _log.debug("replay of %s: %s %s", self.label, op, {k: v for k, v in message.items() if k != "op"})
         steps = request.until - (self.step or 0) if isinstance(request, requests.Skip) else 1
         deadline = Deadline(f"replay of {self.label}, {op!r}", allowance(self.spec.step_seconds, steps), self.spec.step_seconds)
         try:
