@@ -7,8 +7,8 @@
 #
 # Assumes bisect-repro installed (pip install -e ".[test]") with pytest-xdist. Each stage has its
 # own share of SECONDS (default 570) and is interrupted with SIGINT at its end, so that pytest still
-# writes its summary and JUnit file; a stage cut short says so in OUT/stages.txt. Eight files in
-# all: stages.txt, cuda.log, cuda.xml, suite.log, suite.xml, bench.log, bench/results.{json,md}.
+# writes its summary and JUnit file; a stage cut short says so in OUT/stages.txt. It writes
+# stages.txt, cuda.log, cuda.xml, suite.log, suite.xml, bench.log, bench/results.{json,md}.
 set -u
 out=${1:?usage: gpu_check.sh OUT [SECONDS]}
 budget=${2:-570}
