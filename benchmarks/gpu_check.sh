@@ -3,7 +3,7 @@
 # machine (the hash against x.sum(), the GPT-style transformer's whole-process recording overhead),
 # then the CUDA tests beside the rest of the suite.
 #
-#   bash benchmarks/gpu_check.sh OUT [SECONDS]    # OUT: logs, JUnit files and benchmarks/results-cuda
+#   bash benchmarks/gpu_check.sh OUT [SECONDS]    # OUT: logs, JUnit files; OUT/bench: as benchmarks/results-cuda
 #
 # Assumes bisect-repro installed (pip install -e ".[test]") with pytest-xdist. Each stage has its
 # own share of SECONDS (default 570) and is interrupted with SIGINT at its end, so that pytest still
