@@ -66,6 +66,12 @@ PRELOADED = frozenset({"torch", "numpy", "lightning", "pytorch_lightning", "tran
 draws no random number and starts no thread pool."""
 
 
+_PARSING = threading.Lock()
+"""Held around ``ast.parse``: CPython 3.11 keeps the AST converter's recursion depth in
+per-interpreter state, so two threads parsing at once can fail with ``SystemError: AST
+constructor recursion depth mismatch`` (replicas start on pool threads)."""
+
+
 def preloads(path: str | None, beside: tuple[str | None, ...] = ()) -> list[str]:
     """What a fork server imports for the code in ``path``: each :data:`PRELOADED` library it
     imports (``module`` or ``module:Name`` for a name taken from it, which loads a lazy module's
@@ -73,7 +79,8 @@ def preloads(path: str | None, beside: tuple[str | None, ...] = ()) -> list[str]
     if path is None:
         return []
     try:
-        tree = ast.parse(Path(path).read_bytes())
+        with _PARSING:
+            tree = ast.parse(Path(path).read_bytes())
     except (OSError, SyntaxError, ValueError):
         return []
     folders = [Path(path).parent, *(Path(folder) for folder in beside if folder)]
