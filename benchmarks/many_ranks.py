@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--per-node", type=int, default=8)
     parser.add_argument("--work", type=Path, required=True)
     args = parser.parse_args()
-    from bisect_repro.diagnose.compare import compare
+    from bisect_repro.diagnose.compare.compare import compare
     from bisect_repro.store.nodes import read_layout
     from bisect_repro.store.run import Run
 

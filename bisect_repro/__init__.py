@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from .capture import vml
 from .capture.hashing import hash_tensors
-from .diagnose.compare import compare
-from .diagnose.doctor import doctor
+from .diagnose.compare.compare import compare
+from .diagnose.doctor.doctor import doctor
 from .errors import BisectReproError
 from .record.recorder import Recorder, RecordOptions, current_step, record
 from .store.run import Run

@@ -31,10 +31,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from .demo import record_pair
-from .diagnose.compare import compare
-from .diagnose.doctor import DEFAULT_STEPS, doctor
-from .diagnose.summary import run_summary
-from .diagnose.verdict import CompareResult
+from .diagnose.compare.compare import compare
+from .diagnose.compare.verdict import CompareResult
+from .diagnose.doctor.doctor import DEFAULT_STEPS, doctor
+from .diagnose.show.summary import run_summary
 from .errors import BisectReproError
 from .record.recipe import build, parse_settings
 from .record.recorder import RecordingWarning, RecordOptions, record

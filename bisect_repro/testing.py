@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 from .diagnose.causes import cause_title
-from .diagnose.compare import compare
-from .diagnose.verdict import CompareResult
+from .diagnose.compare.compare import compare
+from .diagnose.compare.verdict import CompareResult
 from .report.html import comparison_html, run_losses, write_html
 from .report.text import named_by, verdict_where
 

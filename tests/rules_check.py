@@ -1,5 +1,5 @@
 """The property every comparison must have: its verdict satisfies its cause's precondition
-(:mod:`bisect_repro.diagnose.rules`), read from the finished result alone (or its JSON), and no
+(:mod:`bisect_repro.diagnose.compare.rules`), read from the finished result alone (or its JSON), and no
 line of it prints ``None``.
 
 :func:`every_comparison_is_checked` (an autouse fixture in ``tests/conftest.py``) checks each
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from bisect_repro.diagnose import compare as compare_module
-from bisect_repro.diagnose.rules import Signals, violation
-from bisect_repro.diagnose.verdict import CompareResult
+from bisect_repro.diagnose.compare import compare as compare_module
+from bisect_repro.diagnose.compare.rules import Signals, violation
+from bisect_repro.diagnose.compare.verdict import CompareResult
 
 __all__ = ["assert_rules_hold", "every_comparison_is_checked", "rule_violations"]
 

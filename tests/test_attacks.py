@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from bisect_repro.capture.data import DataStream
 from bisect_repro.capture.rng import RandomStreams
 from bisect_repro.cli import app
-from bisect_repro.diagnose.compare import compare
+from bisect_repro.diagnose.compare.compare import compare
 from bisect_repro.errors import RecipeError
 from bisect_repro.replay.deadline import CEILING_S, FLOOR_S, SLOWER, Deadline, DeadlinePassed, allowance, guarded, step_seconds
 from bisect_repro.replay.launch import spec_for_run

@@ -104,7 +104,7 @@ AUDITED = textwrap.dedent(
     from pathlib import Path
     import numpy as np, torch
     from bisect_repro import Run
-    from bisect_repro.diagnose.summary import run_summary
+    from bisect_repro.diagnose.show.summary import run_summary
     from bisect_repro.store.writer import RunWriter
 
     root = Path(sys.argv[1])

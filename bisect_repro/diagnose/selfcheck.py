@@ -32,8 +32,8 @@ from ..capture.seeding import SeedingCall
 from ..capture.trace import OpRecord, first_difference, first_divergent_op, same_sequence, uninitialised
 from ..replay.interface import ReplicaLike
 from ..serve.protocol import StepResult, Trace
-from .records import seeds_one_of
-from .verdict import OpContext
+from .compare.records import seeds_one_of
+from .compare.verdict import OpContext
 
 __all__ = ["Repeatability", "check_repeats", "ops_context"]
 

@@ -1,7 +1,7 @@
 """The HTML report of ``compare --html`` and ``show --html``: one self-contained file, verdict first.
 
-:func:`comparison_html` renders a :class:`~bisect_repro.diagnose.verdict.CompareResult` and
-:func:`summary_html` a :class:`~bisect_repro.diagnose.summary.RunSummary`, each with the runs' logged
+:func:`comparison_html` renders a :class:`~bisect_repro.diagnose.compare.verdict.CompareResult` and
+:func:`summary_html` a :class:`~bisect_repro.diagnose.show.summary.RunSummary`, each with the runs' logged
 losses (``Run.losses()``). They are pure functions from those objects to a string: they read no file
 and run nothing. Reading the losses and writing the file is :func:`run_losses` and :func:`write_html`.
 
@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnose.causes import cause_title
-from ..diagnose.summary import SCHEMA as SHOW_SCHEMA
-from ..diagnose.summary import RunSummary
-from ..diagnose.verdict import SCHEMA as COMPARE_SCHEMA
-from ..diagnose.verdict import CompareResult, OpContext, RankResult, TimelineRow, Verdict
+from ..diagnose.compare.verdict import SCHEMA as COMPARE_SCHEMA
+from ..diagnose.compare.verdict import CompareResult, OpContext, RankResult, TimelineRow, Verdict
+from ..diagnose.show.summary import SCHEMA as SHOW_SCHEMA
+from ..diagnose.show.summary import RunSummary
 from ..errors import BisectReproError
 from ..store.run import Run
 from ..version import __version__

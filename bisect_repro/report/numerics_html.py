@@ -7,8 +7,8 @@ Where the guarantees stop: a log scale has no zero, so snapshots where a distanc
 
 from __future__ import annotations
 
-from ..diagnose.numerics import FACTOR
-from ..diagnose.numerics_result import Distance, Numerics
+from ..diagnose.numerics.numerics import FACTOR
+from ..diagnose.numerics.numerics_result import Distance, Numerics
 from .page import esc, section
 from .svg import Series, line_chart
 

@@ -1,7 +1,7 @@
 """What the CLI prints for people: the typed results rendered with rich.
 
-The results are made where their data is (:class:`~bisect_repro.diagnose.summary.RunSummary`,
-:class:`~bisect_repro.diagnose.verdict.CompareResult`, :class:`~bisect_repro.diagnose.doctor.DoctorReport`);
+The results are made where their data is (:class:`~bisect_repro.diagnose.show.summary.RunSummary`,
+:class:`~bisect_repro.diagnose.compare.verdict.CompareResult`, :class:`~bisect_repro.diagnose.doctor.doctor.DoctorReport`);
 their ``to_json()`` is what ``--json`` prints, and the renderings read the same objects, so the
 two never disagree. Every string in them that a run supplied (paths, target, config, names,
 environment, notes) enters rich markup through :func:`bisect_repro.report.safe.safe_text`:
@@ -18,11 +18,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ..diagnose.causes import cause_title
-from ..diagnose.doctor import DoctorReport
-from ..diagnose.drift import RankDrift
-from ..diagnose.findings import SEVERITIES
-from ..diagnose.summary import RunSummary
-from ..diagnose.verdict import CompareResult, RankResult, ReplayInfo, TimelineRow, Verdict
+from ..diagnose.compare.verdict import CompareResult, RankResult, ReplayInfo, TimelineRow, Verdict
+from ..diagnose.doctor.doctor import DoctorReport
+from ..diagnose.doctor.findings import SEVERITIES
+from ..diagnose.show.drift import RankDrift
+from ..diagnose.show.summary import RunSummary
 from ..store.nodes import Layout
 from .safe import safe_text
 

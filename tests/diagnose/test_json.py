@@ -10,8 +10,8 @@ import pytest
 
 from bisect_repro.capture.seeding import SeedingCall
 from bisect_repro.diagnose.causes import Cause
-from bisect_repro.diagnose.findings import SEVERITIES, Finding, Severity
-from bisect_repro.diagnose.verdict import CompareResult, Confidence, Evidence, OpContext, Outcome, Verdict
+from bisect_repro.diagnose.compare.verdict import CompareResult, Confidence, Evidence, OpContext, Outcome, Verdict
+from bisect_repro.diagnose.doctor.findings import SEVERITIES, Finding, Severity
 from bisect_repro.replay.lockstep import Parted
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from bisect_repro.diagnose.causes import Cause
-from bisect_repro.diagnose.doctor import doctor
-from bisect_repro.diagnose.rebuild import streams_deciding_init
-from bisect_repro.diagnose.verdict import Confidence
+from bisect_repro.diagnose.compare.rebuild import streams_deciding_init
+from bisect_repro.diagnose.compare.verdict import Confidence
+from bisect_repro.diagnose.doctor.doctor import doctor
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.store.meta import CodeKind
 from tests.fake_programs import one_layer, reseeding

@@ -22,7 +22,7 @@ import torch
 from rich.console import Console
 from torch._inductor.compiler_bisector import BisectionResult, CompilerBisector
 
-from bisect_repro.diagnose.verdict import CompareResult
+from bisect_repro.diagnose.compare.verdict import CompareResult
 from bisect_repro.report.html import comparison_html
 from bisect_repro.report.text import render_comparison
 

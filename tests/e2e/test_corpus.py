@@ -185,7 +185,7 @@ def test_the_verdict_on_a_corpus_script_is_the_planted_bug(case: Case, corpus: C
 def test_every_corpus_verdict_satisfies_its_causes_precondition(case: Case, corpus: Corpus) -> None:
     _, report, _ = corpus.compared(case.a, case.b)
     assert precondition_violations(report) == [], (report["verdict"], report["first_log_difference"], report["config_diff"])
-    assert_rules_hold(report)  # the package's own rule table (bisect_repro/diagnose/rules.py) agrees
+    assert_rules_hold(report)  # the package's own rule table (bisect_repro/diagnose/compare/rules.py) agrees
 
 
 @pytest.mark.slow

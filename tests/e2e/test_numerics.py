@@ -16,7 +16,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from bisect_repro.cli import app
-from bisect_repro.diagnose.verdict import CompareResult
+from bisect_repro.diagnose.compare.verdict import CompareResult
 from bisect_repro.report.text import render_comparison
 
 pytestmark = pytest.mark.slow

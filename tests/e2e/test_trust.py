@@ -245,7 +245,7 @@ def test_a_malformed_field_is_one_line_and_exit_2(field: str, pair: tuple[Path, 
 
 
 def test_consent_is_asked_with_what_would_run_and_decides(pair: tuple[Path, Path]) -> None:
-    from bisect_repro.diagnose.compare import compare as compare_runs
+    from bisect_repro.diagnose.compare.compare import compare as compare_runs
 
     a, b = pair
     edit(b, lambda meta: meta["config"].update(seed=None))

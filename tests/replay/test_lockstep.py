@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_repro.diagnose.records import read_records
+from bisect_repro.diagnose.compare.records import read_records
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.lockstep import Divergence, Lockstep, Parted
 from bisect_repro.replay.replica import ReplicaFailed

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from bisect_repro import RecordOptions, record
 from bisect_repro.cli import app
-from bisect_repro.diagnose.summary import RunSummary, run_summary
-from bisect_repro.diagnose.verdict import CompareResult
+from bisect_repro.diagnose.compare.verdict import CompareResult
+from bisect_repro.diagnose.show.summary import RunSummary, run_summary
 from bisect_repro.record.recipe import build
 from bisect_repro.report.html import comparison_html, summary_html
 from bisect_repro.report.svg import downsample

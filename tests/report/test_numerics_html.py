@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bisect_repro.diagnose.numerics import Measured, decide
-from bisect_repro.diagnose.numerics_result import Distance, Envelope
-from bisect_repro.diagnose.verdict import CompareResult
+from bisect_repro.diagnose.compare.verdict import CompareResult
+from bisect_repro.diagnose.numerics.numerics import Measured, decide
+from bisect_repro.diagnose.numerics.numerics_result import Distance, Envelope
 from bisect_repro.report.html import comparison_html
 from bisect_repro.report.numerics_html import numerics_section
 

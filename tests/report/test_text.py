@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from bisect_repro.diagnose.verdict import CompareResult
+from bisect_repro.diagnose.compare.verdict import CompareResult
 from bisect_repro.report.text import render_comparison
 
 RESEED = json.loads((Path(__file__).parent / "reseed.json").read_text())

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from bisect_repro import cli
 from bisect_repro.cli import app
-from bisect_repro.diagnose.compare import compare
+from bisect_repro.diagnose.compare.compare import compare
 from bisect_repro.report.safe import safe_text
 from bisect_repro.report.text import render_comparison
 from bisect_repro.store import codec

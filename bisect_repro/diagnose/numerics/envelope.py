@@ -1,0 +1,211 @@
+"""The noise envelope, by experiment: how far rounding alone moves run A's training.
+
+Run A is recorded again, in a fresh process, from its first checkpoint to its last step with the
+same snapshots, with the rounding changed and nothing else (the data, the streams, the settings
+and the code are A's, restored from the checkpoint); the distance of that replay from run A at
+each snapshot is the envelope. What changes, in order (the first that moves the weights at all):
+
+| experiment | what changes | where it moves the weights |
+| --- | --- | --- |
+| ``threads`` | torch's intra-op thread count, 1 and 2 swapped | reductions that torch splits across threads |
+| ``ulp`` | every floating-point parameter one ulp up, at the first step | everywhere: for a training exact under any thread count |
+
+The replay is run A's own launch (:class:`~bisect_repro.replay.launch.LaunchSpec`: its recipe,
+checked by hash, its recorded numeric variables), and runs only where compare replays: with the
+user's consent for a run not recorded here. The replayed run is written to a temporary folder and
+deleted.
+
+A distributed run A is replayed on its own world size under ``torchrun``, each rank from its own
+checkpoint; its distance is that of the whole run (:func:`~bisect_repro.diagnose.numerics.numerics.run_sketches`).
+
+Where the guarantees stop: recipes only (a script's loop has no entry point to record it again
+from a checkpoint), on one node; the replay costs another training from the first
+checkpoint to the end; the ``ulp`` experiment wraps the step function, so counters a recipe keeps
+in its step function's module are not restored there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...record.torchrun import init_process_group, torchrun_command
+from ...replay.launch import LaunchSpec
+from ...store.meta import CodeKind
+from ...store.run import Run
+from ..compare.records import Records, rank_zero_alike
+from .numerics import FLOOR, Measured, decide, distances, signals_differing
+from .numerics_result import Envelope, Numerics
+
+__all__ = ["judge", "measure_envelope"]
+
+_JOB = "BISECT_REPRO_ENVELOPE"
+
+
+def measure_envelope(run: Run, spec: LaunchSpec | None) -> tuple[Envelope | None, str | None]:
+    """Run A's envelope, or ``None`` with why it could not be measured."""
+    if spec is None:
+        return None, "run A could not be replayed"
+    if spec.kind is not CodeKind.RECIPE or spec.target is None:
+        return None, "run A is a script; the envelope is measured for recipes"
+    if not run.checkpoints:
+        return None, "run A has no checkpoint to replay from"
+    start = min(run.checkpoints)
+    threads = run.environment.get("torch.get_num_threads")
+    threads = threads if isinstance(threads, int) and threads > 0 else torch.get_num_threads()
+    other = 2 if threads == 1 else 1
+    with tempfile.TemporaryDirectory(prefix="bisect-repro-envelope-") as folder:
+        try:
+            measured = _replayed(run, spec, start, Path(folder) / "threads", threads=other, perturb=False)
+            method = f"{other} torch threads instead of {threads}"
+            if all(p.relative == 0 for p in measured.weights):
+                measured = _replayed(run, spec, start, Path(folder) / "ulp", threads=threads, perturb=True)
+                method = "every weight moved one ulp"
+        except _Failed as error:
+            return None, str(error)
+    return Envelope(method=method, from_step=start, points=measured.weights, activations=measured.activations), None
+
+
+def judge(records: Records, spec: LaunchSpec | None) -> Numerics:
+    """The ``numerics`` of two runs: their distance, run A's envelope (measured only when the
+    weights differ from the first snapshot on and run A may be replayed: ``spec``; runs equal bit
+    for bit at a later snapshot part by an event the verdict explains, not by rounding from the
+    start), and the decision. Runs of another world
+    size are matched step by step (the same global batch at each step is assumed: each rank's
+    batches and streams differ by design, so of the exact signals only the config is compared)."""
+    measured = distances(records.a, records.b)
+    signals = signals_differing(records)
+    if records.a.world_size != records.b.world_size:
+        signals = [(step, what) for step, what in signals if what.startswith("config")]
+    if measured is not None and all(p.relative == 0 for p in measured.weights) and not signals:
+        return Numerics(
+            rounding_only=True, distance=measured.weights, sentence="the runs' weights are equal at every snapshot: no rounding to measure"
+        )
+    unmeasured = _not_rounding(records, measured, signals) if measured is not None else None
+    if unmeasured is not None:
+        return decide(measured, None, signals, unmeasured)
+    envelope, why = measure_envelope(records.a, spec) if measured is not None else (None, None)
+    return decide(measured, envelope, signals, why)
+
+
+def _not_rounding(records: Records, measured: Measured, signals: list[tuple[int, str]]) -> str | None:
+    """Why the records alone show that the runs do not differ by rounding from the start, so no
+    envelope is measured (it costs another training); ``None`` when only an envelope can tell.
+
+    | the records show | envelope |
+    | --- | --- |
+    | an exact signal that differs | not measured: the signal is the cause |
+    | different weights at the first snapshot | not measured: training has not rounded anything yet |
+    | weights equal bit for bit at a later snapshot | not measured: a discrete divergence, the verdict's |
+    | none of these | measured |
+
+    Where rank 0 of the runs holds other tensors (another layout: FSDP2's shards against DDP's
+    whole tensors), their hashes do not compare, and the weights at the first snapshot are the
+    same when their sketched distance is within ``FLOOR`` (the sketches of shards add up to the
+    whole's, to float64 rounding).
+    """
+    first = records.timeline[0] if records.timeline else None
+    if signals:
+        return f"{signals[0][1]} differ from step {signals[0][0]}"
+    if first is None:
+        return None
+    if not rank_zero_alike(records.a, records.b):
+        start = measured.weights[0]
+        first_step, first_equal, last_equal = start.step, start.relative <= FLOOR, None  # the hashes do not compare: the sketches do
+    else:
+        first_step, first_equal, last_equal = first.step, first.equal, records.last_equal
+    if not first_equal:
+        return f"the runs start from different weights at step {first_step}; rounding in training cannot explain that"
+    if last_equal is not None and last_equal > first_step:
+        return (
+            f"the runs are equal bit for bit up to step {last_equal}: they do not differ by rounding from the start, "
+            "and the verdict explains where they part"
+        )
+    return None
+
+
+class _Failed(Exception):
+    """The replay that measures the envelope failed (its last line of output says why)."""
+
+
+def _replayed(run: Run, spec: LaunchSpec, start: int, out: Path, *, threads: int, perturb: bool) -> Measured:
+    options = run.meta.options
+    job = {
+        "source": str(run.path),
+        "step": start,
+        "steps": run.last_step,
+        "every": options.every,
+        "target": spec.target,
+        "config": spec.config,
+        "path": spec.path,
+        "root": spec.root,
+        "threads": threads,
+        "perturb": perturb,
+        "out": str(out),
+    }
+    environment = {**os.environ, _JOB: json.dumps(job)}
+    for name, value in spec.variables.items():
+        if value is None:
+            environment.pop(name, None)
+        else:
+            environment[name] = value
+    cwd = spec.cwd if spec.cwd and Path(spec.cwd).is_dir() else str(out.parent)
+    launcher = torchrun_command(run.world_size) if run.distributed is not None else [sys.executable]
+    done = subprocess.run([*launcher, "-m", __name__], env=environment, cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise _Failed(f"replaying run A with {threads} threads failed: {last}")
+    return distances(run, Run.open(out), exact=False) or Measured()
+
+
+class _Perturbed:
+    """A step function that first moves every floating-point parameter one ulp up."""
+
+    def __init__(self, step: Any, model: torch.nn.Module) -> None:
+        self.step, self.model, self.done = step, model, False
+
+    def __call__(self, batch: Any) -> Any:
+        if not self.done:
+            with torch.no_grad():
+                for parameter in self.model.parameters():
+                    if parameter.is_floating_point():
+                        parameter.copy_(torch.nextafter(parameter, torch.full_like(parameter, torch.inf)))
+            self.done = True
+        return self.step(batch)
+
+
+def _main() -> None:
+    """The replay process: run A recorded again from its checkpoint, as the job says."""
+    from ...capture import env
+    from ...record.options import RecordOptions
+    from ...record.recipe import build
+    from ...record.recorder import record
+
+    job = json.loads(os.environ[_JOB])
+    if job["root"]:
+        sys.path.insert(0, job["root"])
+    rank = int(os.environ.get("RANK", "0")) if "LOCAL_RANK" in os.environ else 0  # under torchrun: one rank of A's world
+    ours = init_process_group() if "LOCAL_RANK" in os.environ else False
+    environment = dict(Run.open(job["source"], rank).environment)
+    environment["torch.get_num_threads"] = job["threads"]
+    env.apply(environment)
+    trainee = build(job["target"], job["config"], expected=Path(job["path"]))
+    if job["perturb"]:
+        trainee.step = _Perturbed(trainee.step, trainee.model)
+    options = RecordOptions(steps=job["steps"], every=job["every"], checkpoint_every=None, force=True)
+    record(trainee, job["out"], options, target=job["target"], config=job["config"], resume_from=(job["source"], job["step"]))
+    if ours:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,268 @@
+"""Whether two runs differ by rounding only, and if not, where the difference that matters begins.
+
+1. The distance: at every snapshot both runs hold, the relative L2 distance of all parameters
+   (``|B - A| / |A|``) and of each layer's, estimated from the snapshots' sketches
+   (:mod:`bisect_repro.capture.sketch`); ``exact`` from the checkpoints where both runs have one
+   at that step. A distributed run's sketch of a tensor is its rank 0's (DDP replicas hold the
+   whole tensor), or for a DTensor the sum of its ranks' shards, each shard counted once.
+2. The envelope (:mod:`bisect_repro.diagnose.numerics.envelope`): how far rounding alone moves this
+   training, measured by replaying run A with the rounding changed and nothing else.
+3. The decision, by the tables below.
+
+A snapshot's distance is within the envelope when ``relative <= FACTOR * envelope + FLOOR``, the
+envelope taken as its largest value up to that step (rounding differences do not shrink back).
+
+| exact signals (indices, batches, streams, settings, config) | distance | ``rounding_only`` | ``departure`` |
+| --- | --- | --- | --- |
+| agree | within the envelope at every snapshot | true | null |
+| agree | leaves it at snapshot N | false | N, the layer furthest out, cause ``numerics`` |
+| differ | within the envelope | false | the first step a signal differs, cause that signal |
+| differ | leaves it at snapshot N | false | N, the layer furthest out, cause the first signal |
+| differ | no envelope measured | false | the first step a signal differs, cause that signal |
+| agree | no envelope measured, or no sketches | false | null; ``sentence`` says why |
+
+The departing layer is the one whose distance is the largest multiple of its own envelope at the
+first snapshot out of the envelope.
+
+Where the guarantees stop: the envelope is one experiment's measure of rounding, not a bound:
+training is chaotic, so every distance grows, and a long enough run leaves any envelope measured
+over a shorter one; ``FACTOR`` allows for rounding that differs in more places than the
+experiment changed. A departure found between two snapshots is reported at the later one: the
+step that caused it lies between the last snapshot within (``last_within``) and it. The layer is
+the one whose weights moved furthest, which is where the difference is felt, not necessarily
+where it entered.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...store.run import Run
+from ...store.sketches import Sketches, read_sketches
+from ..compare.records import Records, layer_of, model_name
+from .numerics_result import Departure, Distance, Envelope, Numerics
+
+__all__ = ["FACTOR", "FLOOR", "Measured", "decide", "distances", "run_sketches", "signals_differing"]
+
+FACTOR = 10.0
+FLOOR = 1e-12  # the float64 sums' own noise, relative: far below any rounding of float32 training
+
+Sketched = dict[str, np.ndarray]
+
+
+def run_sketches(run: Run, step: int, other: Run | None = None) -> tuple[Sketched | None, Sketches | None]:
+    """The sketch of every parameter of the whole run at ``step`` (all ranks; ``None`` where a
+    rank's snapshot holds none), and the activation sketches the snapshot holds (rank 0's); named
+    as the model names them where ``other`` (the run compared with) has another layout
+    (:func:`~bisect_repro.diagnose.compare.records.model_name`)."""
+    ranks = [run] if run.distributed is None else [run.open_rank(r) for r in range(run.world_size)]
+    found: Sketched = {}
+    activations = None
+    for rank in ranks:
+        if step not in rank.snapshots:
+            return None, None
+        tree = rank.snapshot(step)
+        file = rank.folder / rank.snapshots[step].file
+        sketches = read_sketches(tree, file)
+        if sketches is None:
+            return None, None
+        if rank.rank == 0:
+            activations = read_sketches(tree, file, "activations")
+        placed, meshes = tree.get("dtensors") or {}, tree.get("meshes") or {}
+        for recorded, values in sketches.values.items():
+            name = model_name(recorded, run, other) if other is not None else recorded
+            if recorded in placed:  # a shard: the ranks' sketches add up, each replica counted once
+                share = values / _replicas(placed[recorded], meshes)
+                found[name] = found[name] + share if name in found else share
+            elif name not in found:  # replicated whole: rank 0's
+                found[name] = values
+    return found, activations
+
+
+def _replicas(placement: Mapping[str, object], meshes: Mapping[str, object]) -> int:
+    """How many ranks hold the same shard of a DTensor: the mesh's size along its ``R`` dimensions."""
+    mesh = meshes.get(str(placement.get("mesh")))
+    shape = mesh.get("shape") if isinstance(mesh, dict) else None
+    placements = placement.get("placements")
+    if not isinstance(shape, list) or not isinstance(placements, list) or len(shape) != len(placements):
+        return 1
+    return math.prod(int(size) for size, p in zip(shape, placements, strict=True) if p == "R")
+
+
+def _relative(a: Sketched, b: Sketched, names: list[str]) -> float:
+    moved = sum(float(np.sum((b[n] - a[n]) ** 2)) for n in names)
+    norm = sum(float(np.sum(a[n] ** 2)) for n in names)
+    return math.sqrt(moved / norm) if norm > 0 else (0.0 if moved == 0 else math.inf)
+
+
+def distance_at(step: int, a: Sketched, b: Sketched) -> Distance:
+    """The distance of ``b`` from ``a`` (all weights, and per layer) from their sketches."""
+    shared = [n for n in a if n in b and a[n].shape == b[n].shape]
+    layers: dict[str, list[str]] = {}
+    for name in shared:
+        layers.setdefault(layer_of(name) or "(model)", []).append(name)
+    return Distance(step=step, relative=_relative(a, b, shared), layers={layer: _relative(a, b, names) for layer, names in layers.items()})
+
+
+def _exact(a: Run, b: Run, step: int) -> float | None:
+    """The exact relative distance of all parameters from both runs' checkpoints at ``step``."""
+    if a.distributed or b.distributed or step not in a.checkpoints or step not in b.checkpoints:
+        return None
+    names = a.meta.model.get("parameters", {})
+    ma, mb = a.checkpoint(step)["model"], b.checkpoint(step)["model"]
+    shared = [n for n in names if n in ma and n in mb and ma[n].shape == mb[n].shape and ma[n].is_floating_point()]
+    moved = sum(float((mb[n].double() - ma[n].double()).square().sum()) for n in shared)
+    norm = sum(float(ma[n].double().square().sum()) for n in shared)
+    return math.sqrt(moved / norm) if norm > 0 else None
+
+
+@dataclass
+class Measured:
+    """The distance of run B from run A: weights at each snapshot; activations at each step that
+    both runs sketched them in (one per snapshot interval), per module in A's order."""
+
+    weights: list[Distance] = field(default_factory=list)
+    activations: list[Distance] = field(default_factory=list)
+
+
+def distances(a: Run, b: Run, *, exact: bool = True) -> Measured | None:
+    """The distances at every snapshot both runs hold with sketches of parameters of the same name;
+    ``None`` when they hold none.
+    ``exact`` at the first and the last checkpoint both runs hold (each reads two checkpoints)."""
+    found = Measured()
+    same_batches = a.world_size == b.world_size
+    both = sorted(set(a.checkpoints) & set(b.checkpoints))
+    checked = {both[0], both[-1]} if both and exact else set()
+    for step in sorted(set(a.snapshots) & set(b.snapshots)):
+        (sa, aa), (sb, ab) = run_sketches(a, step, b), run_sketches(b, step, a)
+        if sa is None or sb is None or not sa.keys() & sb.keys():  # no parameter of the same name: nothing to measure
+            continue
+        point = distance_at(step, sa, sb)
+        point.exact = _exact(a, b, step) if step in checked else None
+        found.weights.append(point)
+        if same_batches and aa is not None and ab is not None and aa.step == ab.step and aa.step is not None:
+            found.activations.append(_activation_distance(aa.step, aa.values, ab.values))
+    return found if found.weights else None
+
+
+def _activation_distance(step: int, a: Sketched, b: Sketched) -> Distance:
+    shared = [n for n in a if n in b and a[n].shape == b[n].shape]
+    return Distance(step=step, relative=_relative(a, b, shared), layers={n: _relative(a, b, [n]) for n in shared})
+
+
+_SIGNALS = {"order": "sample indices", "batch": "batch contents"}
+
+
+def signals_differing(records: Records) -> list[tuple[int, str]]:
+    """The exact signals that differ between the runs, each with the first step it does."""
+    found = [(step, f"{_SIGNALS[key]}") for key, step in records.logs.items() if key in _SIGNALS and step is not None]
+    unused = set(records.unused_streams())
+    streams = next((row for row in records.timeline if set(row.streams) - unused), None)
+    if streams is not None:
+        found.append((streams.step, f"random streams ({', '.join(s for s in streams.streams if s not in unused)})"))
+    if records.settings is not None:
+        found.append((records.settings.step, "settings"))
+    if records.config_diff:
+        found.append((0, f"config ({', '.join(records.config_diff)})"))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """The envelope as a running maximum, overall and per layer, at a step."""
+
+    overall: float
+    layers: dict[str, float]
+
+
+def _bounds(points: list[Distance]) -> dict[int, _Bound]:
+    found: dict[int, _Bound] = {}
+    overall, layers = 0.0, dict[str, float]()
+    for point in sorted(points, key=lambda p: p.step):
+        overall = max(overall, point.relative)
+        layers = {k: max(layers.get(k, 0.0), point.layers.get(k, 0.0)) for k in {*layers, *point.layers}}
+        found[point.step] = _Bound(overall, layers)
+    return found
+
+
+def _bound_at(bounds: dict[int, _Bound], step: int) -> _Bound:
+    earlier = [s for s in bounds if s <= step]
+    return bounds[max(earlier)] if earlier else _Bound(0.0, {})
+
+
+def _within(distance: float, envelope: float) -> bool:
+    return distance <= FACTOR * envelope + FLOOR
+
+
+def _departing_layer(point: Distance, bound: _Bound) -> str | None:
+    """The layer whose weights are the largest multiple of their own envelope."""
+    ratios = {layer: d / (FACTOR * bound.layers.get(layer, 0.0) + FLOOR) for layer, d in point.layers.items()}
+    return max(ratios, key=lambda layer: (ratios[layer], point.layers[layer]), default=None)
+
+
+def _entering_module(measured: Measured, envelope: Envelope, step: int | None) -> str | None:
+    """The first module, in the order the modules ran, whose output leaves its envelope in the
+    forward pass of ``step`` (the last step that started within the envelope); ``None`` when
+    none does or the activations were not sketched there."""
+    point = next((p for p in measured.activations if p.step == step), None)
+    if point is None or step is None:
+        return None
+    bound = _bound_at(_bounds(envelope.activations), step) if envelope.activations else _Bound(0.0, {})
+    return next((module for module, d in point.layers.items() if not _within(d, bound.layers.get(module, 0.0))), None)
+
+
+def decide(measured: Measured | None, envelope: Envelope | None, signals: list[tuple[int, str]], why_none: str | None) -> Numerics:
+    """The decision table of the module docstring."""
+    named = [what for _, what in signals]
+    if measured is None:
+        why = "the runs hold no sketches of parameters they both name (recorded before sketches existed, or named otherwise): no distance"
+        return Numerics(rounding_only=False, signals=named, sentence=why)
+    points = measured.weights
+    if envelope is None:
+        why = why_none or "no replay"
+        numerics = Numerics(rounding_only=False, distance=points, signals=named, sentence=f"no rounding envelope was measured ({why})")
+        if signals:
+            numerics.departure = Departure(step=signals[0][0], layer=None, relative=0.0, envelope=0.0, cause=named[0])
+        return numerics
+    bounds = _bounds(envelope.points)
+    out = next((p for p in points if not _within(p.relative, _bound_at(bounds, p.step).overall)), None)
+    numerics = Numerics(rounding_only=out is None and not signals, distance=points, envelope=envelope, signals=named)
+    cause = named[0] if signals else "numerics"
+    if out is not None:
+        bound = _bound_at(bounds, out.step)
+        within = [p.step for p in points if p.step < out.step]
+        last = within[-1] if within else None
+        numerics.departure = Departure(
+            step=out.step,
+            layer=_entering_module(measured, envelope, last) or _departing_layer(out, bound),
+            relative=out.relative,
+            envelope=bound.overall,
+            cause=cause,
+            last_within=last,
+        )
+    elif signals:
+        step = signals[0][0]
+        numerics.departure = Departure(step=step, layer=None, relative=0.0, envelope=_bound_at(bounds, step).overall, cause=cause)
+    numerics.sentence = _sentence(numerics, envelope, points)
+    return numerics
+
+
+def _sentence(numerics: Numerics, envelope: Envelope, points: list[Distance]) -> str:
+    measured = f"the envelope measured by replaying run A from step {envelope.from_step} with {envelope.method}"
+    if numerics.rounding_only:
+        last = points[-1]
+        return f"the runs differ by rounding only, within {measured} (relative distance {last.relative:.2g} at step {last.step})"
+    departure = numerics.departure
+    assert departure is not None
+    if departure.layer is None:
+        return f"the weights stay within {measured}, but {departure.cause} differ from step {departure.step}: not rounding alone"
+    until = f"until step {departure.last_within}" if departure.last_within is not None else "from the start"
+    return (
+        f"they differ by rounding {until}; at step {departure.step} layer {departure.layer} departs "
+        f"(relative distance {departure.relative:.2g}, {FACTOR:g} times {measured} is {FACTOR * departure.envelope:.2g}): "
+        f"cause {departure.cause}"
+    )
