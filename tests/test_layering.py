@@ -4,6 +4,11 @@ Every import inside ``bisect_repro`` is read from the source (nothing is importe
 (``from .x``, ``from ..x``) and absolute (``import bisect_repro.x``, ``from bisect_repro.x``), at
 the top of a module or inside a function alike. An import of a later layer from an earlier one
 fails the test, naming the line; so does any cycle between modules, inside a layer too.
+
+Inside ``diagnose/`` (one layer, its subfolders included), the parts keep apart: its shared
+modules at the top import none of its subfolders, ``doctor/`` imports nothing of ``compare/``,
+``numerics/`` or ``show/``, and none of those imports ``doctor/``; ``show/`` imports neither
+``compare/`` nor ``numerics/``.
 """
 
 from __future__ import annotations
@@ -72,6 +77,40 @@ def upward_imports(package: Path = PACKAGE) -> list[str]:
     return found
 
 
+# Inside diagnose/: the part a module is in (its subfolder, "" for the shared modules at the top)
+# and the parts it must not import.
+DIAGNOSE_APART = {
+    "": {"compare", "numerics", "doctor", "show"},
+    "doctor": {"compare", "numerics", "show"},
+    "compare": {"doctor", "show"},
+    "numerics": {"doctor", "show"},
+    "show": {"compare", "numerics", "doctor"},
+}
+
+
+def diagnose_part(parts: tuple[str, ...]) -> str | None:
+    """The part of ``diagnose/`` that ``parts`` (a module's path, or an import's dotted parts) is
+    in: its subfolder, or ``""`` for a module at the top; ``None`` outside ``diagnose/``."""
+    if not parts or parts[0] != "diagnose":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in DIAGNOSE_APART else ""
+
+
+def crossed_parts(package: Path = PACKAGE) -> list[str]:
+    """Every import inside ``diagnose/`` of a part its importer must keep apart from."""
+    found = []
+    for path in sorted((package / "diagnose").rglob("*.py")):
+        relative = path.relative_to(package).parts
+        here = diagnose_part(relative)
+        if here is None or relative == ("diagnose", "__init__.py"):
+            continue
+        for line, parts in _imports(package, path):
+            there = diagnose_part(parts)
+            if there and there != here and there in DIAGNOSE_APART.get(here, set()):
+                found.append(f"{'/'.join(relative)}:{line} imports {'.'.join(parts)}")
+    return found
+
+
 def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
     """Every cycle of imports between modules (the package's own ``__init__`` aside), each as the
     modules on it, starting from its smallest name."""
@@ -107,6 +146,23 @@ def test_no_module_imports_a_later_layer() -> None:
 
 def test_no_import_cycle_even_inside_a_layer_or_a_function() -> None:
     assert import_cycles() == []
+
+
+def test_diagnose_parts_keep_apart() -> None:
+    assert crossed_parts() == []
+
+
+def test_the_check_would_see_doctor_import_compare(tmp_path) -> None:
+    package = tmp_path / "bisect_repro"
+    for part in ("doctor", "compare", "show"):
+        (package / "diagnose" / part).mkdir(parents=True)
+    (package / "diagnose" / "doctor" / "checks.py").write_text("from ..compare.records import Records\nfrom ..causes import Cause\n")
+    (package / "diagnose" / "compare" / "walk.py").write_text("from .records import Records\nfrom ..causes import Cause\n")
+    (package / "diagnose" / "causes.py").write_text("def f():\n    from bisect_repro.diagnose.show.summary import run_summary\n")
+    assert crossed_parts(package) == [
+        "diagnose/causes.py:2 imports diagnose.show.summary.run_summary",
+        "diagnose/doctor/checks.py:1 imports diagnose.compare.records.Records",
+    ]
 
 
 def test_the_check_would_see_an_upward_import(tmp_path) -> None:

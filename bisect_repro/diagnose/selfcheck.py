@@ -18,6 +18,9 @@ like (the same tracing). A step that does not repeat is classified, each by an e
   return uninitialised memory are never compared.
 - otherwise **unexplained**.
 
+The ops around a nondeterministic op are kept as :class:`OpContext` rows (:func:`ops_context`),
+which ``compare --json`` reports as its ``ops_context``.
+
 Where the guarantees stop: a nondeterministic kernel may agree with itself in every re-run (then
 the step repeats here); re-running a step whose code counts its own calls advances that count,
 which is how it is caught.
@@ -27,20 +30,39 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..capture.seeding import SeedingCall
 from ..capture.trace import OpRecord, first_difference, first_divergent_op, same_sequence, uninitialised
 from ..replay.interface import ReplicaLike
 from ..serve.protocol import StepResult, Trace
-from .compare.records import seeds_one_of
-from .compare.verdict import OpContext
+from .jsonform import ReadBack, plain_fields
 
-__all__ = ["Repeatability", "check_repeats", "ops_context"]
+__all__ = ["OpContext", "Repeatability", "check_repeats", "ops_context", "seeds_one_of"]
 
 RERUNS = 4  # a nondeterministic kernel may agree with itself by chance: try a few times
 _AGAIN = 2  # re-runs compared with the first
 _FIXED_ENTROPY = 20240229
 OPS_PHASE = {"forward": "forward", "backward": "backward"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpContext(ReadBack):
+    """One op around the first divergent op, in run A's order, marked by whether its inputs and
+    outputs matched run B's op at the same place."""
+
+    index: int
+    op: str
+    layer: str | None
+    phase: str
+    """``forward``, ``backward``, or ``step`` (outside the model)."""
+    first: bool
+    """The first divergent op."""
+    inputs_equal: bool
+    outputs_equal: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return plain_fields(self, "index", "op", "layer", "phase", "first", "inputs_equal", "outputs_equal")
 
 
 @dataclass
@@ -176,3 +198,9 @@ def ops_context(a: list[OpRecord], b: list[OpRecord], index: int, around: int = 
             outputs_equal=other is not None and a[i].op == other.op and a[i].outputs == other.outputs,
         ))  # fmt: skip
     return rows
+
+
+def seeds_one_of(call: dict[str, Any], streams: list[str]) -> bool:
+    """Whether a seeding call seeds one of ``streams`` (``cuda`` seeds every ``cuda:N``)."""
+    name = call.get("stream", "")
+    return name in streams or (name == "cuda" and any(s.startswith("cuda:") for s in streams))

@@ -26,6 +26,7 @@ from ...record.arguments import argv_flags
 from ...store.meta import CodeKind
 from ...store.run import Run
 from ..causes import Cause, cause_title
+from ..selfcheck import seeds_one_of
 from .settings import SettingsDifference, settings_difference
 from .verdict import TimelineRow, Verdict
 
@@ -36,7 +37,6 @@ __all__ = [
     "model_name",
     "rank_zero_alike",
     "read_records",
-    "seeds_one_of",
     "through_collectives",
 ]
 
@@ -242,12 +242,6 @@ def read_records(a: Run, b: Run) -> Records:
     records.last_equal = equal[-1].step if equal else None
     records.first_divergent = divergent.step if divergent else None
     return records
-
-
-def seeds_one_of(call: dict[str, Any], streams: list[str]) -> bool:
-    """Whether a seeding call seeds one of ``streams`` (``cuda`` seeds every ``cuda:N``)."""
-    name = call.get("stream", "")
-    return name in streams or (name == "cuda" and any(s.startswith("cuda:") for s in streams))
 
 
 def _shows_itself_at(records: Records, step: int) -> bool:

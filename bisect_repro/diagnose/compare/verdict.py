@@ -25,6 +25,7 @@ from ...replay.lockstep import Parted
 from ..causes import Cause
 from ..jsonform import ReadBack, known_fields, plain_fields
 from ..numerics.numerics_result import Numerics
+from ..selfcheck import OpContext
 from .compiled import CompileBisect
 
 __all__ = [
@@ -178,25 +179,6 @@ class ReplayInfo(ReadBack):
     def from_json(cls, found: Mapping[str, Any]) -> ReplayInfo:
         parted = [Parted(**known_fields(Parted, p)) for p in found.get("parted") or []]
         return cls(**known_fields(cls, found, but=("parted",)), parted=parted)
-
-
-@dataclass(frozen=True, kw_only=True)
-class OpContext(ReadBack):
-    """One op around the first divergent op, in run A's order, marked by whether its inputs and
-    outputs matched run B's op at the same place."""
-
-    index: int
-    op: str
-    layer: str | None
-    phase: str
-    """``forward``, ``backward``, or ``step`` (outside the model)."""
-    first: bool
-    """The first divergent op."""
-    inputs_equal: bool
-    outputs_equal: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return plain_fields(self, "index", "op", "layer", "phase", "first", "inputs_equal", "outputs_equal")
 
 
 @dataclass(kw_only=True)
