@@ -50,7 +50,8 @@ from bisect_repro.replay.interface import ReplicaFactory, ReplicaLike
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.replica import ReplicaFailed
 from bisect_repro.replay.rewind import Rewinds
-from bisect_repro.serve.protocol import Description, Fetched, Hello, SkipResult, StepRecord, StepResult, StepStart, Trace
+from bisect_repro.serve.protocol import Description, Fetched, Hello, SkipResult, StepRecord, StepResult, StepStart
+from bisect_repro.serve.requests import Trace
 from bisect_repro.store.run import Run
 
 _ENTROPY = itertools.count(1_000)  # what the OS hands a seed from entropy: never the same twice

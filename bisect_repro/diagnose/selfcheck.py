@@ -35,7 +35,8 @@ from typing import Any
 from ..capture.seeding import SeedingCall
 from ..capture.trace import OpRecord, first_difference, first_divergent_op, same_sequence, uninitialised
 from ..replay.interface import ReplicaLike
-from ..serve.protocol import StepResult, Trace
+from ..serve.protocol import StepResult
+from ..serve.requests import Trace
 from .jsonform import ReadBack, plain_fields
 
 __all__ = ["OpContext", "Repeatability", "check_repeats", "ops_context", "seeds_one_of"]

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..capture.compiled import CompileCall
-from ..serve.protocol import Description, Fetched, Hello, SkipResult, StepResult, StepStart, Trace
+from ..serve.protocol import Description, Fetched, Hello, SkipResult, StepResult, StepStart
+from ..serve.requests import Trace
 from .launch import LaunchSpec
 from .rewind import Rewinds
 

@@ -57,7 +57,8 @@ from typing import Any, TypeVar
 from ..capture.entropy import FEED_OUTCOMES
 from ..capture.seeding import SeedingCall
 from ..capture.trace import first_difference
-from ..serve.protocol import Fetched, StepResult, Trace
+from ..serve.protocol import Fetched, StepResult
+from ..serve.requests import Trace
 from ..store.run import Run
 from .interface import ReplicaFactory, ReplicaLike
 from .launch import LaunchSpec, ReplayUnavailable

@@ -33,6 +33,7 @@ import re
 import signal
 import subprocess
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
@@ -40,7 +41,7 @@ from typing import Any, NoReturn
 from ..record.torchrun import torchrun_command
 from ..serve.channel import Channel, ChannelClosed, Listener
 from ..serve.protocol import Hello
-from ..serve.requests import Request, Restore, encode
+from ..serve.requests import Asks, Restore, encode
 from ..store.run import Run
 from .bootstrap import LOGS_VARIABLE
 from .launch import LaunchSpec
@@ -161,11 +162,11 @@ class RankedReplica(Replica):
         self.channel, self.hello = self.channels[self.spec.focus], self.hellos[self.spec.focus]
         return self.hello
 
-    def request(self, request: Request, progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
-        """Send a request to every rank (its state tree to the focus rank only); the focus rank's reply."""
+    def _exchange(self, request: Asks[Any], progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
+        """Send a request to every rank (its state tree to the focus rank only); the focus rank's answer."""
         return self._broadcast(dict.fromkeys(range(self.world_size), request), progress)
 
-    def _broadcast(self, requests: dict[int, Request], progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
+    def _broadcast(self, requests: Mapping[int, Asks[Any]], progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
         """Send each rank its request (a state tree to the focus rank only); the focus rank's reply."""
         assert len(self.channels) == self.world_size, "connect() first"
         focus = self.spec.focus

@@ -41,14 +41,15 @@ import subprocess
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..capture.compiled import CompileCall
 from ..errors import BisectReproError
 from ..serve import requests
 from ..serve.channel import Channel, ChannelClosed, Listener
-from ..serve.protocol import CompileCalls, Description, Fetched, Hello, ItemsChange, SkipResult, StateHashes, StepResult, StepStart
-from ..serve.requests import Request, Trace, encode
+from ..serve.protocol import Description, Fetched, Hello, SkipResult, StepResult, StepStart
+from ..serve.replies import Refused, decode_reply
+from ..serve.requests import Asks, Trace, encode
 from .bootstrap import SPEC_VARIABLE
 from .cores import CORES
 from .deadline import Deadline, DeadlinePassed, allowance, guarded
@@ -62,6 +63,8 @@ _log = logging.getLogger(__name__)
 
 __all__ = ["Replica", "ReplicaFailed", "processes_started"]
 
+
+R = TypeVar("R")
 
 _STARTS: list[None] = []
 """One item per replaying process started (a distributed run's launcher counting as one); appending is atomic."""
@@ -227,8 +230,17 @@ class Replica:
             self.hello = Hello.from_json(hello)
         return self.hello
 
-    def request(self, request: Request, progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
-        """Send a request (:mod:`bisect_repro.serve.requests`); its reply, as JSON and its state tree."""
+    def request(self, request: Asks[R], progress: Progress | None = None) -> R:
+        """Send a request (:mod:`bisect_repro.serve.requests`); its reply, typed (the class the request
+        names, read by :func:`~bisect_repro.serve.replies.decode_reply`)."""
+        message, tree = self._exchange(request, progress)
+        try:
+            return decode_reply(request, message, tree)
+        except Refused as error:
+            raise ReplicaFailed(f"replay of {self.label}: {error}") from None
+
+    def _exchange(self, request: Asks[Any], progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
+        """Send a request and wait for what the process answers: a JSON object and its state tree."""
         channel = self.channel
         assert channel is not None, "connect() first"
         op = request.op
@@ -239,7 +251,7 @@ class Replica:
         try:
             with contextlib.nullcontext() if isinstance(request, requests.Exit) else CORES.held(urgent=not self.spare):  # see cores.py
                 channel.send(message, tree)
-                reply, payload = channel.receive_reply(*guarded(deadline, self._check_alive, progress))
+                return channel.receive_reply(*guarded(deadline, self._check_alive, progress))
         except DeadlinePassed as error:
             self.process.kill()
             raise ReplicaFailed(str(error)) from None
@@ -249,9 +261,6 @@ class Replica:
                 f"replay of {self.label} ({self.spec.describe()}) stopped during {op!r} (exit code {self.process.returncode}): "
                 f"{self._last_output()}"
             ) from error
-        if "error" in reply:
-            raise ReplicaFailed(f"replay of {self.label}: {reply['error']}")
-        return reply, payload
 
     def restore(
         self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False, kept_from: int | None = None
@@ -274,31 +283,19 @@ class Replica:
         if not self.reruns and self.step is not None and self.step > until:
             self._to_start_of(until)
             return SkipResult(step=until)
-        reply, _ = self.request(requests.Skip(until=until, hashes_at=tuple(hashes_at or ())), progress)
-        result = SkipResult.from_json(reply)
+        result = self.request(requests.Skip(until=until, hashes_at=tuple(hashes_at or ())), progress)
         self.step = result.step
         return result
 
     def fetch(self, keep: list[int] | None = None) -> Fetched:
         """Take the next batch and keep the step's start (and those of the steps in ``keep``)."""
-        return Fetched.from_json(self.request(requests.Fetch(keep=tuple(keep or ())))[0])
+        return self.request(requests.Fetch(keep=tuple(keep or ())))
 
     def run(
-        self,
-        step: int,
-        *,
-        trace: Trace = "light",
-        keep: list[int] | tuple[int, ...] = (),
-        ops: str | None = None,
-        alerts: bool = False,
-        environment: dict[str, Any] | None = None,
-        advance: list[str] | tuple[str, ...] = (),
-        fixed_entropy: int | None = None,
-        kept_entropy: bool = False,
-        commit: bool = False,
-        streams: dict[str, Any] | None = None,
-        compile_bisect: str | None = None,
-    ) -> StepResult:
+        self, step: int, *, trace: Trace = "light", keep: list[int] | tuple[int, ...] = (), ops: str | None = None, alerts: bool = False,
+        environment: dict[str, Any] | None = None, advance: list[str] | tuple[str, ...] = (), fixed_entropy: int | None = None,
+        kept_entropy: bool = False, commit: bool = False, streams: dict[str, Any] | None = None, compile_bisect: str | None = None,
+    ) -> StepResult:  # fmt: skip
         """Run a kept step again (each option: :class:`~bisect_repro.serve.requests.Run`)."""
         plain = streams is None and not advance and fixed_entropy is None and not kept_entropy
         rewound = self._to_start_of(step, plain=plain, compiles=compile_bisect is not None)
@@ -307,51 +304,49 @@ class Replica:
             fixed_entropy=fixed_entropy, kept_entropy=kept_entropy, commit=commit, compile_bisect=compile_bisect, streams=streams,
         )  # fmt: skip
         try:
-            reply, tree = self.request(request)
+            result = self.request(request)
         except ReplicaFailed:
             if not rewound:
                 raise
             # the script's loop ended on a counter of its own that each rewind moved: fresh processes from here on
             self.rewinds.step, self.rewinds.refused, self.step = None, True, step + 1
             self._to_start_of(step, plain=plain, compiles=compile_bisect is not None)
-            reply, tree = self.request(request)
+            result = self.request(request)
         if commit or not self.reruns:
             self.step = step + 1
-        return StepResult.from_reply(reply, tree)
+        return result
 
     def rewind(self, step: int) -> bool:
         """Put the process back at the start of ``step``, which it ran last; whether its data draws moved a stream."""
-        reply, _ = self.request(requests.Rewind(step=step))
+        rewound = self.request(requests.Rewind(step=step))
         self.step = step
-        return bool(reply.get("consumes"))
+        return rewound.consumes
 
     def streams(self, step: int) -> StepStart:
         """The streams a kept step starts from (after its batch was fetched, and before) and its data position."""
         if self.rewinds.step != step or self.step != step + 1:  # a verified rewind's process tells them as it stands
             self._to_start_of(step)
-        _, tree = self.request(requests.Streams(step=step))
-        return StepStart.from_tree(tree or {})
+        return self.request(requests.Streams(step=step))
 
     def data(self, step: int, *, pre_streams: dict[str, Any] | None = None, epoch_streams: dict[str, Any] | None = None) -> Fetched:
         """A kept step's batch fetched again from its data position, under other streams."""
-        reply, _ = self.request(requests.Data(step=step, pre_streams=pre_streams, epoch_streams=epoch_streams))
-        return Fetched.from_json(reply)
+        return self.request(requests.Data(step=step, pre_streams=pre_streams, epoch_streams=epoch_streams))
 
     def hashes(self) -> dict[str, str]:
         """The hash of every tensor of the state now."""
-        return StateHashes.from_json(self.request(requests.Hashes())[0]).hashes
+        return self.request(requests.Hashes()).hashes
 
     def compiled(self) -> list[CompileCall]:
         """The ``torch.compile`` calls the replayed code made."""
-        return CompileCalls.from_json(self.request(requests.Compiled())[0]).calls
+        return self.request(requests.Compiled()).calls
 
     def describe(self) -> Description:
         """What ``doctor`` asks of a freshly built process."""
-        return Description.from_json(self.request(requests.Describe())[0])
+        return self.request(requests.Describe())
 
     def items_change(self, step: int, stream: str) -> bool | None:
         """Whether the dataset's items at a kept step's indices change with ``stream`` one draw further."""
-        return ItemsChange.from_json(self.request(requests.Items(step=step, stream=stream))[0]).changes
+        return self.request(requests.Items(step=step, stream=stream)).changes
 
     def close(self) -> None:
         """End the process (the rest of its script does not run) and remove its folder; a spare

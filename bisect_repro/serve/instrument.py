@@ -31,7 +31,8 @@ from ..capture.seeding import SeedingCall, SeedingWatch
 from ..capture.state import TrainingState
 from ..capture.trace import StepTracer
 from ..trainee import Trainee
-from .protocol import Run, StepResult
+from .protocol import StepResult
+from .requests import Run
 
 __all__ = ["InstrumentedStep", "loss_value"]
 

@@ -15,17 +15,19 @@ restore    ``Restore``                        :class:`Restored`
 skip       ``Skip``                           :class:`SkipResult` (and ``{progress}`` lines)
 fetch      ``Fetch``                          :class:`Fetched`
 run        ``Run`` (tree: streams)            :class:`StepResult` (tree: kept tensors)
-rewind     ``Rewind``                         ``{step, consumes}`` (a script's process only)
+rewind     ``Rewind``                         :class:`Rewound` (a script's process only)
 streams    ``Streams``                        :class:`StepStart` (as a tree)
 data       ``Data`` (tree: streams)           :class:`Fetched`
 hashes     ``Hashes``                         :class:`StateHashes`
 describe   ``Describe``                       :class:`Description`
 items      ``Items``                          :class:`ItemsChange`
 compiled   ``Compiled``                       :class:`CompileCalls`
-exit       ``Exit``                           ``{ok}``
+exit       ``Exit``                           :class:`Exited`
 ========== ================================== ============================================
 
-A reply ``{"error": ...}`` answers any request the process could not serve.
+A reply ``{"error": ...}`` answers any request the process could not serve. Each request class
+names its reply's class (``Restore(Asks[Restored])``); the controller reads every reply through the
+one decoder, :func:`bisect_repro.serve.replies.decode_reply`.
 
 Where the guarantees stop: both ends are this package at one version (the controller starts the
 process with its own ``PYTHONPATH``); the replies come from a process that runs the user's code,
@@ -42,26 +44,22 @@ import torch
 
 from ..capture.compiled import CompileCall
 from ..capture.trace import OpRecord, TraceEntry
-from .requests import Fetch, Restore, Run, Skip, Trace
 
 __all__ = [
     "CompileCalls",
     "Description",
-    "Fetch",
+    "Exited",
     "Fetched",
     "Hello",
     "HiddenStream",
     "ItemsChange",
-    "Restore",
     "Restored",
-    "Run",
-    "Skip",
+    "Rewound",
     "SkipResult",
     "StateHashes",
     "StepRecord",
     "StepResult",
     "StepStart",
-    "Trace",
 ]
 
 
@@ -174,6 +172,36 @@ class Restored:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Rewound:
+    """The reply to ``rewind``: the step the process stands at the start of again, and whether the
+    step's data draws moved a random stream (:mod:`bisect_repro.serve.rewind`)."""
+
+    step: int
+    consumes: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "consumes": self.consumes}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Rewound:
+        return cls(step=int(data["step"]), consumes=bool(data.get("consumes")))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exited:
+    """The reply to ``exit``, sent just before the process ends."""
+
+    ok: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Exited:
+        return cls(ok=bool(data.get("ok")))
+
+
+@dataclass(frozen=True, kw_only=True)
 class StateHashes:
     """The reply to ``hashes``: the hash of every tensor of the state now."""
 
@@ -283,7 +311,7 @@ class Description:
 
 @dataclass
 class StepResult:
-    """A step run again (the reply to :class:`Run`)."""
+    """A step run again (the reply to ``run``)."""
 
     step: int
     entries: list[TraceEntry] = field(default_factory=list)

@@ -6,7 +6,9 @@ beside it a state tree holding the fields that carry random-stream states (``TRE
 :class:`Run`'s ``streams``, a :class:`Data`'s ``pre_streams`` and ``epoch_streams``), sent as they
 are. The replaying process reads it back with :func:`decode`, through :data:`REQUESTS`, the one
 table from an ``op`` to its class; a server answers each decoded request by its type
-(:data:`~bisect_repro.serve.server.ANSWERS`). The replies are in :mod:`bisect_repro.serve.protocol`.
+(:data:`~bisect_repro.serve.server.ANSWERS`). Each request names the class of its reply
+(``class Restore(Asks[Restored])``): the replies are in :mod:`bisect_repro.serve.protocol`, read
+back by the controller through :mod:`bisect_repro.serve.replies`.
 
 Where the guarantees stop: both ends are this package at one version, so a field is read as the
 other end wrote it (numbers as numbers); an ``op`` no class has is refused (:class:`UnknownRequest`),
@@ -17,10 +19,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+from .protocol import (
+    CompileCalls,
+    Description,
+    Exited,
+    Fetched,
+    ItemsChange,
+    Restored,
+    Rewound,
+    SkipResult,
+    StateHashes,
+    StepResult,
+    StepStart,
+)  # fmt: skip
 
 __all__ = [
     "REQUESTS",
+    "Asks",
     "Compiled",
     "Data",
     "Describe",
@@ -49,12 +66,22 @@ class UnknownRequest(ValueError):
 
 
 _B = TypeVar("_B", bound="_Bare")
+_R = TypeVar("_R", covariant=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Asks(Generic[_R]):
+    """What every request is: a frozen dataclass named on the wire by its ``op``, answered by a
+    reply of class ``_R`` (:mod:`bisect_repro.serve.protocol`), which
+    :func:`~bisect_repro.serve.replies.decode_reply` reads back."""
+
+    op: ClassVar[str]
+    TREE: ClassVar[tuple[str, ...]] = ()
+    """The fields sent in the state tree beside the message, not in it."""
 
 
 class _Bare:
     """A request with no field but its ``op``."""
-
-    TREE: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_json(cls: type[_B], data: Mapping[str, Any]) -> _B:
@@ -62,11 +89,10 @@ class _Bare:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Restore:
+class Restore(Asks[Restored]):
     """Load a checkpoint of a run directory (read, never executed) and its in-process settings."""
 
     op: ClassVar[Literal["restore"]] = "restore"
-    TREE: ClassVar[tuple[str, ...]] = ()
     run: str
     step: int
     environment: dict[str, Any] = field(default_factory=dict)
@@ -89,11 +115,10 @@ class Restore:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Skip:
+class Skip(Asks[SkipResult]):
     """Train untraced up to ``until``, with the state hashes at the steps in ``hashes_at``."""
 
     op: ClassVar[Literal["skip"]] = "skip"
-    TREE: ClassVar[tuple[str, ...]] = ()
     until: int
     hashes_at: tuple[int, ...] = ()
 
@@ -103,12 +128,11 @@ class Skip:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Fetch:
+class Fetch(Asks[Fetched]):
     """Take the next batch and keep, in memory, everything the step starts from; forget the kept
     steps not in ``keep``."""
 
     op: ClassVar[Literal["fetch"]] = "fetch"
-    TREE: ClassVar[tuple[str, ...]] = ()
     keep: tuple[int, ...] = ()
 
     @classmethod
@@ -117,7 +141,7 @@ class Fetch:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Run:
+class Run(Asks[StepResult]):
     """Run a kept step again from its start."""
 
     op: ClassVar[Literal["run"]] = "run"
@@ -165,11 +189,10 @@ class Run:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Streams:
+class Streams(Asks[StepStart]):
     """The streams a kept step starts from, after its batch was fetched and before, and its data position."""
 
     op: ClassVar[Literal["streams"]] = "streams"
-    TREE: ClassVar[tuple[str, ...]] = ()
     step: int
 
     @classmethod
@@ -178,12 +201,11 @@ class Streams:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Rewind:
+class Rewind(Asks[Rewound]):
     """Run the last fetched step again: put its kept start back at the next step's start and feed its
     batches again (a process that runs each step once; :mod:`bisect_repro.serve.rewind`)."""
 
     op: ClassVar[Literal["rewind"]] = "rewind"
-    TREE: ClassVar[tuple[str, ...]] = ()
     step: int
 
     @classmethod
@@ -192,7 +214,7 @@ class Rewind:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Data:
+class Data(Asks[Fetched]):
     """A kept step's batch fetched again from its data position, under other streams (state trees;
     ``None``: the step's own)."""
 
@@ -208,11 +230,10 @@ class Data:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Items:
+class Items(Asks[ItemsChange]):
     """Whether the dataset's items at a kept step's indices change with ``stream`` one draw further."""
 
     op: ClassVar[Literal["items"]] = "items"
-    TREE: ClassVar[tuple[str, ...]] = ()
     step: int
     stream: str
 
@@ -222,28 +243,28 @@ class Items:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Hashes(_Bare):
+class Hashes(_Bare, Asks[StateHashes]):
     """The hash of every tensor of the state now."""
 
     op: ClassVar[Literal["hashes"]] = "hashes"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Describe(_Bare):
+class Describe(_Bare, Asks[Description]):
     """What ``doctor`` asks of a freshly built process."""
 
     op: ClassVar[Literal["describe"]] = "describe"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Compiled(_Bare):
+class Compiled(_Bare, Asks[CompileCalls]):
     """The ``torch.compile`` calls the replayed code made."""
 
     op: ClassVar[Literal["compiled"]] = "compiled"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Exit(_Bare):
+class Exit(_Bare, Asks[Exited]):
     """End the process (the rest of its script does not run)."""
 
     op: ClassVar[Literal["exit"]] = "exit"
@@ -258,7 +279,7 @@ REQUESTS: dict[str, type[Request]] = {
 """Each request's class, by its ``op``."""
 
 
-def encode(request: Request) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def encode(request: Asks[Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The message a request is sent as (``op`` and its JSON fields), and the state tree beside it
     (its ``TREE`` fields that are set; ``None`` when none is)."""
     message: dict[str, Any] = {"op": request.op}

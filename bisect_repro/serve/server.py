@@ -75,6 +75,7 @@ from .process import watched_process
 from .protocol import (
     CompileCalls,
     Description,
+    Exited,
     Fetched,
     Hello,
     HiddenStream,
@@ -237,7 +238,7 @@ class StepServer:
         return reply
 
     def _exit(self) -> None:
-        self.channel.send({"ok": True})
+        self.channel.send(Exited().to_json())
         self.channel.close()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.replica import SPARES, Replica, ReplicaFailed, processes_started
 from bisect_repro.serve.protocol import Hello
-from bisect_repro.serve.requests import Request, Rewind, Run, Skip
+from bisect_repro.serve.requests import Asks, Exit, Restore, Rewind, Run, Skip
 from bisect_repro.store.meta import CodeKind
 
 SPEC = LaunchSpec(kind=CodeKind.SCRIPT, path="/code/train.py")
@@ -58,7 +58,7 @@ class Simulated(Replica):
         self.channel = object()  # type: ignore[assignment]
         return self.hello
 
-    def request(self, request: Request, progress: Any = None) -> tuple[dict[str, Any], Any]:
+    def _exchange(self, request: Asks[Any], progress: Any = None) -> tuple[dict[str, Any], Any]:
         self._check_alive()
         process, step = self.process, request.until if isinstance(request, Skip) else getattr(request, "step", None)
         Simulated.log.append((process.number, request.op, step))
@@ -69,7 +69,9 @@ class Simulated(Replica):
             assert step == process.at, f"process {process.number} stands at step {process.at}, asked to run {step}"
             process.at += 1
             return {"step": step, "outcome": f"process {process.number}"}, None
-        return {}, None
+        if isinstance(request, Restore):
+            return {"step": request.step}, None
+        return ({"ok": True} if isinstance(request, Exit) else {"step": process.at}), None  # fetch, exit
 
     def _check_alive(self) -> None:
         assert self.process.poll() is None, f"process {self.process.number} is gone"
@@ -142,14 +144,14 @@ class Rewinding(Simulated):
     ends_after: ClassVar[int | None] = None
     """The rewinds after which the script's loop ends (a counter of its own that each rewind moves)."""
 
-    def request(self, request: Request, progress: Any = None) -> tuple[dict[str, Any], Any]:
+    def _exchange(self, request: Asks[Any], progress: Any = None) -> tuple[dict[str, Any], Any]:
         process = self.process
         rewinds = sum(1 for number, done, _ in Simulated.log if number == process.number and done == "rewind")
         if isinstance(request, Run) and process.number == 1 and Rewinding.ends_after is not None and rewinds > Rewinding.ends_after:
             process.returncode = 0
             raise ReplicaFailed("replay of run A: training ended after step 6; the replay cannot go further")
         if not isinstance(request, Rewind):
-            return super().request(request, progress)
+            return super()._exchange(request, progress)
         Simulated.log.append((process.number, request.op, request.step))
         assert request.step == process.at - 1, f"process {process.number} stands at step {process.at}, asked to rewind to {request.step}"
         process.at = request.step

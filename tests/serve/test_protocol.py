@@ -12,17 +12,20 @@ from bisect_repro.capture.trace import OpRecord, TraceEntry
 from bisect_repro.serve.protocol import (
     CompileCalls,
     Description,
+    Exited,
     Fetched,
     Hello,
     HiddenStream,
     ItemsChange,
     Restored,
+    Rewound,
     SkipResult,
     StateHashes,
     StepRecord,
     StepResult,
     StepStart,
 )  # fmt: skip
+from bisect_repro.serve.replies import REPLIES, Refused, decode_reply
 from bisect_repro.serve.requests import (
     REQUESTS,
     Compiled,
@@ -116,6 +119,50 @@ def test_replies_round_trip() -> None:
         CompileCalls(calls=[call]),
     ):
         assert type(reply).from_json(through_json(reply.to_json())) == reply
+
+
+ANSWERED = {
+    "restore": (Restored(step=4).to_json(), None),
+    "skip": (SkipResult(step=6, records=[StepRecord(step=5, order="o", batch="b", loss=None)]).to_json(), None),
+    "fetch": (Fetched(step=2, indices=[3]).to_json(), None),
+    "run": StepResult(step=3, outcome="o", kept={0: torch.ones(2)}).to_reply(),
+    "rewind": ({"step": 3, "consumes": True}, None),
+    "streams": ({"step": 3}, StepStart(streams={"torch": {"s": 1}}, pre_streams={"torch": {"s": 0}}, data=None).to_tree()),
+    "data": (Fetched(step=3, batch="b").to_json(), None),
+    "items": (ItemsChange(changes=False).to_json(), None),
+    "hashes": (StateHashes(hashes={"w": "h"}).to_json(), None),
+    "describe": (
+        Description(
+            init={}, streams={}, hidden={}, environment={}, threads_set=[], loader={}, convolutions=False, build_seeding=[]
+        ).to_json(),
+        None,
+    ),
+    "compiled": (CompileCalls(calls=[]).to_json(), None),
+    "exit": ({"ok": True}, None),
+}
+"""What a replaying process answers to each request, as it sends it."""
+
+
+@pytest.mark.parametrize("request_", EVERY, ids=lambda r: r.op)
+def test_every_reply_is_decoded_into_the_class_its_request_names(request_: Request) -> None:
+    message, tree = ANSWERED[request_.op]
+    reply = decode_reply(request_, through_json(message), tree)
+    assert type(reply) is REPLIES[type(request_)]
+    if isinstance(reply, StepResult):
+        assert reply.outcome == "o" and torch.equal(reply.kept[0], torch.ones(2))
+    elif isinstance(reply, StepStart):
+        assert reply.streams == {"torch": {"s": 1}} and reply.pre_streams == {"torch": {"s": 0}}
+    elif isinstance(reply, Rewound | Exited):
+        assert reply in (Rewound(step=3, consumes=True), Exited(ok=True))
+    else:
+        assert reply.to_json() == message
+
+
+def test_the_reply_table_names_each_request_class_once_and_an_error_is_refused() -> None:
+    assert set(REPLIES) == set(REQUESTS.values())
+    assert REPLIES[Run] is StepResult and REPLIES[Streams] is StepStart and REPLIES[Data] is Fetched
+    with pytest.raises(Refused, match="step 9 cannot be rewound here"):
+        decode_reply(Rewind(step=9), {"error": "step 9 cannot be rewound here"})
 
 
 def test_a_step_result_crosses_as_json_and_a_tree_of_its_kept_tensors() -> None:

@@ -38,7 +38,7 @@ from ...replay.interface import Progress, ReplicaFactory, ReplicaLike
 from ...replay.launch import LaunchSpec, spec_for_command, spec_for_recipe
 from ...replay.replica import Replica
 from ...serve.protocol import Restored
-from ...serve.requests import Request, Restore
+from ...serve.requests import Asks, Restore
 from ...store.printable import printable
 
 __all__ = ["Subject", "recipe_subject", "script_subject"]
@@ -76,10 +76,10 @@ class _FromStart(Replica):
         super().__init__(spec, label)
         self._restored, self.step = (Path(spec.path or "."), 0, None), 0
 
-    def request(self, request: Request, progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
+    def _exchange(self, request: Asks[Any], progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
         if isinstance(request, Restore):  # nothing to restore: the process stands at the script's own start
             return Restored(step=request.step).to_json(), None
-        return super().request(request, progress)
+        return super()._exchange(request, progress)
 
 
 def script_subject(words: list[str], replica: ReplicaFactory | None = None) -> Subject:
