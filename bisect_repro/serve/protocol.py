@@ -53,6 +53,7 @@ __all__ = [
     "Hello",
     "HiddenStream",
     "ItemsChange",
+    "Reply",
     "Restored",
     "Rewound",
     "SkipResult",
@@ -365,3 +366,7 @@ class StepResult:
             seeding=list(reply.get("seeding", [])),
             batch=reply.get("batch"),
         )
+
+
+Reply = Restored | SkipResult | Fetched | StepResult | Rewound | StepStart | StateHashes | Description | ItemsChange | CompileCalls | Exited
+"""Every reply a replaying process sends (a request's class names which)."""

@@ -17,25 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast, get_args, get_origin
 
-from .protocol import (
-    CompileCalls,
-    Description,
-    Exited,
-    Fetched,
-    ItemsChange,
-    Restored,
-    Rewound,
-    SkipResult,
-    StateHashes,
-    StepResult,
-    StepStart,
-)  # fmt: skip
+from .protocol import Reply, StepResult, StepStart
 from .requests import REQUESTS, Asks, Request
 
-__all__ = ["REPLIES", "Refused", "Reply", "decode_reply"]
-
-Reply = Restored | SkipResult | Fetched | StepResult | Rewound | StepStart | StateHashes | Description | ItemsChange | CompileCalls | Exited
-"""Every reply a replaying process sends (a request's class names which)."""
+__all__ = ["REPLIES", "Refused", "decode_reply"]
 
 R = TypeVar("R")
 

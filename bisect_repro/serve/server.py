@@ -108,7 +108,8 @@ from .start import KeptStart, hyperparameters, keep_start, load_start, overlay_h
 __all__ = ["ANSWERS", "StepServer", "batch_digest", "order_digest"]
 
 Reply = tuple[dict[str, Any], Any]
-"""A reply: its JSON object, and the state tree beside it (``None`` for most)."""
+"""A reply as it is sent: its JSON object, and the state tree beside it (``None`` for most); the
+controller reads it back as a :data:`~bisect_repro.serve.protocol.Reply`."""
 
 ANSWERS: dict[type[Request], str] = {
     Restore: "_restore",
