@@ -38,8 +38,8 @@ def _reply_class(request: type[Request]) -> type[Reply]:
     raise TypeError(f"{request.__name__} names no reply: declare it as Asks[ReplyClass]")
 
 
-REPLIES: dict[type[Request], type[Reply]] = {cls: _reply_class(cls) for cls in REQUESTS.values()}
-"""Each request's reply class, as the request classes declare it."""
+REPLIES: dict[str, type[Reply]] = {op: _reply_class(cls) for op, cls in REQUESTS.items()}
+"""Each request's reply class, by the request's ``op``, as the request classes declare it."""
 
 
 def _json(cls: Any) -> Callable[[dict[str, Any], Any], Reply]:
@@ -59,5 +59,5 @@ def decode_reply(request: Asks[R], message: Mapping[str, Any], tree: Any = None)
     :class:`Refused` for an error reply."""
     if "error" in message:
         raise Refused(str(message["error"]))
-    cls = REPLIES[type(request)]  # type: ignore[index]  # a request of every class is in the table
+    cls = REPLIES[request.op]
     return cast(R, _DECODERS[cls](dict(message), tree))
