@@ -90,11 +90,15 @@ class HookServer(StepServer):
             running.loss = self.loss
             result = running.result(self.current)
             result.batch = batch
-            self.channel.send(*result.to_reply())
+            self._send_result(result.to_reply())
         elif self._skipping is not None:
             self._skipping.result.records.append(StepRecord(step=self.current, order=None, batch=batch, loss=loss_value(self.loss)))
         self.current += 1
         self.position = self.current
+
+    def _send_result(self, reply: Reply) -> None:
+        """Answer a ``run`` with its result (a rewinding server may hold it back)."""
+        self.channel.send(*reply)
 
     def close(self) -> None:
         """The framework finished training: tell a waiting controller, and end the process."""
