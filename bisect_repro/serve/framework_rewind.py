@@ -46,7 +46,7 @@ from .requests import Rewind
 from .rewind import RewindingHookServer
 from .server import Reply
 
-__all__ = ["FrameworkRewindServer", "LoopCounters", "feed_batch"]
+__all__ = ["FrameworkRewindServer", "LoopCounters", "feed_batch", "rewound_answer"]
 
 
 class LoopCounters(Protocol):
@@ -89,6 +89,16 @@ def feed_batch(kept: _KeptBatch, batch: Any) -> str | None:
     return None
 
 
+def rewound_answer(result: Reply, unfed: str | None, first: Any, arrival: Any) -> Reply:
+    """The reply to a rewound step's ``run`` once the loop stands at the next step's start (``arrival``,
+    where the step's first run left it: ``first``); ``unfed``: why its batches were not all put in place."""
+    if unfed is not None:
+        return {"error": f"cannot run the rewound step: {unfed}"}, None
+    if arrival != first:
+        return {"error": f"the rewound step left the framework's loop at {arrival!r}, its first run at {first!r} (an epoch ended?)"}, None
+    return result
+
+
 @dataclass
 class _Rewound:
     """The framework-side record of the kept step."""
@@ -111,21 +121,17 @@ class FrameworkRewindServer(RewindingHookServer):
         self._loop: _Rewound | None = None
         self._feeding_batches: list[_KeptBatch] | None = None  # a rewound step's batches still to put in place
         self._unfed: str | None = None  # why a rewound step's batches could not all be put in place
-        self._held: Reply | None = None  # a rewound step's run reply, sent at the next step's start
+        self._held: tuple[Reply, str | None] | None = None  # a rewound step's result, and why its batches were not fed
         self._left: list[_KeptBatch] | None = None  # at a rewound step's end: its kept batches not handed over
 
     # -- the recorder's calls --------------------------------------------------------------------
     def begin_step(self) -> None:
         held, self._held = self._held, None
         loop, kept = self._loop, self._kept
-        if loop is not None and kept is not None and kept.ran and self.current == kept.start.step + 1:
-            arrival = self._arrival()
-            if loop.arrival is None:
-                loop.arrival = arrival
-            elif held is not None and arrival != loop.arrival:
-                held = {"error": f"the rewound step {kept.start.step} left the loop elsewhere than its first run (an epoch ended?)"}, None
-        if held is not None:
-            self.channel.send(*held)
+        if loop is not None and kept is not None and kept.ran and loop.arrival is None and self.current == kept.start.step + 1:
+            loop.arrival = self._arrival()  # the step's first run ended here
+        if held is not None and loop is not None:
+            self.channel.send(*rewound_answer(*held, loop.arrival, self._arrival()))
         super().begin_step()
 
     def note_batch(self, batch: Any, indices: list[int] | None = None) -> None:
@@ -149,7 +155,7 @@ class FrameworkRewindServer(RewindingHookServer):
             super()._send_result(reply)
             return
         unfed, self._unfed = self._unfed or ("fewer batches than its first run" if left else None), None
-        self._held = ({"error": f"cannot run the rewound step: {unfed}"}, None) if unfed else reply
+        self._held = reply, unfed
 
     def close(self) -> None:
         self._held = None  # the error close sends answers the rewound step's run

@@ -20,7 +20,9 @@ is not the last fetched,   refused
 or the process is not at
 the next step's start
 has not run to its end     refused: its batches are not all kept
-is the process's first     refused: its start is taken after its batch was drawn
+is the process's first     refused: its start is taken after its batch was drawn (a
+(``start_after_draw``      framework's loop takes every step's start so, and rewinds it:
+false)                     :mod:`bisect_repro.serve.framework_rewind`)
 any other                  state restored, batches fed again
 =========================  ==============================================================
 
