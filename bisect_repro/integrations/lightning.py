@@ -14,9 +14,11 @@ settings, the environment the precision, the accumulation count and the devices.
 ``compare`` replays such a run by running its script again (the callback then serves the
 replay instead of recording) from the script's own start: step 0, or the step a Lightning
 checkpoint (``trainer.fit(..., ckpt_path=...)``) resumes from, so that a resumed run is replayed
-from its resume and compared with the uninterrupted one.
+from its resume and compared with the uninterrupted one. Its repeats of a step rewind that process,
+with the fit loop's counters put back (:mod:`bisect_repro.serve.framework_rewind`).
 
-Where the guarantees stop: one optimizer and one scheduler are captured; a run resumed from a
+Where the guarantees stop: one optimizer and one scheduler are captured; a rewound step's first
+batch is handed the next batch's ``batch_idx`` (a step that reads it is repeated in fresh processes); a run resumed from a
 Lightning checkpoint replays only while that checkpoint file is where it was; the data order is
 known by the batches' contents, not by sample indices.
 """

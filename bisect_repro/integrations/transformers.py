@@ -16,6 +16,8 @@ callback events carry neither), so evaluation during training is not noted.
 ``compare`` replays such a run by running its script again (the callback then serves the replay)
 from the script's own start: step 0, or the checkpoint ``trainer.train(resume_from_checkpoint=...)``
 resumes from, so that a resumed run is compared with the uninterrupted one from its resume on.
+Its repeats of a step rewind that process, with ``state.global_step`` and ``state.epoch`` put back
+(:mod:`bisect_repro.serve.framework_rewind`).
 
 Where the guarantees stop: the loss is the model output's ``loss`` (a model that returns none, or
 a ``compute_loss`` of one's own, logs no loss; the batches and the state still are compared); a

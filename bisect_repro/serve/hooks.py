@@ -8,9 +8,10 @@ requests at the start of each step the controller wants to see, and lets the fra
 others untraced. It answers the same requests as :class:`~bisect_repro.serve.server.StepServer`
 with one difference: a step runs once per process, in order, from wherever the script starts
 (step 0, or the step a framework checkpoint resumes from). The controller repeats a step by
-starting another process (:class:`~bisect_repro.replay.replica.Replica` does it for it; an
-unchanged script's process can rewind instead, :mod:`bisect_repro.serve.rewind`), and a batch
-cannot be fetched again under other streams.
+starting another process (:class:`~bisect_repro.replay.replica.Replica` does it for it), or by
+rewinding this one (an unchanged script's, :mod:`bisect_repro.serve.rewind`; a framework
+callback's, :mod:`bisect_repro.serve.framework_rewind`), and a batch cannot be fetched again under
+other streams.
 
 Where the guarantees stop: the batch a step trains on is known only once the framework hands it
 over, after the data loader drew it; overrides of the random streams apply from the start of the
