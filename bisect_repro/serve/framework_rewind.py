@@ -25,6 +25,9 @@ training ends
 any other                                      the step's result
 =============================================  =================================================
 
+Each rewind draws a batch no step trains on (the next step's, drawn before the rewind), so a process
+that has rewound refuses to train on past the rewound step: it runs that step again, or nothing.
+
 Where the guarantees stop: what the loop keeps of its own beyond :class:`LoopCounters` (a local
 ``batch_idx`` handed to the step, an attribute of a callback) is not put back; the controller uses a
 rewind only once one has reproduced the step's first run and its records
@@ -42,7 +45,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..capture.batch import batch_tensors
-from .requests import Rewind
+from .requests import Request, Rewind, Run, Skip
 from .rewind import RewindingHookServer
 from .server import Reply
 
@@ -107,6 +110,8 @@ class _Rewound:
     batches: list[_KeptBatch] = field(default_factory=list)
     arrival: Any = None
     """Where the loop stood at the next step's start after the step's first run (``None``: not yet there)."""
+    rewound: bool = False
+    """The step was rewound: the loader has run ahead of the steps trained."""
 
 
 class FrameworkRewindServer(RewindingHookServer):
@@ -175,12 +180,21 @@ class FrameworkRewindServer(RewindingHookServer):
             return "the framework's loop counters are not known"
         return super()._refusal(step)
 
+    def _refusal_to_train(self, request: Request | None) -> str | None:
+        rewound = self._loop is not None and self._loop.rewound
+        kept = self._kept.start.step if self._kept is not None else None
+        onward = (isinstance(request, Run) and request.step != kept) or (isinstance(request, Skip) and request.until > self.current)
+        if rewound and onward:
+            return f"this process rewound step {kept}: its loader has handed over batches no step trained on, it cannot train on"
+        return None
+
     def _rewind(self, request: Rewind) -> Reply:
         reply, tree = super()._rewind(request)
         if "error" in reply:
             return reply, tree
         assert self.counters is not None and self._loop is not None
         self.counters.load_state_dict(self._loop.counters)
+        self._loop.rewound = True
         self._feeding_batches, self._unfed = list(self._loop.batches), None
         consumes = self.counters.draws_during_step and len(self._loop.batches) > 1
         return {**reply, "consumes": consumes}, tree

@@ -30,7 +30,7 @@ from ..capture.hashing import hash_tensors
 from ..store.run import Run as RunDirectory
 from .instrument import InstrumentedStep, loss_value
 from .protocol import Fetched, Restored, SkipResult, StepRecord, StepStart
-from .requests import Data, Exit, Fetch, Items, Restore, Run, Skip, Streams
+from .requests import Data, Exit, Fetch, Items, Request, Restore, Run, Skip, Streams
 from .server import Reply, StepServer
 
 __all__ = ["HookServer"]
@@ -110,6 +110,10 @@ class HookServer(StepServer):
     def _serve(self) -> None:
         while True:
             request = self._receive()
+            refused = self._refusal_to_train(request)
+            if refused is not None:
+                self.channel.send({"error": refused})
+                continue
             if isinstance(request, Run) and request.step == self.current:
                 self._start_run(request)
                 return
@@ -124,6 +128,10 @@ class HookServer(StepServer):
                 self.channel.send({"error": f"step {request.step} cannot run here: this process stands at step {self.current}"})
             elif request is not None:
                 self.channel.send(*self.answer(request))
+
+    def _refusal_to_train(self, request: Request | None) -> str | None:
+        """Why this process may not train as ``request`` asks (``None``: it may)."""
+        return None
 
     # -- the answers that differ from a step server's (see server.ANSWERS) --------------------------
     def _restore(self, request: Restore) -> Reply:
