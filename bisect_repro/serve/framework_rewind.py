@@ -49,7 +49,7 @@ from .requests import Request, Rewind, Run, Skip
 from .rewind import RewindingHookServer
 from .server import Reply
 
-__all__ = ["FrameworkRewindServer", "LoopCounters", "feed_batch", "rewound_answer"]
+__all__ = ["FrameworkRewindServer", "KeptBatch", "LoopCounters", "feed_batch", "keep_batch", "rewound_answer"]
 
 
 class LoopCounters(Protocol):
@@ -68,17 +68,20 @@ class LoopCounters(Protocol):
 
 
 @dataclass
-class _KeptBatch:
+class KeptBatch:
+    """A copy of a batch the framework handed over: its tensors by path, its other leaves as text."""
+
     tensors: dict[str, torch.Tensor]
     others: list[str]
 
 
-def _kept_batch(batch: Any) -> _KeptBatch:
+def keep_batch(batch: Any) -> KeptBatch:
+    """A copy of ``batch`` (the step may change it in place)."""
     tensors, others = batch_tensors(batch)
-    return _KeptBatch({path: tensor.detach().clone() for path, tensor in tensors.items()}, others)
+    return KeptBatch({path: tensor.detach().clone() for path, tensor in tensors.items()}, others)
 
 
-def feed_batch(kept: _KeptBatch, batch: Any) -> str | None:
+def feed_batch(kept: KeptBatch, batch: Any) -> str | None:
     """Copy the kept batch's tensors into ``batch``, in place; why not (``None``: done), in words."""
     tensors, others = batch_tensors(batch)
     if others != kept.others or sorted(tensors) != sorted(kept.tensors):
@@ -107,7 +110,7 @@ class _Rewound:
     """The framework-side record of the kept step."""
 
     counters: dict[str, Any]
-    batches: list[_KeptBatch] = field(default_factory=list)
+    batches: list[KeptBatch] = field(default_factory=list)
     arrival: Any = None
     """Where the loop stood at the next step's start after the step's first run (``None``: not yet there)."""
     rewound: bool = False
@@ -124,10 +127,10 @@ class FrameworkRewindServer(RewindingHookServer):
         self.counters: LoopCounters | None = None
         """The framework's loop counters (the integration sets them; without them no rewind is made)."""
         self._loop: _Rewound | None = None
-        self._feeding_batches: list[_KeptBatch] | None = None  # a rewound step's batches still to put in place
+        self._feeding_batches: list[KeptBatch] | None = None  # a rewound step's batches still to put in place
         self._unfed: str | None = None  # why a rewound step's batches could not all be put in place
         self._held: tuple[Reply, str | None] | None = None  # a rewound step's result, and why its batches were not fed
-        self._left: list[_KeptBatch] | None = None  # at a rewound step's end: its kept batches not handed over
+        self._left: list[KeptBatch] | None = None  # at a rewound step's end: its kept batches not handed over
 
     # -- the recorder's calls --------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -144,7 +147,7 @@ class FrameworkRewindServer(RewindingHookServer):
             why = feed_batch(self._feeding_batches.pop(0), batch) if self._feeding_batches else "more batches than its first run"
             self._unfed = self._unfed or why
         elif self._keeping and self._loop is not None:
-            self._loop.batches.append(_kept_batch(batch))
+            self._loop.batches.append(keep_batch(batch))
         super().note_batch(batch, indices)
 
     def end_step(self) -> None:

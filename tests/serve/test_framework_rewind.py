@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from bisect_repro.serve.framework_rewind import _kept_batch, feed_batch, rewound_answer
+from bisect_repro.serve.framework_rewind import feed_batch, keep_batch, rewound_answer
 
 
 def _batch(seed: int, rows: int = 4) -> dict[str, Any]:
@@ -19,7 +19,7 @@ def _batch(seed: int, rows: int = 4) -> dict[str, Any]:
 
 def test_a_kept_batch_is_copied_into_the_batch_the_framework_drew_in_place() -> None:
     kept = _batch(1)
-    copy = _kept_batch(kept)
+    copy = keep_batch(kept)
     kept["x"][0].add_(1.0)  # the step changed its batch in place after it was kept
     drawn = _batch(2)
     ids, x = drawn["input_ids"], drawn["x"][0]
@@ -39,7 +39,7 @@ def test_a_kept_batch_is_copied_into_the_batch_the_framework_drew_in_place() -> 
 )
 def test_a_batch_that_cannot_hold_the_kept_one_is_left_as_drawn_and_says_why(drawn: dict[str, Any], says: str) -> None:
     before = [t.clone() for t in (drawn["input_ids"], *drawn.get("x", []))]
-    why = feed_batch(_kept_batch(_batch(1)), drawn)
+    why = feed_batch(keep_batch(_batch(1)), drawn)
     assert why is not None and says in why
     assert all(torch.equal(a, b) for a, b in zip(before, (drawn["input_ids"], *drawn.get("x", [])), strict=True))
 
