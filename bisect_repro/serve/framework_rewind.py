@@ -101,7 +101,7 @@ def rewound_answer(result: Reply, unfed: str | None, first: Any, arrival: Any) -
     if unfed is not None:
         return {"error": f"cannot run the rewound step: {unfed}"}, None
     if arrival != first:
-        return {"error": f"the rewound step left the framework's loop at {arrival!r}, its first run at {first!r} (an epoch ended?)"}, None
+        return {"error": "the rewound step left the framework's loop elsewhere than its first run did (an epoch ended, or training)"}, None
     return result
 
 

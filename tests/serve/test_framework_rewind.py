@@ -51,7 +51,7 @@ RESULT = ({"step": 7, "loss": 0.5}, {"trace": []})
     ("unfed", "first", "arrival", "answer"),
     [
         (None, (8, 1), (8, 1), RESULT),
-        (None, (8, 1), (8, 2), "left the framework's loop at (8, 2), its first run at (8, 1)"),  # an epoch ended on the way
+        (None, (8, 1), (8, 2), "left the framework's loop elsewhere than its first run did"),  # an epoch ended on the way
         ("fewer batches than its first run", (8, 1), (8, 1), "cannot run the rewound step: fewer batches than its first run"),
     ],
 )
