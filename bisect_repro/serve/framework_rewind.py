@@ -49,7 +49,7 @@ from .requests import Request, Rewind, Run, Skip
 from .rewind import RewindingHookServer
 from .server import Reply
 
-__all__ = ["FrameworkRewindServer", "KeptBatch", "LoopCounters", "feed_batch", "keep_batch", "rewound_answer"]
+__all__ = ["FrameworkRewindServer", "KeptBatch", "LoopCounters", "feed_batch", "keep_batch", "refusal_after_rewind", "rewound_answer"]
 
 
 class LoopCounters(Protocol):
@@ -103,6 +103,15 @@ def rewound_answer(result: Reply, unfed: str | None, first: Any, arrival: Any) -
     if arrival != first:
         return {"error": "the rewound step left the framework's loop elsewhere than its first run did (an epoch ended, or training)"}, None
     return result
+
+
+def refusal_after_rewind(rewound: int | None, current: int, request: Request | None) -> str | None:
+    """Why a process standing at ``current`` that rewound step ``rewound`` (``None``: none) may not
+    train as ``request`` asks: past the rewound step (``None``: it may)."""
+    onward = (isinstance(request, Run) and request.step != rewound) or (isinstance(request, Skip) and request.until > current)
+    if rewound is not None and onward:
+        return f"this process rewound step {rewound}: its loader has handed over batches no step trained on, it cannot train on"
+    return None
 
 
 @dataclass
@@ -184,12 +193,8 @@ class FrameworkRewindServer(RewindingHookServer):
         return super()._refusal(step)
 
     def _refusal_to_train(self, request: Request | None) -> str | None:
-        rewound = self._loop is not None and self._loop.rewound
-        kept = self._kept.start.step if self._kept is not None else None
-        onward = (isinstance(request, Run) and request.step != kept) or (isinstance(request, Skip) and request.until > self.current)
-        if rewound and onward:
-            return f"this process rewound step {kept}: its loader has handed over batches no step trained on, it cannot train on"
-        return None
+        rewound = self._kept.start.step if self._kept is not None and self._loop is not None and self._loop.rewound else None
+        return refusal_after_rewind(rewound, self.current, request)
 
     def _rewind(self, request: Rewind) -> Reply:
         reply, tree = super()._rewind(request)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from bisect_repro.serve.framework_rewind import feed_batch, keep_batch, rewound_answer
+from bisect_repro.serve.framework_rewind import feed_batch, keep_batch, refusal_after_rewind, rewound_answer
+from bisect_repro.serve.requests import Hashes, Request, Run, Skip
 
 
 def _batch(seed: int, rows: int = 4) -> dict[str, Any]:
@@ -63,3 +64,20 @@ def test_a_rewound_steps_run_is_answered_only_where_the_loop_stands_as_after_its
         assert reply[1] is None and answer in reply[0]["error"]
     else:
         assert reply == answer
+
+
+@pytest.mark.parametrize(
+    ("rewound", "request_", "refused"),
+    [
+        (7, Run(step=7), False),  # the rewound step again
+        (7, Run(step=8), True),  # the next step: its batch was drawn and never trained on
+        (7, Skip(until=10), True),
+        (7, Skip(until=8), False),  # already there
+        (7, Hashes(), False),
+        (None, Run(step=8), False),  # never rewound: the loop goes on as recorded
+        (None, Skip(until=10), False),
+    ],
+)
+def test_a_process_that_rewound_trains_only_the_rewound_step(rewound: int | None, request_: Request, refused: bool) -> None:
+    why = refusal_after_rewind(rewound, 8, request_)
+    assert (why is not None) is refused and (why is None or "rewound step 7" in why)
