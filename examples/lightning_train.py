@@ -22,7 +22,7 @@ from bisect_repro.integrations.lightning import BisectRepro
 
 
 class Regressor(L.LightningModule):
-    def __init__(self, lr: float = 1e-2, reseed_at: int | None = None) -> None:
+    def __init__(self, lr: float = 1e-2, reseed_at: int | None = None, weigh_by_batch_idx: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
@@ -31,7 +31,8 @@ class Regressor(L.LightningModule):
         if self.hparams.reseed_at is not None and self.global_step == self.hparams.reseed_at:
             torch.seed()
         x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
+        loss = nn.functional.mse_loss(self.net(x), y)
+        return loss * (1 + 0.01 * batch_idx) if self.hparams.weigh_by_batch_idx else loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
@@ -42,6 +43,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="the run directory to record")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps (the Trainer's max_steps)")
     parser.add_argument("--reseed-at", type=int, default=None, help="training_step calls torch.seed() at this step")
+    parser.add_argument("--weigh-by-batch-idx", action="store_true", help="training_step scales its loss by the batch_idx it is given")
     parser.add_argument("--accumulate", type=int, default=1, help="batches per step (accumulate_grad_batches)")
     parser.add_argument("--save", default=None, help="save a Lightning checkpoint to this file when training ends")
     parser.add_argument("--resume", default=None, help="a Lightning checkpoint to resume from (ckpt_path)")
@@ -62,7 +64,7 @@ def main() -> None:
         accumulate_grad_batches=args.accumulate,
         callbacks=[BisectRepro(args.out, every=5, checkpoint_every=10)],
     )
-    trainer.fit(Regressor(reseed_at=args.reseed_at), loader, ckpt_path=args.resume)
+    trainer.fit(Regressor(reseed_at=args.reseed_at, weigh_by_batch_idx=args.weigh_by_batch_idx), loader, ckpt_path=args.resume)
     if args.save:
         trainer.save_checkpoint(args.save)
 

@@ -14,15 +14,18 @@ settings, the environment the precision, the accumulation count and the devices.
 ``compare`` replays such a run by running its script again (the callback then serves the
 replay instead of recording) from the script's own start: step 0, or the step a Lightning
 checkpoint (``trainer.fit(..., ckpt_path=...)``) resumes from, so that a resumed run is replayed
-from its resume and compared with the uninterrupted one.
+from its resume and compared with the uninterrupted one. Its repeats of a step rewind that process,
+with the fit loop's counters put back (:mod:`bisect_repro.serve.framework_rewind`).
 
-Where the guarantees stop: one optimizer and one scheduler are captured; a run resumed from a
+Where the guarantees stop: one optimizer and one scheduler are captured; a rewound step's first
+batch is handed the next batch's ``batch_idx`` (a step that reads it is repeated in fresh processes); a run resumed from a
 Lightning checkpoint replays only while that checkpoint file is where it was; the data order is
 known by the batches' contents, not by sample indices.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,43 @@ from ..record.recorder import FrameworkRecorder, RecordOptions
 from ._common import loader_streams, start_recorder
 
 __all__ = ["BisectRepro"]
+
+
+class _LoopCounters:
+    """The counters of a ``Trainer``'s fit loop a step reads or moves (``global_step``, the batch
+    progress that decides accumulation and schedulers, the epoch), kept and put back by a replay's
+    rewind (:mod:`bisect_repro.serve.framework_rewind`); the loop's ``is_last_batch`` stays as the
+    loader left it."""
+
+    draws_during_step = True  # Lightning draws each micro-batch once the one before has run
+
+    def __init__(self, trainer: Any) -> None:
+        self.fit_loop = trainer.fit_loop
+
+    def _progress(self) -> dict[str, Any]:
+        epoch_loop = self.fit_loop.epoch_loop
+        return {
+            "batch": epoch_loop.batch_progress,
+            "optimizer": epoch_loop.automatic_optimization.optim_progress,
+            "manual": epoch_loop.manual_optimization.optim_step_progress,
+            "epoch": self.fit_loop.epoch_progress,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **{name: progress.state_dict() for name, progress in self._progress().items()},
+            "stepped": self.fit_loop.epoch_loop._batches_that_stepped,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        last = self.fit_loop.epoch_loop.batch_progress.is_last_batch
+        for name, progress in self._progress().items():
+            progress.load_state_dict(copy.deepcopy(state[name]))
+        self.fit_loop.epoch_loop.batch_progress.is_last_batch = last
+        self.fit_loop.epoch_loop._batches_that_stepped = state["stepped"]
+
+    def position(self) -> Any:
+        return self.state_dict()
 
 
 class BisectRepro(Callback):
@@ -82,6 +122,7 @@ class BisectRepro(Callback):
             environment=environment,
             start_step=trainer.global_step,
         )
+        self.recorder.follow_loop(_LoopCounters(trainer))
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.recorder is None:

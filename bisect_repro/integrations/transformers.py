@@ -16,6 +16,8 @@ callback events carry neither), so evaluation during training is not noted.
 ``compare`` replays such a run by running its script again (the callback then serves the replay)
 from the script's own start: step 0, or the checkpoint ``trainer.train(resume_from_checkpoint=...)``
 resumes from, so that a resumed run is compared with the uninterrupted one from its resume on.
+Its repeats of a step rewind that process, with ``state.global_step`` and ``state.epoch`` put back
+(:mod:`bisect_repro.serve.framework_rewind`).
 
 Where the guarantees stop: the loss is the model output's ``loss`` (a model that returns none, or
 a ``compute_loss`` of one's own, logs no loss; the batches and the state still are compared); a
@@ -37,6 +39,28 @@ from ._common import loader_streams, start_recorder
 __all__ = ["BisectRepro"]
 
 
+class _LoopCounters:
+    """The counters of a ``Trainer``'s state a step reads or moves (``global_step``, ``epoch``), kept
+    and put back by a replay's rewind (:mod:`bisect_repro.serve.framework_rewind`). The loop's
+    ``epoch`` moves with a count of its own: where it stands is the step count and the epochs begun."""
+
+    draws_during_step = False  # the Trainer draws a step's micro-batches before the step begins
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.epochs = 0
+        """The epochs the Trainer has begun (the callback counts them)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"global_step": self.state.global_step, "epoch": self.state.epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.global_step, self.state.epoch = state["global_step"], state["epoch"]
+
+    def position(self) -> Any:
+        return self.state.global_step, self.epochs
+
+
 class BisectRepro(TrainerCallback):
     """Records a ``transformers.Trainer`` run into a bisect-repro run directory (see the module docstring)."""
 
@@ -45,6 +69,7 @@ class BisectRepro(TrainerCallback):
         self.options = RecordOptions(every=every, checkpoint_every=checkpoint_every, force=force)
         self.recorder: FrameworkRecorder | None = None
         self._handles: list[Any] = []
+        self._counters: _LoopCounters | None = None
 
     def on_train_begin(
         self,
@@ -78,6 +103,8 @@ class BisectRepro(TrainerCallback):
             environment=environment,
             start_step=state.global_step,
         )
+        self._counters = _LoopCounters(state)
+        self.recorder.follow_loop(self._counters)
         self._handles = [
             model.register_forward_pre_hook(self._inputs, with_kwargs=True),
             model.register_forward_hook(self._outputs),
@@ -91,6 +118,10 @@ class BisectRepro(TrainerCallback):
         loss = getattr(output, "loss", None) if not isinstance(output, dict) else output.get("loss")
         if self.recorder is not None and module.training and loss is not None:
             self.recorder.log(loss)
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._counters is not None:
+            self._counters.epochs += 1
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.recorder is not None:

@@ -33,7 +33,7 @@ import torch
 from ..capture.pystate import caller_scope
 from ..errors import BisectReproError, RecordingWarning
 from ..serve.channel import replay_address
-from ..serve.hooks import HookServer
+from ..serve.framework_rewind import FrameworkRewindServer, LoopCounters
 from ..serve.rewind import RewindingHookServer
 from ..serve.server import StepServer
 from ..trainee import Trainee
@@ -78,7 +78,7 @@ def _open_role(plan: SessionPlan) -> Role:
     global _server
     address = replay_address()
     if address is not None and _server is None:
-        kind = (RewindingHookServer if plan.auto else HookServer) if plan.framework else StepServer
+        kind = (RewindingHookServer if plan.auto else FrameworkRewindServer) if plan.framework else StepServer
         accumulate = plan.options.accumulate if plan.options is not None else 1
         _server = kind.connect(plan.trainee, *address, start_step=plan.start_step, scope=plan.scope, accumulate=accumulate)
         return _server
@@ -219,6 +219,11 @@ class FrameworkRecorder(Recorder):
     def end_step(self) -> None:
         """The current step is done (its optimizer step taken)."""
         self._role.end_step()
+
+    def follow_loop(self, counters: LoopCounters) -> None:
+        """The framework's loop counters: in a replay, a step run again puts them back (:mod:`bisect_repro.serve.framework_rewind`)."""
+        if isinstance(self._role, FrameworkRewindServer):
+            self._role.counters = counters
 
     @property
     def rewinder(self) -> RewindingHookServer | None:

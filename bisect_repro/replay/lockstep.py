@@ -344,6 +344,14 @@ class Lockstep:
 
         self.pair(lambda: settle(0), lambda: settle(1))
 
+    def stopped_rewinds(self) -> list[str]:
+        """A note for each run whose verified rewind stopped serving its repeats (:attr:`~bisect_repro.replay.rewind.Rewinds.stopped`)."""
+        return [
+            f"run {'AB'[which]}'s later repeats ran in fresh processes, not by rewinding its replaying process: {replica.rewinds.stopped}"
+            for which, replica in enumerate(self.replicas)
+            if replica.rewinds.stopped is not None
+        ]
+
     @staticmethod
     def _rewound(replica: ReplicaLike, run: Run, step: int, first: StepResult, trace: Trace) -> str | None:
         """Rewind ``replica`` to ``step`` and run it as its first run (``first``) was traced: ``None``

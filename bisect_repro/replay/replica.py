@@ -305,11 +305,11 @@ class Replica:
         )  # fmt: skip
         try:
             result = self.request(request)
-        except ReplicaFailed:
+        except ReplicaFailed as error:
             if not rewound:
                 raise
-            # the script's loop ended on a counter of its own that each rewind moved: fresh processes from here on
-            self.rewinds.step, self.rewinds.refused, self.step = None, True, step + 1
+            # the loop ended, or went on elsewhere than after the step's first run: fresh processes from here on
+            self.rewinds.step, self.rewinds.refused, self.rewinds.stopped, self.step = None, True, str(error), step + 1
             self._to_start_of(step, plain=plain, compiles=compile_bisect is not None)
             result = self.request(request)
         if commit or not self.reruns:

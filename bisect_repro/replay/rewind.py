@@ -48,6 +48,9 @@ class Rewinds:
     refused: bool = False
     """No rewind serves the replica any more (its process cannot rewind, a rewind was not faithful,
     or a fresh process took over): its repeats are fresh processes, with spares kept ready."""
+    stopped: str | None = None
+    """Why a verified rewind stopped serving (a rewound run's answer was refused: the loop ended, or
+    went on elsewhere than after the step's first run); the repeats from then on were fresh processes."""
 
     def serves(self, step: int, *, plain: bool, compiles: bool) -> bool:
         """Whether a repeat of ``step`` runs in the rewound process (``plain``: under the step's own streams)."""

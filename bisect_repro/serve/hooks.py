@@ -8,9 +8,10 @@ requests at the start of each step the controller wants to see, and lets the fra
 others untraced. It answers the same requests as :class:`~bisect_repro.serve.server.StepServer`
 with one difference: a step runs once per process, in order, from wherever the script starts
 (step 0, or the step a framework checkpoint resumes from). The controller repeats a step by
-starting another process (:class:`~bisect_repro.replay.replica.Replica` does it for it; an
-unchanged script's process can rewind instead, :mod:`bisect_repro.serve.rewind`), and a batch
-cannot be fetched again under other streams.
+starting another process (:class:`~bisect_repro.replay.replica.Replica` does it for it), or by
+rewinding this one (an unchanged script's, :mod:`bisect_repro.serve.rewind`; a framework
+callback's, :mod:`bisect_repro.serve.framework_rewind`), and a batch cannot be fetched again under
+other streams.
 
 Where the guarantees stop: the batch a step trains on is known only once the framework hands it
 over, after the data loader drew it; overrides of the random streams apply from the start of the
@@ -29,7 +30,7 @@ from ..capture.hashing import hash_tensors
 from ..store.run import Run as RunDirectory
 from .instrument import InstrumentedStep, loss_value
 from .protocol import Fetched, Restored, SkipResult, StepRecord, StepStart
-from .requests import Data, Exit, Fetch, Items, Restore, Run, Skip, Streams
+from .requests import Data, Exit, Fetch, Items, Request, Restore, Run, Skip, Streams
 from .server import Reply, StepServer
 
 __all__ = ["HookServer"]
@@ -90,11 +91,15 @@ class HookServer(StepServer):
             running.loss = self.loss
             result = running.result(self.current)
             result.batch = batch
-            self.channel.send(*result.to_reply())
+            self._send_result(result.to_reply())
         elif self._skipping is not None:
             self._skipping.result.records.append(StepRecord(step=self.current, order=None, batch=batch, loss=loss_value(self.loss)))
         self.current += 1
         self.position = self.current
+
+    def _send_result(self, reply: Reply) -> None:
+        """Answer a ``run`` with its result (a rewinding server may hold it back)."""
+        self.channel.send(*reply)
 
     def close(self) -> None:
         """The framework finished training: tell a waiting controller, and end the process."""
@@ -105,6 +110,10 @@ class HookServer(StepServer):
     def _serve(self) -> None:
         while True:
             request = self._receive()
+            refused = self._refusal_to_train(request)
+            if refused is not None:
+                self.channel.send({"error": refused})
+                continue
             if isinstance(request, Run) and request.step == self.current:
                 self._start_run(request)
                 return
@@ -119,6 +128,10 @@ class HookServer(StepServer):
                 self.channel.send({"error": f"step {request.step} cannot run here: this process stands at step {self.current}"})
             elif request is not None:
                 self.channel.send(*self.answer(request))
+
+    def _refusal_to_train(self, request: Request | None) -> str | None:
+        """Why this process may not train as ``request`` asks (``None``: it may)."""
+        return None
 
     # -- the answers that differ from a step server's (see server.ANSWERS) --------------------------
     def _restore(self, request: Restore) -> Reply:

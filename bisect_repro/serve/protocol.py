@@ -15,7 +15,7 @@ restore    ``Restore``                        :class:`Restored`
 skip       ``Skip``                           :class:`SkipResult` (and ``{progress}`` lines)
 fetch      ``Fetch``                          :class:`Fetched`
 run        ``Run`` (tree: streams)            :class:`StepResult` (tree: kept tensors)
-rewind     ``Rewind``                         :class:`Rewound` (a script's process only)
+rewind     ``Rewind``                         :class:`Rewound` (a script's or framework's process)
 streams    ``Streams``                        :class:`StepStart` (as a tree)
 data       ``Data`` (tree: streams)           :class:`Fetched`
 hashes     ``Hashes``                         :class:`StateHashes`

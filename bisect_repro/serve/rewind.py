@@ -20,7 +20,9 @@ is not the last fetched,   refused
 or the process is not at
 the next step's start
 has not run to its end     refused: its batches are not all kept
-is the process's first     refused: its start is taken after its batch was drawn
+is the process's first     refused: its start is taken after its batch was drawn (a
+(``start_after_draw``      framework's loop takes every step's start so, and rewinds it:
+false)                     :mod:`bisect_repro.serve.framework_rewind`)
 any other                  state restored, batches fed again
 =========================  ==============================================================
 
@@ -82,6 +84,8 @@ class RewindingHookServer(HookServer):
     """A :class:`HookServer` that can run the last fetched step again (see the module docstring)."""
 
     rewinds = True
+    start_after_draw: bool = False
+    """Each step's start is taken after its batch was drawn (a framework's loop), not only the process's first."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -140,7 +144,7 @@ class RewindingHookServer(HookServer):
             return f"step {step} is not kept here (this process stands at step {self.current})"
         if not kept.ran:
             return f"step {step} did not run to its end since it was kept"
-        if step == self.first:
+        if step == self.first and not self.start_after_draw:
             return f"step {step} is this process's first: its start was taken after its batch was drawn"
         return None
 

@@ -22,6 +22,8 @@ def test_a_reseed_in_compute_loss_is_found_at_its_step_layer_and_stream(train, c
     assert code == 1 and (verdict["step"], verdict["phase"], verdict["layer"]) == (7, "forward", "transformer.drop")
     assert verdict["cause"] == "rng_state" and verdict["rng"] == ["torch"] and verdict["confidence"] == "proven"
     assert verdict["reseeded"][0]["where"].endswith("hf_train.py:42")
+    # each experiment on step 7 rewinds the run's one replaying process (a dozen when each took a fresh one)
+    assert report["replay"]["processes"] == 3 and not any("not by rewinding" in n for n in report["notes"]), report
 
 
 def test_identical_runs_with_gradient_accumulation(train, compare, tmp_path) -> None:

@@ -205,4 +205,5 @@ def test_a_script_whose_loop_ends_while_rewound_has_that_repeat_and_the_next_run
         Rewinding.ends_after = None
     assert served[0] == "process 1" and served[1] != "process 1" and served[2] != "process 1", served
     assert replica.rewinds.refused and replica.rewinds.step is None
+    assert replica.rewinds.stopped is not None and "training ended after step 6" in replica.rewinds.stopped  # for the report's note
     replica.close()

@@ -76,7 +76,7 @@ def walk(records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: Compare
                 verdict.evidence.append(Evidence(**result.compile_bisect.evidence()))
                 verdict.fix = "; ".join(filter(None, (verdict.fix, result.compile_bisect.fix)))
         info.parted = list(lockstep.parted)
-        result.notes += lockstep.notes
+        result.notes += lockstep.notes + lockstep.stopped_rewinds()
         if divergence is None and lockstep.parted:
             verdict = _parted_verdict(records, lockstep.parted)
         expected = expected_to_part(verdict, unrecorded_data=entropy)
