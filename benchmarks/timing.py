@@ -54,7 +54,7 @@ QUICK = Plan(
     mlp_widths=(64, 64, 32),
     gpt={"vocab": 256, "width": 64, "layers": 2, "heads": 2, "context": 32, "batch": 2},
     batch=8,
-    window=20,
+    window=8,
     runs=1,
 )
 

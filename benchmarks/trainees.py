@@ -72,7 +72,7 @@ def gpt_trainee(plan: Plan, device: torch.device, seed: int = 0) -> Trainee:
     def step(batch: tuple[torch.Tensor]) -> torch.Tensor:
         tokens = batch[0].to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):  # bf16 on a CPU may be emulated
             logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
         loss.backward()
