@@ -22,7 +22,8 @@ Design decisions:
   the same way in every run.
 - Writing is done by one background thread (:class:`~bisect_repro.record.background.BackgroundWriter`).
   At a snapshot the training thread only runs the hash of the state tensors (on its device; on
-  the CPU the C kernel, on torch's own threads), fetches the hash lanes and the losses (one
+  the CPU the C kernel, on torch's own threads, which sketches the plain float32 parameters in the
+  same pass; the others' sketches are taken beside it), fetches the hash lanes and the losses (one
   transfer per device), captures the random streams and the data position (copies), takes host
   copies of a checkpoint's tensors (:func:`codec.prepare`) and queues the snapshot. The digests,
   the step records, taking the snapshot's tree apart, encoding, compression, the writes and the
@@ -72,7 +73,7 @@ from ..capture.data import next_micro_batches
 from ..capture.hashing import PendingHashes
 from ..capture.parallel import RankInfo, rank_info
 from ..capture.seeding import SeedingCall, SeedingWatch
-from ..capture.sketch import SEED, WIDTH, PendingSketches, sketch_tensors
+from ..capture.sketch import SEED, WIDTH, PendingSketches, fusable, sketch_tensors
 from ..capture.state import TrainingState
 from ..errors import BisectReproError, RecordingError, RecordingWarning
 from ..store import codec
@@ -338,9 +339,12 @@ class RecordingSession:
         # Batch and state hashes travel to the host together, in one transfer per device; the
         # digests and the step records are made from them on the writer's thread.
         deferred, self._deferred, self._deferred_bytes = self._deferred, {}, 0  # hashed with the state, in one call
-        self._batch_hashes.add(deferred | {f"state:{name}": tensor for name, tensor in tensors.items()})  # batch names are "<step>:..."
+        parameters = state.parameters()  # their sketches taken in the hash's pass where the C kernel can (plain float32)
+        hashed = deferred | {f"state:{name}": tensor for name, tensor in tensors.items()}  # batch names are "<step>:..."
+        self._batch_hashes.add(hashed, {f"state:{name}": at for name, at in fusable(parameters, tensors).items()})
         lanes, self._batch_hashes = self._batch_hashes.fetch_lanes(), PendingHashes()
-        sketched, sketches = sketch_tensors(state.parameters())  # a fresh host tensor: shares nothing with the training
+        in_pass = {name: lanes.sketches[f"state:{name}"] for name in parameters if f"state:{name}" in lanes.sketches}
+        sketched, sketches = sketch_tensors(parameters, in_pass)  # a fresh host tensor: shares nothing with the training
         self._close_activations()
         sketched_step, activations = self._sketched or (None, None)
         activation_values, self._sketched = (activations.fetch() if activations is not None else None), None

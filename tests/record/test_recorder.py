@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bisect_repro import Recorder, RecordOptions, Run, Trainee, record
+from bisect_repro.capture.sketch import sketch_flat
 from bisect_repro.record.recipe import build
 from bisect_repro.record.session import RecordingSession
 
@@ -65,6 +66,11 @@ def test_a_run_holds_what_the_issue_lists(examples, tmp_path) -> None:
     ):
         assert key in environment
     assert run.meta.model["parameters"]["0.weight"] == [[16, 1, 3, 3], "float32"]
+    # the parameters' sketches (taken in the hash's pass where the C kernel is built) are those of the weights
+    sketch, weights = run.snapshot(10)["sketch"], run.checkpoint(10)["model"]
+    assert sketch["names"] == list(run.meta.model["parameters"]) and "0.weight" in sketch["names"]
+    for name, row in zip(sketch["names"], sketch["values"], strict=True):
+        assert torch.allclose(row, sketch_flat(weights[name]), rtol=1e-12, atol=1e-12), name
 
 
 def test_own_loop_and_record_write_the_same_run(examples, tmp_path) -> None:
