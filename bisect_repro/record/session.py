@@ -242,7 +242,7 @@ class RecordingSession:
     def _close_activations(self) -> None:
         """The activation sketches of the step that started at the last snapshot, kept for the next one."""
         if self._activations is not None and self._taking:
-            found, self._taking = self._activations.take(), False
+            found, self._taking = self._activations.take(keep=self._due(self.step + 1) and not self._stopped), False
             if found is not None:
                 self._sketched = (self.step, found)
 

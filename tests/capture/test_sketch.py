@@ -196,6 +196,16 @@ def test_activation_sketches_follow_the_modules_in_the_order_they_ran() -> None:
     hooks.remove()
     model(x)
     assert hooks.take() is None and _hooked(model) == []  # removed mid-step: gone, with what they took
+    hooks.start()
+    model(x)
+    kept = hooks.take(keep=True)  # the next step starts at a snapshot too: the hooks stay
+    assert kept is not None and kept.names == ["0", "1", "2"] and _hooked(model) == ["0", "1", "2"]
+    model(x[:1])  # between the two (an evaluation pass): taken, then forgotten at the start
+    hooks.start()
+    assert all(len(module._forward_hooks) == 1 for module in model)  # not put on twice
+    model(x)
+    again = hooks.take()
+    assert again is not None and torch.equal(again.fetch(), kept.fetch()) and _hooked(model) == []
 
 
 def test_a_model_compiled_whole_is_compiled_once_without_the_hooks_and_once_with_them() -> None:
