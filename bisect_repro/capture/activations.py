@@ -4,11 +4,12 @@
 :meth:`~ActivationSketches.start` and removes them at :meth:`~ActivationSketches.take` (one
 step): the first time each module runs, the first ``SAMPLE`` elements of its output (the first
 tensor of it) are copied, and :meth:`~ActivationSketches.take` sketches them
-(:mod:`bisect_repro.capture.sketch`, at their flat indices) in the order the modules ran. The
-recorder takes them during the step that starts at each snapshot and stores them with the next
-snapshot; where the next step starts at a snapshot too (``every=1``) the hooks stay in place
-between the two. On every other step no hook is in place: a module with a forward hook is called through
-``Module.__call__``'s slower path, which cost a small 50-module MLP's training step 10%
+(:mod:`bisect_repro.capture.sketch`, at their flat indices) in the order the modules ran; the
+copies on the CPU are sketched when they are fetched (by the recorder, on its writer's thread).
+The recorder takes them during the step that starts at each snapshot and stores them with the
+next snapshot; where the next step starts at a snapshot too (``every=1``) the hooks stay in place
+between the two. On every other step no hook is in place: a module with a forward hook is called
+through ``Module.__call__``'s slower path, which cost a small 50-module MLP's training step 10%
 (benchmarks/NOTES.md).
 
 Hooks do nothing inside code that ``torch.compile`` traces, and none is put on a module inside a
@@ -86,7 +87,7 @@ class ActivationSketches:
             self._found = {}
         else:
             self.remove()
-        return queue_sketches(found) if found else None
+        return queue_sketches(found, private=True) if found else None  # its own copies: sketched at fetch
 
     def remove(self) -> None:
         """Remove the hooks, if they are in place, and forget what they took."""

@@ -39,7 +39,7 @@ import ctypes
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -175,11 +175,22 @@ class PendingSketches:
     """float64[len(names), WIDTH]: the rows computed on the CPU, zeros where a device's go."""
     queued: list[tuple[list[int], torch.Tensor]]
     """Per device: the rows, and their sketches stacked on that device."""
+    later: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)
+    """Private CPU copies (row, values, global offset) whose sketches :meth:`fetch` computes."""
 
-    def fetch(self) -> torch.Tensor:
-        """float64[len(names), WIDTH] on the CPU (a host synchronisation where a device computed some)."""
+    def transfer(self) -> None:
+        """The one transfer per device (a host synchronisation where a device computed some)."""
         for rows, values in self.queued:
             self.host[rows] = values.cpu()
+        self.queued.clear()
+
+    def fetch(self) -> torch.Tensor:
+        """float64[len(names), WIDTH] on the CPU: :meth:`transfer`, and the private copies' sketches
+        (by the C kernel, on the calling thread: the recorder's writer)."""
+        self.transfer()
+        if self.later:
+            self.host[[row for row, _, _ in self.later]] = _native([(t, o) for _, t, o in self.later])
+            self.later.clear()
         return self.host
 
 
@@ -198,10 +209,14 @@ def fusable(tensors: Mapping[str, torch.Tensor], hashed: Mapping[str, torch.Tens
     }
 
 
-def queue_sketches(tensors: Mapping[str, torch.Tensor], computed: Mapping[str, np.ndarray] | None = None) -> PendingSketches:
+def queue_sketches(
+    tensors: Mapping[str, torch.Tensor], computed: Mapping[str, np.ndarray] | None = None, private: bool = False
+) -> PendingSketches:
     """The sketches of the floating-point tensors among ``tensors``, each computed where the tensor
     lives (a DTensor's from its local shard at its global indices), fetched later; ``computed``:
-    sketches already taken (float64[WIDTH] arrays, by name: the hash's pass), used as they are."""
+    sketches already taken (float64[WIDTH] arrays, by name: the hash's pass), used as they are;
+    ``private``: the tensors are copies that nothing else writes (activation samples), so the C
+    kernel's sketches of those on the CPU wait for :meth:`PendingSketches.fetch`."""
     names: list[str] = []
     native: list[tuple[int, torch.Tensor, int]] = []
     others: list[tuple[int, torch.Tensor]] = []
@@ -223,13 +238,13 @@ def queue_sketches(tensors: Mapping[str, torch.Tensor], computed: Mapping[str, n
     host = torch.zeros((len(names), WIDTH), dtype=torch.float64)
     if done:
         host[[row for row, _ in done]] = torch.as_tensor(np.stack([values for _, values in done]), dtype=torch.float64)
-    if native:
+    if native and not private:
         host[[row for row, _, _ in native]] = _native([(t, o) for _, t, o in native])
     by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for row, values in others:
         by_device.setdefault(values.device, []).append((row, values))
     queued = [([row for row, _ in items], torch.stack([values for _, values in items])) for items in by_device.values()]
-    return PendingSketches(names, host, queued)
+    return PendingSketches(names, host, queued, native if private else [])
 
 
 def sketch_tensors(tensors: Mapping[str, torch.Tensor], computed: Mapping[str, np.ndarray] | None = None) -> tuple[list[str], torch.Tensor]:

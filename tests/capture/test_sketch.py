@@ -108,6 +108,17 @@ def test_a_snapshot_s_plain_float32_parameters_are_sketched_in_the_hash_pass() -
     assert torch.equal(given[1], torch.full((sketch.WIDTH,), 7.0, dtype=torch.float64))
 
 
+def test_private_copies_on_the_cpu_are_sketched_when_fetched_and_a_device_s_at_transfer() -> None:
+    copies = {"a": torch.randn(5000), "b": torch.randn(70, dtype=torch.float64)}
+    pending = sketch.queue_sketches(copies, private=True)
+    expected = torch.stack([sketch.sketch_flat(copies["a"]), sketch.sketch_flat(copies["b"])])
+    if sketch._kernel() is not None:  # the C kernel's row waits for fetch (on the recorder's writer thread)
+        assert not pending.host[0].any() and len(pending.later) == 1
+    pending.transfer()  # the torch-op row (float64: not the kernel's) is there after the transfer
+    assert torch.allclose(pending.host[1], expected[1], rtol=1e-12, atol=1e-12)
+    assert torch.allclose(pending.fetch(), expected, rtol=1e-12, atol=1e-12) and not pending.later
+
+
 def test_signs_are_balanced_and_uncorrelated_between_buckets() -> None:
     signs = sketch.signs(torch.arange(1 << 18))
     assert abs(float(signs.mean())) < 0.01
