@@ -244,6 +244,7 @@ typedef struct {
 } batch_t;
 
 #define BR_NO_SKETCH UINT64_MAX
+#define BR_SKETCH_STEP 4096 /* words hashed, then sketched, at a time */
 
 /* Adds the terms of words [begin, end) of the end-to-end layout to ``lanes``. */
 static void hash_range(const batch_t *b, uint64_t begin, uint64_t end, uint32_t *out) {
@@ -261,11 +262,17 @@ static void hash_range(const batch_t *b, uint64_t begin, uint64_t end, uint32_t 
         uint64_t last = (end < stop ? end : stop) - start; /* one past */
         uint64_t whole = b->nbytes[t] / 4;
         uint32_t lanes[2] = {0, 0};
-        if (first < whole)
-            hash_words(b->level, b->data[t] + 4 * first, first, (size_t)((last < whole ? last : whole) - first), lanes);
-        if (b->sketch_at != NULL && b->sketch_at[t] != BR_NO_SKETCH && first < whole) /* the piece again, from the cache */
-            sketch_values((const float *)(const void *)(b->data[t] + 4 * first), (last < whole ? last : whole) - first,
-                          b->sketch_at[t] + first, b->k, b->seed, b->segments + (begin / b->chunk + t) * b->k);
+        uint64_t upto = last < whole ? last : whole;
+        if (b->sketch_at != NULL && b->sketch_at[t] != BR_NO_SKETCH) { /* each 16 KiB hashed, then sketched from the L1 cache */
+            double *sums = b->segments + (begin / b->chunk + t) * b->k;
+            for (uint64_t at = first; at < upto; at += BR_SKETCH_STEP) {
+                uint64_t n = upto - at < BR_SKETCH_STEP ? upto - at : BR_SKETCH_STEP;
+                hash_words(b->level, b->data[t] + 4 * at, at, (size_t)n, lanes);
+                sketch_values((const float *)(const void *)(b->data[t] + 4 * at), n, b->sketch_at[t] + at, b->k, b->seed, sums);
+            }
+        } else if (first < whole) {
+            hash_words(b->level, b->data[t] + 4 * first, first, (size_t)(upto - first), lanes);
+        }
         if (last > whole) { /* the zero-padded last word */
             uint32_t w = 0;
             memcpy(&w, b->data[t] + 4 * whole, (size_t)(b->nbytes[t] % 4));
@@ -447,50 +454,68 @@ static int sketch_ready(uint64_t k, uint64_t seed) {
     return seed == br_table_seed ? 0 : -1;
 }
 
-static void sketch_span_portable(double *a, const uint32_t *signs, const float *v, uint64_t n, uint32_t flip) {
+/* Adds n values (from x, their signs from ``signs``, in order) to the buckets from ``column`` on,
+ * row after row of k buckets; returns the column after the last. */
+static uint64_t sketch_rows_portable(double *acc, uint64_t k, uint64_t column, const uint32_t *signs, const float *x, uint64_t n,
+                                     uint32_t flip) {
     for (uint64_t j = 0; j < n; j++) {
         uint32_t w;
         float f;
-        memcpy(&w, v + j, 4);
+        memcpy(&w, x + j, 4);
         w ^= signs[j] ^ flip;
         memcpy(&f, &w, 4);
-        a[j] += (double)f;
+        acc[column] += (double)f;
+        if (++column == k) column = 0;
     }
+    return column;
 }
 
 #if BR_X86
-/* The same loop, eight values a step: the sums of each bucket in the same order, so the same bits. */
-__attribute__((target("avx2"))) static void sketch_span_avx2(double *a, const uint32_t *signs, const float *v, uint64_t n, uint32_t flip) {
-    uint64_t j = 0;
+/* The same sums, eight values a step along each row: each bucket's sum in the same order, so the same bits. */
+__attribute__((target("avx2"))) static uint64_t sketch_rows_avx2(double *acc, uint64_t k, uint64_t column, const uint32_t *signs,
+                                                                 const float *x, uint64_t n, uint32_t flip) {
     const __m256i f = _mm256_set1_epi32((int)flip);
-    for (; j + 8 <= n; j += 8) {
-        __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(v + j)),
-                                     _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(signs + j)), f));
-        __m256 x = _mm256_castsi256_ps(w);
-        _mm256_storeu_pd(a + j, _mm256_add_pd(_mm256_loadu_pd(a + j), _mm256_cvtps_pd(_mm256_castps256_ps128(x))));
-        _mm256_storeu_pd(a + j + 4, _mm256_add_pd(_mm256_loadu_pd(a + j + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))));
+    while (n > 0) {
+        uint64_t span = k - column < n ? k - column : n, j = 0;
+        double *a = acc + column;
+        for (; j + 8 <= span; j += 8) {
+            __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + j)),
+                                         _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(signs + j)), f));
+            __m256 v = _mm256_castsi256_ps(w);
+            _mm256_storeu_pd(a + j, _mm256_add_pd(_mm256_loadu_pd(a + j), _mm256_cvtps_pd(_mm256_castps256_ps128(v))));
+            _mm256_storeu_pd(a + j + 4, _mm256_add_pd(_mm256_loadu_pd(a + j + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))));
+        }
+        sketch_rows_portable(a + j, span - j, 0, signs + j, x + j, span - j, flip); /* the row's last few: no wrap within */
+        column = column + span == k ? 0 : column + span;
+        signs += span;
+        x += span;
+        n -= span;
     }
-    sketch_span_portable(a + j, signs + j, v + j, n - j, flip);
+    return column;
 }
 #endif
 
 static void sketch_values(const float *x, uint64_t n, uint64_t g, uint64_t k, uint64_t seed, double *acc) {
-    uint64_t i = 0;
-    while (i < n) {
+    uint64_t column = g % k;
+    while (n > 0) { /* one block of 2^16 global indices at a time: one sign s(B), one rotation r(B) of the table */
         uint64_t z = br_mix((g >> BR_BLOCK_BITS) ^ seed);
         uint32_t flip = (z >> 63) ? BR_SIGN : 0u;
-        uint64_t at = g & (BR_BLOCK - 1), slot = (at + z) & (BR_BLOCK - 1), column = g % k;
-        uint64_t span = BR_BLOCK - at;                      /* to the end of the block */
-        if (span > BR_BLOCK - slot) span = BR_BLOCK - slot; /* to the end of the table */
-        if (span > k - column) span = k - column;           /* to the end of the row of buckets */
-        if (span > n - i) span = n - i;
+        uint64_t at = g & (BR_BLOCK - 1), slot = (at + z) & (BR_BLOCK - 1);
+        uint64_t inside = BR_BLOCK - at < n ? BR_BLOCK - at : n;
+        uint64_t first = BR_BLOCK - slot < inside ? BR_BLOCK - slot : inside; /* up to the end of the table, then from its start */
 #if BR_X86
-        if (br_span_level) sketch_span_avx2(acc + column, br_table + slot, x + i, span, flip);
-        else
+        if (br_span_level) {
+            column = sketch_rows_avx2(acc, k, column, br_table + slot, x, first, flip);
+            column = sketch_rows_avx2(acc, k, column, br_table, x + first, inside - first, flip);
+        } else
 #endif
-            sketch_span_portable(acc + column, br_table + slot, x + i, span, flip);
-        i += span;
-        g += span;
+        {
+            column = sketch_rows_portable(acc, k, column, br_table + slot, x, first, flip);
+            column = sketch_rows_portable(acc, k, column, br_table, x + first, inside - first, flip);
+        }
+        x += inside;
+        g += inside;
+        n -= inside;
     }
 }
 
