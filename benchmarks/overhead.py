@@ -138,7 +138,7 @@ def bench_process_overhead(
                 every = configs[name]
                 command = [sys.executable, "-m", "benchmarks.overhead", model, "--steps", str(steps), "--device", str(device)]
                 command += ["--quick"] if plan is QUICK else []
-                command += [] if every is None else ["--every", str(every), "--out", str(Path(tmp) / f"{every}-{run}")]
+                command += [] if every is None else ["--every", str(every), "--out", str(Path(tmp) / f"{names.index(name)}-{run}")]
                 start = time.perf_counter()
                 where = base if base is not None and name.endswith(", base") else here  # its bisect_repro is imported first
                 done = subprocess.run(command, cwd=where, capture_output=True, text=True, check=True)
