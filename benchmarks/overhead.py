@@ -112,16 +112,23 @@ def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | 
     return {"loop s": time.perf_counter() - start, "loop cpu s": time.process_time() - cpu}
 
 
-def bench_process_overhead(plan: Plan, model: str = "cnn2m", device: torch.device | None = None) -> dict[str, Any]:
+def bench_process_overhead(
+    plan: Plan, model: str = "cnn2m", device: torch.device | None = None, base: Path | None = None
+) -> dict[str, Any]:
     """The whole-process overhead (see the module docstring), over ``plan.runs`` rounds: each round
     runs every configuration once in a fresh process, starting one configuration later in the order
     than the round before (no configuration always runs first, or right after another); each
     ratio is the median over rounds of the round's own ratio (paired: a configuration against the
-    plain loop of the same round, a minute apart at most), with the rounds' lowest and highest."""
+    plain loop of the same round, a minute apart at most), with the rounds' lowest and highest.
+    ``base``: another checkout of bisect-repro (its C kernel built in place), whose recorder runs
+    every=10 and every=1 too, in the same rounds: the two versions' ratios measured side by side."""
     device = device or torch.device("cpu")
     steps = 3 * plan.window
-    configs = {"plain loop": None, "every=10": 10, "every=1": 1}
+    configs: dict[str, int | None] = {"plain loop": None, "every=10": 10, "every=1": 1}
+    if base is not None:
+        configs |= {"every=10, base": 10, "every=1, base": 1}
     names = list(configs)
+    here = Path(__file__).resolve().parent.parent
     loops: dict[str, list[float]] = {name: [] for name in configs}
     cpus: dict[str, list[float]] = {name: [] for name in configs}
     processes: dict[str, list[float]] = {name: [] for name in configs}
@@ -131,9 +138,10 @@ def bench_process_overhead(plan: Plan, model: str = "cnn2m", device: torch.devic
                 every = configs[name]
                 command = [sys.executable, "-m", "benchmarks.overhead", model, "--steps", str(steps), "--device", str(device)]
                 command += ["--quick"] if plan is QUICK else []
-                command += [] if every is None else ["--every", str(every), "--out", str(Path(tmp) / f"{every}-{run}")]
+                command += [] if every is None else ["--every", str(every), "--out", str(Path(tmp) / f"{names.index(name)}-{run}")]
                 start = time.perf_counter()
-                done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, check=True)
+                where = base if base is not None and name.endswith(", base") else here  # its bisect_repro is imported first
+                done = subprocess.run(command, cwd=where, capture_output=True, text=True, check=True)
                 processes[name].append(time.perf_counter() - start)
                 measured = json.loads(done.stdout.splitlines()[-1])
                 loops[name].append(measured["loop s"])
@@ -157,7 +165,14 @@ def bench_process_overhead(plan: Plan, model: str = "cnn2m", device: torch.devic
             "runs": plan.runs,
         })  # fmt: skip
     params = sum(p.numel() for p in _TRAINEES[model](plan, torch.device("cpu")).model.parameters())  # built on the CPU: the count only
-    return {"model": model, "parameters": params, "steps": steps, "checkpoint_every": PROCESS_CHECKPOINT_EVERY, "rows": rows}
+    found = {"model": model, "parameters": params, "steps": steps, "checkpoint_every": PROCESS_CHECKPOINT_EVERY, "rows": rows}
+    return found | ({"base": _commit_of(base)} if base is not None else {})
+
+
+def _commit_of(folder: Path) -> str:
+    """The base checkout's commit where it is a git checkout, else its path."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True, check=False)
+    return done.stdout.strip() or str(folder)
 
 
 if __name__ == "__main__":

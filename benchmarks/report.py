@@ -99,6 +99,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f" adds the interpreter's start, the imports and the build; {runs} rounds, each running every configuration"
                 " once, in a rotating order; each overhead is the median over rounds of the round's own ratio to its plain loop."
             )
+            if "base" in section:
+                intro += f" Rows marked `base`: the recorder of commit {section['base']}, in the same rounds."
         lines += _section(title, intro, section, section["rows"])
     storage = results.get("storage")
     if storage is not None:

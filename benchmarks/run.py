@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds: checks that the benchmarks run")
     parser.add_argument("--only", nargs="+", choices=STAGES, metavar="NAME", help=f"run only these benchmarks: {', '.join(STAGES)}")
     parser.add_argument("--runs", type=int, help="runs of each recording configuration (default: the plan's)")
+    parser.add_argument("--base", type=Path, help="cnn2m: another checkout (C kernel built in place) recorded in the same rounds")
     args = parser.parse_args(argv)
     chosen = set(args.only or STAGES)
     device = torch.device(args.device)
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stage("overhead_mlp", lambda: bench_overhead(device, plan, "mlp"))
     if device.type == "cpu":
         stage("overhead_cnn", lambda: bench_overhead(device, plan, "cnn"))
-        stage("overhead_cnn2m", lambda: bench_process_overhead(plan))
+        stage("overhead_cnn2m", lambda: bench_process_overhead(plan, base=args.base))
     if device.type == "cuda" or args.quick:  # the quick run exercises the GPT code on the CPU
         stage("overhead_gpt", lambda: bench_process_overhead(plan, "gpt", device))
     elif "gpt" in chosen:

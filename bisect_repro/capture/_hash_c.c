@@ -12,6 +12,8 @@
  * the operating system) supports, so one shared library runs on any x86-64 machine; nothing is
  * built with -march=native. Elsewhere a portable loop, which compilers may vectorise.
  *
+ * The same pass can also take the linear sketch (sketch.py) of some of the buffers: br_hash_sketch.
+ *
  * Where the guarantees stop: little-endian hosts only (the build fails elsewhere, and the torch-
  * op path takes over); the caller must keep every buffer alive and unchanged during the call.
  */
@@ -215,6 +217,10 @@ static void hash_words(int level, const unsigned char *src, uint64_t first, size
     words_portable(src, first, count, lanes);
 }
 
+/* The linear sketch (defined in sketch.py, computed below): adds the sketch of ``n`` float32 values whose
+ * first has the global index ``g`` to ``acc`` (k doubles), in element order per bucket. */
+static void sketch_values(const float *x, uint64_t n, uint64_t g, uint64_t k, uint64_t seed, double *acc);
+
 /* GOMP_parallel, the entry point of an OpenMP runtime (libgomp, or LLVM's libomp, which provides
  * it too): runs fn(data) on a team of threads, the caller among them, and returns when all are done. */
 typedef void (*team_t)(void (*fn)(void *), void *data, unsigned threads, unsigned flags);
@@ -232,7 +238,13 @@ typedef struct {
     unsigned slots;          /* threads that may take part */
     unsigned taken;          /* threads that have (atomic) */
     int level;
+    const uint64_t *sketch_at; /* per buffer: the global index of its first element, or BR_NO_SKETCH; NULL: none sketched */
+    uint64_t k, seed;          /* the sketch's width and seed */
+    double *segments;          /* k doubles per (chunk c, buffer t) piece, at index c + t: the sketch's partial sums */
 } batch_t;
+
+#define BR_NO_SKETCH UINT64_MAX
+#define BR_SKETCH_STEP 4096 /* words hashed, then sketched, at a time */
 
 /* Adds the terms of words [begin, end) of the end-to-end layout to ``lanes``. */
 static void hash_range(const batch_t *b, uint64_t begin, uint64_t end, uint32_t *out) {
@@ -250,8 +262,17 @@ static void hash_range(const batch_t *b, uint64_t begin, uint64_t end, uint32_t 
         uint64_t last = (end < stop ? end : stop) - start; /* one past */
         uint64_t whole = b->nbytes[t] / 4;
         uint32_t lanes[2] = {0, 0};
-        if (first < whole)
-            hash_words(b->level, b->data[t] + 4 * first, first, (size_t)((last < whole ? last : whole) - first), lanes);
+        uint64_t upto = last < whole ? last : whole;
+        if (b->sketch_at != NULL && b->sketch_at[t] != BR_NO_SKETCH) { /* each 16 KiB hashed, then sketched from the L1 cache */
+            double *sums = b->segments + (begin / b->chunk + t) * b->k;
+            for (uint64_t at = first; at < upto; at += BR_SKETCH_STEP) {
+                uint64_t n = upto - at < BR_SKETCH_STEP ? upto - at : BR_SKETCH_STEP;
+                hash_words(b->level, b->data[t] + 4 * at, at, (size_t)n, lanes);
+                sketch_values((const float *)(const void *)(b->data[t] + 4 * at), n, b->sketch_at[t] + at, b->k, b->seed, sums);
+            }
+        } else if (first < whole) {
+            hash_words(b->level, b->data[t] + 4 * first, first, (size_t)(upto - first), lanes);
+        }
         if (last > whole) { /* the zero-padded last word */
             uint32_t w = 0;
             memcpy(&w, b->data[t] + 4 * whole, (size_t)(b->nbytes[t] % 4));
@@ -296,14 +317,40 @@ static void *take_part_thread(void *arg) {
  * runtime's threads; without it, threads started here for the call. ``level``: -1 for the
  * best this CPU supports, else a level to force (the tests check every version on one machine).
  * Returns 0, or -1 if ``level`` is not supported here, -2 if memory ran out. */
+static int hash_batch(size_t count, const void *const *data, const uint64_t *nbytes, uint32_t *lanes, int threads,
+                      uint64_t chunk_words, int level, void *team, const uint64_t *sketch_at, uint64_t k, uint64_t seed, double *sketches);
+
 BR_EXPORT int br_hash_lanes(size_t count, const void *const *data, const uint64_t *nbytes, uint32_t *lanes, int threads,
                             uint64_t chunk_words, int level, void *team) {
+    return hash_batch(count, data, nbytes, lanes, threads, chunk_words, level, team, NULL, 0, 0, NULL);
+}
+
+/* br_hash_lanes, and in the same pass the sketches of the buffers with ``sketch_at[t] != BR_NO_SKETCH``
+ * (float32 values, the first at global index ``sketch_at[t]``) into ``sketches`` (``k`` doubles per
+ * buffer, overwritten; zeros for the others). Each piece of a buffer that one chunk covers is sketched
+ * into its own partial sums, right after it is hashed (from the cache), and the pieces are added in
+ * order at the end: the sums do not depend on the threads or on which took which chunk. Returns as
+ * br_hash_lanes; -3 for ``k == 0``, or a seed other than the first one given. */
+BR_EXPORT int br_hash_sketch(size_t count, const void *const *data, const uint64_t *nbytes, uint32_t *lanes, int threads,
+                             uint64_t chunk_words, int level, void *team, const uint64_t *sketch_at, uint64_t k, uint64_t seed,
+                             double *sketches) {
+    return hash_batch(count, data, nbytes, lanes, threads, chunk_words, level, team, sketch_at, k, seed, sketches);
+}
+
+static int sketch_ready(uint64_t k, uint64_t seed);
+
+static int hash_batch(size_t count, const void *const *data, const uint64_t *nbytes, uint32_t *lanes, int threads,
+                      uint64_t chunk_words, int level, void *team, const uint64_t *sketch_at, uint64_t k, uint64_t seed, double *sketches) {
     int best = br_hash_best_level();
     if (level < 0)
         level = best;
     if (level > best)
         return -1;
+    if (sketch_at != NULL && sketch_ready(k, seed) != 0)
+        return -3;
     memset(lanes, 0, 2 * count * sizeof(uint32_t));
+    if (sketch_at != NULL)
+        memset(sketches, 0, count * k * sizeof(double));
     if (count == 0)
         return 0;
     uint64_t *offsets = (uint64_t *)malloc((count + 1) * sizeof(uint64_t));
@@ -313,9 +360,17 @@ BR_EXPORT int br_hash_lanes(size_t count, const void *const *data, const uint64_
     for (size_t t = 0; t < count; t++)
         offsets[t + 1] = offsets[t] + (nbytes[t] + 3) / 4;
     batch_t b = {count, (const unsigned char *const *)data, nbytes, offsets, offsets[count], chunk_words ? chunk_words : 1, 0,
-                 lanes, NULL, 1, 0, level};
+                 lanes, NULL, 1, 0, level, NULL, k, seed, NULL};
 
     uint64_t chunks = (b.total + b.chunk - 1) / b.chunk;
+    if (sketch_at != NULL) { /* pieces at c + t, below chunks + count: calloc maps large tables lazily, so untouched ones cost nothing */
+        b.segments = (double *)calloc((size_t)(chunks + count) * k, sizeof(double));
+        if (b.segments == NULL) {
+            free(offsets);
+            return -2;
+        }
+        b.sketch_at = sketch_at;
+    }
     unsigned n = threads < 1 ? 1 : threads > BR_MAX_THREADS ? BR_MAX_THREADS : (unsigned)threads;
     if (n > chunks) /* no more threads than chunks: small batches stay on the caller's thread */
         n = chunks ? (unsigned)chunks : 1;
@@ -342,20 +397,33 @@ BR_EXPORT int br_hash_lanes(size_t count, const void *const *data, const uint64_
         for (size_t k = 0; k < 2 * count; k++)
             lanes[k] += mine[k];
     }
+    for (size_t t = 0; b.segments != NULL && t < count; t++) { /* the pieces, added in order */
+        if (sketch_at[t] == BR_NO_SKETCH || offsets[t + 1] == offsets[t])
+            continue;
+        for (uint64_t c = offsets[t] / b.chunk; c <= (offsets[t + 1] - 1) / b.chunk; c++) {
+            const double *piece = b.segments + (c + t) * k;
+            for (uint64_t j = 0; j < k; j++)
+                sketches[t * k + j] += piece[j];
+        }
+    }
+    free(b.segments);
     free(b.partial);
     free(offsets);
     return 0;
 }
 
-/* The linear sketch of float32 buffers (defined in sketch.py): element i of buffer t has the
- * global index g = offset[t] + i; it adds sign(g) * x[i], in double, to out[t * k + g % k], where
- * sign(g) = s(B) * T[(g % 2^16 + r(B)) % 2^16] for the block B = g / 2^16: s(B) and r(B) the top bit
- * and the low 16 bits of mix(B ^ seed), T[j] the top bit of mix(j ^ seed ^ BR_TABLE_KEY) as +-1.
- * Within a block the signs are read from T in order, so each span is a plain multiply-add loop
- * that the compiler vectorises. One thread. */
+
+/* The linear sketch of float32 values (defined in sketch.py): the element at global index g adds
+ * sign(g) * x, in double, to bucket g % k, where sign(g) = s(B) * T[(g % 2^16 + r(B)) % 2^16] for the
+ * block B = g / 2^16: s(B) and r(B) the top bit and the low 16 bits of mix(B ^ seed), T[j] the top bit
+ * of mix(j ^ seed ^ BR_TABLE_KEY). The signs are kept as float32 sign bits (the table holds T's, s(B)
+ * is XORed in per span) and applied to the values' own sign bits: exact, like the product it equals,
+ * and 4 bytes of table an element. Within a block the signs are read from T in order, so each span is a
+ * plain loop over consecutive buckets. */
 #define BR_BLOCK_BITS 16
 #define BR_BLOCK (1u << BR_BLOCK_BITS)
 #define BR_TABLE_KEY 0x7AB1E5ULL
+#define BR_SIGN 0x80000000u
 
 static inline uint64_t br_mix(uint64_t z) {
     z += 0x9E3779B97F4A7C15ULL;
@@ -364,54 +432,99 @@ static inline uint64_t br_mix(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-static double br_table[BR_BLOCK];
+static uint32_t br_table[BR_BLOCK]; /* T as sign bits: BR_SIGN for -1, 0 for +1 */
 static uint64_t br_table_seed;
 static pthread_once_t br_table_once = PTHREAD_ONCE_INIT;
+static int br_span_level; /* 1: the AVX2 span loop */
 
 static void br_fill_table(void) {
-    for (uint64_t j = 0; j < BR_BLOCK; j++) br_table[j] = (br_mix(j ^ br_table_seed ^ BR_TABLE_KEY) >> 63) ? -1.0 : 1.0;
+    for (uint64_t j = 0; j < BR_BLOCK; j++) br_table[j] = (br_mix(j ^ br_table_seed ^ BR_TABLE_KEY) >> 63) ? BR_SIGN : 0u;
+#if BR_X86
+    br_span_level = br_hash_best_level() >= LEVEL_AVX2;
+#endif
 }
 
-typedef void (*sketch_span_t)(double *a, const double *s, const float *v, uint64_t n, double sign);
+/* The table for ``seed``: the first seed given fills it (sketch.py passes one constant); 0, or -1 for
+ * ``k == 0`` or another seed. */
+static int sketch_ready(uint64_t k, uint64_t seed) {
+    if (k == 0) return -1;
+    uint64_t none = 0;
+    __atomic_compare_exchange_n(&br_table_seed, &none, seed, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    pthread_once(&br_table_once, br_fill_table);
+    return seed == br_table_seed ? 0 : -1;
+}
 
-static void sketch_span_portable(double *a, const double *s, const float *v, uint64_t n, double sign) {
-    for (uint64_t j = 0; j < n; j++) a[j] += sign * s[j] * (double)v[j];
+/* Adds n values (from x, their signs from ``signs``, in order) to the buckets from ``column`` on,
+ * row after row of k buckets; returns the column after the last. */
+static uint64_t sketch_rows_portable(double *acc, uint64_t k, uint64_t column, const uint32_t *signs, const float *x, uint64_t n,
+                                     uint32_t flip) {
+    for (uint64_t j = 0; j < n; j++) {
+        uint32_t w;
+        float f;
+        memcpy(&w, x + j, 4);
+        w ^= signs[j] ^ flip;
+        memcpy(&f, &w, 4);
+        acc[column] += (double)f;
+        if (++column == k) column = 0;
+    }
+    return column;
 }
 
 #if BR_X86
-/* The same loop, compiled for AVX2: four doubles a step. The products are exact (a sign times a
- * float32 widened), so the fused multiply-add the compiler may choose rounds like the portable loop. */
-__attribute__((target("avx2,fma"))) static void sketch_span_avx2(double *a, const double *s, const float *v, uint64_t n, double sign) {
-    for (uint64_t j = 0; j < n; j++) a[j] += sign * s[j] * (double)v[j];
+/* The same sums, eight values a step along each row: each bucket's sum in the same order, so the same bits. */
+__attribute__((target("avx2"))) static uint64_t sketch_rows_avx2(double *acc, uint64_t k, uint64_t column, const uint32_t *signs,
+                                                                 const float *x, uint64_t n, uint32_t flip) {
+    const __m256i f = _mm256_set1_epi32((int)flip);
+    while (n > 0) {
+        uint64_t span = k - column < n ? k - column : n, j = 0;
+        double *a = acc + column;
+        for (; j + 8 <= span; j += 8) {
+            __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + j)),
+                                         _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(signs + j)), f));
+            __m256 v = _mm256_castsi256_ps(w);
+            _mm256_storeu_pd(a + j, _mm256_add_pd(_mm256_loadu_pd(a + j), _mm256_cvtps_pd(_mm256_castps256_ps128(v))));
+            _mm256_storeu_pd(a + j + 4, _mm256_add_pd(_mm256_loadu_pd(a + j + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))));
+        }
+        sketch_rows_portable(a + j, span - j, 0, signs + j, x + j, span - j, flip); /* the row's last few: no wrap within */
+        column = column + span == k ? 0 : column + span;
+        signs += span;
+        x += span;
+        n -= span;
+    }
+    return column;
 }
 #endif
 
+static void sketch_values(const float *x, uint64_t n, uint64_t g, uint64_t k, uint64_t seed, double *acc) {
+    uint64_t column = g % k;
+    while (n > 0) { /* one block of 2^16 global indices at a time: one sign s(B), one rotation r(B) of the table */
+        uint64_t z = br_mix((g >> BR_BLOCK_BITS) ^ seed);
+        uint32_t flip = (z >> 63) ? BR_SIGN : 0u;
+        uint64_t at = g & (BR_BLOCK - 1), slot = (at + z) & (BR_BLOCK - 1);
+        uint64_t inside = BR_BLOCK - at < n ? BR_BLOCK - at : n;
+        uint64_t first = BR_BLOCK - slot < inside ? BR_BLOCK - slot : inside; /* up to the end of the table, then from its start */
+#if BR_X86
+        if (br_span_level) {
+            column = sketch_rows_avx2(acc, k, column, br_table + slot, x, first, flip);
+            column = sketch_rows_avx2(acc, k, column, br_table, x + first, inside - first, flip);
+        } else
+#endif
+        {
+            column = sketch_rows_portable(acc, k, column, br_table + slot, x, first, flip);
+            column = sketch_rows_portable(acc, k, column, br_table, x + first, inside - first, flip);
+        }
+        x += inside;
+        g += inside;
+        n -= inside;
+    }
+}
+
+/* The sketches of ``count`` float32 buffers, one thread: element i of buffer t has the global index
+ * offset[t] + i; ``out``: k doubles per buffer, added to (the caller zeroes it). 0, or -2 for
+ * ``k == 0`` or another seed than the first given. */
 BR_EXPORT int br_sketch_f32(size_t count, const float *const *data, const uint64_t *numel, const uint64_t *offset, uint64_t k,
                             uint64_t seed, double *out) {
-    if (k == 0) return -1;
-    if (br_table_seed == 0) br_table_seed = seed; /* the first seed fills the table: sketch.py passes one constant */
-    pthread_once(&br_table_once, br_fill_table);
-    if (seed != br_table_seed) return -2;
-    sketch_span_t sketch_span = sketch_span_portable;
-#if BR_X86
-    if (br_hash_best_level() >= 1 && __builtin_cpu_supports("fma")) sketch_span = sketch_span_avx2;
-#endif
-    for (size_t t = 0; t < count; t++) {
-        const float *x = data[t];
-        double *acc = out + t * k;
-        uint64_t n = numel[t], g = offset[t], i = 0;
-        while (i < n) {
-            uint64_t z = br_mix((g >> BR_BLOCK_BITS) ^ seed);
-            double sign = (z >> 63) ? -1.0 : 1.0;
-            uint64_t at = g & (BR_BLOCK - 1), slot = (at + z) & (BR_BLOCK - 1), column = g % k;
-            uint64_t span = BR_BLOCK - at;  /* to the end of the block */
-            if (span > BR_BLOCK - slot) span = BR_BLOCK - slot;  /* to the end of the table */
-            if (span > k - column) span = k - column;  /* to the end of the row of buckets */
-            if (span > n - i) span = n - i;
-            sketch_span(acc + column, br_table + slot, x + i, span, sign);
-            i += span;
-            g += span;
-        }
-    }
+    if (sketch_ready(k, seed) != 0) return k == 0 ? -1 : -2;
+    for (size_t t = 0; t < count; t++) sketch_values(data[t], numel[t], offset[t], k, seed, out + t * k);
     return 0;
 }

@@ -42,6 +42,7 @@ __all__ = ["CHUNK_WORDS", "LEVELS", "Kernel", "library_path", "load"]
 LEVELS = ("portable", "avx2", "avx512")  # the kernel's vector levels, by number
 CHUNK_WORDS = 1 << 16  # 256 KiB handed to a thread at a time: a few microseconds of work, so threads stay balanced
 _NAME = "_hash_c"  # the extension's name, beside this file
+_NO_SKETCH = (1 << 64) - 1  # a buffer the fused call does not sketch
 
 
 class Kernel:
@@ -62,6 +63,10 @@ class Kernel:
             ctypes.c_int,  # level, -1 for the best
             ctypes.c_void_p,  # GOMP_parallel of torch's OpenMP runtime, or NULL for threads of its own
         ]
+        self._fused = getattr(library, "br_hash_sketch", None)  # absent from a build older than the fused sketch
+        if self._fused is not None:
+            self._fused.restype = ctypes.c_int
+            self._fused.argtypes = [*self._lanes.argtypes, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p]
         best = library.br_hash_best_level
         best.restype = ctypes.c_int
         best.argtypes = []
@@ -71,6 +76,11 @@ class Kernel:
     def lanes(self, tensors: Sequence[torch.Tensor], **options: int | bool | None) -> np.ndarray:
         """Lane sums (uint32[k, 2]) of k dense, contiguous CPU tensors (options: :meth:`lanes_of_buffers`)."""
         return self.lanes_of_buffers([t.data_ptr() for t in tensors], [t.nbytes for t in tensors], **options)  # type: ignore[arg-type]
+
+    @property
+    def sketches(self) -> bool:
+        """Whether this build sketches in the hash's pass (:meth:`lanes_and_sketches`)."""
+        return self._fused is not None
 
     def lanes_of_buffers(
         self,
@@ -87,12 +97,41 @@ class Kernel:
         ``threads`` defaults to torch's intra-op thread count; ``chunk_words``, ``level`` and
         ``use_team`` (torch's OpenMP threads where found, else threads of the kernel's own) exist
         for the tests: odd splits, each vector level, both kinds of threads."""
+        return self._call(pointers, sizes, None, threads=threads, chunk_words=chunk_words, level=level, use_team=use_team)[0]
+
+    def lanes_and_sketches(
+        self,
+        pointers: Sequence[int],
+        sizes: Sequence[int],
+        sketch_at: Sequence[int | None],
+        width: int,
+        seed: int,
+        **options: int | bool | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`lanes_of_buffers`, and in the same pass the linear sketches (float64[k, width],
+        :mod:`bisect_repro.capture.sketch`) of the buffers whose ``sketch_at`` is the global index of
+        their first element (float32 buffers only; zeros for those given ``None``)."""
+        lanes, sketches = self._call(pointers, sizes, (sketch_at, width, seed), **options)  # type: ignore[arg-type]
+        assert sketches is not None
+        return lanes, sketches
+
+    def _call(
+        self,
+        pointers: Sequence[int],
+        sizes: Sequence[int],
+        sketch: tuple[Sequence[int | None], int, int] | None,
+        *,
+        threads: int | None = None,
+        chunk_words: int = CHUNK_WORDS,
+        level: int = -1,
+        use_team: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         count = len(pointers)
         if len(sizes) != count:
             raise ValueError(f"{count} pointers but {len(sizes)} sizes")
         addresses, lengths = array.array("Q", pointers), array.array("Q", sizes)  # cheaper than numpy for a few items
         out = array.array("I", bytes(8 * count))
-        status = self._lanes(
+        common = (
             count,
             addresses.buffer_info()[0],
             lengths.buffer_info()[0],
@@ -102,11 +141,25 @@ class Kernel:
             level,
             self.team if use_team else None,
         )
+        sketches = None
+        if sketch is None:
+            status = self._lanes(*common)
+        else:
+            if self._fused is None:
+                raise RuntimeError(f"{self.path} was built without the fused sketch: reinstall bisect-repro")
+            where, width, seed = sketch
+            if len(where) != count:
+                raise ValueError(f"{count} pointers but {len(where)} sketch offsets")
+            starts = array.array("Q", [_NO_SKETCH if g is None else g for g in where])
+            sketches = np.zeros((count, width), dtype=np.float64)
+            status = self._fused(*common, starts.buffer_info()[0], width, seed, sketches.ctypes.data)
         if status == -1:
             raise ValueError(f"vector level {level} is not supported by this CPU (best: {self.best_level})")
+        if status == -3:
+            raise ValueError(f"the sketch kernel refused width {sketch[1] if sketch else 0} or seed {sketch[2] if sketch else 0}")
         if status != 0:
             raise MemoryError("the hash kernel could not allocate its work tables")
-        return np.frombuffer(out, dtype=np.uint32).reshape(count, 2)
+        return np.frombuffer(out, dtype=np.uint32).reshape(count, 2), sketches
 
 
 def _torch_openmp_team() -> int | None:

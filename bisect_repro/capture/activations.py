@@ -4,10 +4,12 @@
 :meth:`~ActivationSketches.start` and removes them at :meth:`~ActivationSketches.take` (one
 step): the first time each module runs, the first ``SAMPLE`` elements of its output (the first
 tensor of it) are copied, and :meth:`~ActivationSketches.take` sketches them
-(:mod:`bisect_repro.capture.sketch`, at their flat indices) in the order the modules ran. The
-recorder takes them during the step that starts at each snapshot and stores them with the next
-snapshot. On every other step no hook is in place: a module with a forward hook is called through
-``Module.__call__``'s slower path, which cost a small 50-module MLP's training step 10%
+(:mod:`bisect_repro.capture.sketch`, at their flat indices) in the order the modules ran; the
+copies on the CPU are sketched when they are fetched (by the recorder, on its writer's thread).
+The recorder takes them during the step that starts at each snapshot and stores them with the
+next snapshot; where the next step starts at a snapshot too (``every=1``) the hooks stay in place
+between the two. On every other step no hook is in place: a module with a forward hook is called
+through ``Module.__call__``'s slower path, which cost a small 50-module MLP's training step 10%
 (benchmarks/NOTES.md).
 
 Hooks do nothing inside code that ``torch.compile`` traces, and none is put on a module inside a
@@ -66,19 +68,26 @@ class ActivationSketches:
         return hook
 
     def start(self) -> None:
-        """Put a hook on each leaf module of the model: take their outputs from now until :meth:`take`."""
-        self.remove()
+        """Put a hook on each leaf module of the model: take their outputs from now until :meth:`take`
+        (hooks left in place by ``take(keep=True)`` start taking anew)."""
+        if self._handles:
+            self._found = {}
+            return
         for name, module in self._model.named_modules():
             if name and next(module.children(), None) is None and _COMPILED not in name.split("."):
                 self._handles.append(module.register_forward_hook(self._hook(name)))
 
-    def take(self) -> PendingSketches | None:
-        """Remove the hooks; the sketches of the modules in the order they ran, computed where the
-        outputs live and not yet fetched (no host synchronisation), or ``None`` when no module ran
-        (or nothing was started)."""
+    def take(self, keep: bool = False) -> PendingSketches | None:
+        """Remove the hooks (``keep``: leave them for the next :meth:`start`, which follows at once,
+        rather than take them off and put them back); the sketches of the modules in the order they
+        ran, computed where the outputs live and not yet fetched (no host synchronisation), or
+        ``None`` when no module ran (or nothing was started)."""
         found = self._found
-        self.remove()
-        return queue_sketches(found) if found else None
+        if keep:
+            self._found = {}
+        else:
+            self.remove()
+        return queue_sketches(found, private=True) if found else None  # its own copies: sketched at fetch
 
     def remove(self) -> None:
         """Remove the hooks, if they are in place, and forget what they took."""

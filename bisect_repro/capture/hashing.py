@@ -50,6 +50,8 @@ import torch
 
 from . import _hash_cpu, _hash_torch
 from .hash_format import Entry, digests
+from .sketch import SEED as _SKETCH_SEED
+from .sketch import WIDTH as _SKETCH_WIDTH
 
 __all__ = ["HostLanes", "PendingHashes", "hash_tensor", "hash_tensors"]
 
@@ -174,11 +176,15 @@ class PendingHashes:
         self._entries: dict[torch.device, list[Entry]] = {}
         self._lanes: dict[torch.device, list[torch.Tensor]] = {}
         self._order: list[str] = []
+        self._sketches: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self._order)
 
-    def add(self, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+    def add(self, tensors: Mapping[str, torch.Tensor | np.ndarray], sketch: Mapping[str, int] | None = None) -> None:
+        """Hash ``tensors``; and the float32 CPU tensors named in ``sketch`` (by the global index of
+        their first element) are sketched in the same pass where the C kernel takes them
+        (:attr:`HostLanes.sketches`; the caller sketches the others itself)."""
         fused: dict[torch.device, list[tuple[Entry, torch.Tensor]]] = {}
         small: dict[torch.device, list[tuple[Entry, torch.Tensor]]] = {}
         empty: dict[torch.device, list[Entry]] = {}
@@ -190,6 +196,7 @@ class PendingHashes:
         buffers: list[torch.Tensor] = []  # kept alive until the kernel returns
         pointers: list[int] = []
         sizes: list[int] = []
+        sketch_at: list[int | None] = []
         for name, value in tensors.items():
             tensor = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
             dtype = tensor.dtype
@@ -205,6 +212,7 @@ class PendingHashes:
                         buffers.append(buffer)
                         pointers.append(buffer.data_ptr())
                         sizes.append(buffer.nbytes)
+                        sketch_at.append(sketch.get(name) if sketch and dtype == torch.float32 else None)
                         continue
             device = tensor.device
             if _uses_kernel(device):  # every tensor of the device in one launch, below
@@ -218,7 +226,13 @@ class PendingHashes:
             else:
                 small.setdefault(device, []).append((entry, words))
         if native is not None and native_entries:
-            lanes = native.lanes_of_buffers(pointers, sizes)
+            if native.sketches and any(at is not None for at in sketch_at):
+                lanes, rows = native.lanes_and_sketches(pointers, sizes, sketch_at, _SKETCH_WIDTH, _SKETCH_SEED)
+                self._sketches.update(
+                    (entry[0], row) for entry, at, row in zip(native_entries, sketch_at, rows, strict=True) if at is not None
+                )
+            else:
+                lanes = native.lanes_of_buffers(pointers, sizes)
             del buffers
             self._push(_CPU, native_entries, torch.from_numpy(lanes.astype(np.int64)))
         for device, items in fused.items():
@@ -254,15 +268,19 @@ class PendingHashes:
             if host.shape != (len(entries), 2):
                 raise AssertionError(f"{host.shape[0]} lane pairs for {len(entries)} tensors")
             parts.append((entries, host))
-        return HostLanes(parts, self._order)
+        return HostLanes(parts, self._order, self._sketches)
 
 
 class HostLanes:
     """The lane sums of a :class:`PendingHashes`, fetched to the host; :meth:`digests` turns them
     into digests (pure host work, a BLAKE2b per tensor, on whichever thread calls it)."""
 
-    def __init__(self, parts: list[tuple[list[Entry], np.ndarray]], order: list[str]) -> None:
+    def __init__(
+        self, parts: list[tuple[list[Entry], np.ndarray]], order: list[str], sketches: dict[str, np.ndarray] | None = None
+    ) -> None:
         self._parts, self._order = parts, order
+        self.sketches: dict[str, np.ndarray] = sketches or {}
+        """The sketches (float64[WIDTH]) taken in the hash's pass, by name (:meth:`PendingHashes.add`)."""
 
     def digests(self) -> dict[str, str]:
         """Digests by name, in the order they were added."""

@@ -17,15 +17,19 @@ Guarantees:
   distinct elements are uncorrelated). Its relative error is about ``sqrt(1 / (2 * WIDTH))`` (6%)
   for a difference spread over many elements (:func:`relative_error_bound` is what the tests hold
   it to).
-- Computed where the tensor lives: on the CPU by the C kernel beside the hash's (float32, one pass,
-  float64 sums, AVX2 where the CPU has it, one thread: about a millisecond for two million
-  parameters), elsewhere by torch ops on the tensor's device; one transfer per device.
+- Computed where the tensor lives: on the CPU by the C kernel beside the hash's (float32, float64
+  sums, AVX2 where the CPU has it), elsewhere by torch ops on the tensor's device; one transfer per
+  device. A snapshot's plain float32 CPU parameters are sketched in the hash's own pass over them
+  (:func:`fusable`, :meth:`~bisect_repro.capture.hashing.PendingHashes.add`): each 256 KiB piece
+  is sketched right after it is hashed, while it is in the cache, on the hash's threads, into
+  partial sums of its own that are added in order at the end, so the sums do not depend on the
+  thread count. Alone (activations, and tensors the hash pass does not take) one thread sketches.
 
 Where the guarantees stop: an estimate, not a distance: a difference held by a few elements whose
 global indices share a bucket is over- or under-estimated more (the exact distance from
 checkpoints is the check); float64 sums taken in another order (the C kernel against torch ops,
-shards added) agree to about 1e-16 relative, not bit for bit; only floating-point parameters are
-sketched, not buffers or optimizer states.
+shards added, the hash's pieces) agree to about 1e-16 relative, not bit for bit; only
+floating-point parameters are sketched, not buffers or optimizer states.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ import ctypes
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from . import _hash_cpu
@@ -46,6 +51,7 @@ __all__ = [
     "TABLE_KEY",
     "WIDTH",
     "PendingSketches",
+    "fusable",
     "queue_sketches",
     "relative_error_bound",
     "signs",
@@ -169,45 +175,82 @@ class PendingSketches:
     """float64[len(names), WIDTH]: the rows computed on the CPU, zeros where a device's go."""
     queued: list[tuple[list[int], torch.Tensor]]
     """Per device: the rows, and their sketches stacked on that device."""
+    later: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)
+    """Private CPU copies (row, values, global offset) whose sketches :meth:`fetch` computes."""
 
-    def fetch(self) -> torch.Tensor:
-        """float64[len(names), WIDTH] on the CPU (a host synchronisation where a device computed some)."""
+    def transfer(self) -> None:
+        """The one transfer per device (a host synchronisation where a device computed some)."""
         for rows, values in self.queued:
             self.host[rows] = values.cpu()
+        self.queued.clear()
+
+    def fetch(self) -> torch.Tensor:
+        """float64[len(names), WIDTH] on the CPU: :meth:`transfer`, and the private copies' sketches
+        (by the C kernel, on the calling thread: the recorder's writer)."""
+        self.transfer()
+        if self.later:
+            self.host[[row for row, _, _ in self.later]] = _native([(t, o) for _, t, o in self.later])
+            self.later.clear()
         return self.host
 
 
-def queue_sketches(tensors: Mapping[str, torch.Tensor]) -> PendingSketches:
+def fusable(tensors: Mapping[str, torch.Tensor], hashed: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    """The tensors among ``tensors`` that the hash's C kernel can sketch in its pass over ``hashed``
+    (:meth:`~bisect_repro.capture.hashing.PendingHashes.add`): plain float32 CPU tensors, dense and
+    contiguous, hashed as they are (the same tensor under the same name); each at global index 0."""
+    return {
+        name: 0
+        for name, tensor in tensors.items()
+        if type(tensor) in _PLAIN
+        and tensor.dtype == torch.float32
+        and tensor.is_cpu
+        and tensor.is_contiguous()
+        and hashed.get(name) is tensor
+    }
+
+
+def queue_sketches(
+    tensors: Mapping[str, torch.Tensor], computed: Mapping[str, np.ndarray] | None = None, private: bool = False
+) -> PendingSketches:
     """The sketches of the floating-point tensors among ``tensors``, each computed where the tensor
-    lives (a DTensor's from its local shard at its global indices), fetched later."""
+    lives (a DTensor's from its local shard at its global indices), fetched later; ``computed``:
+    sketches already taken (float64[WIDTH] arrays, by name: the hash's pass), used as they are;
+    ``private``: the tensors are copies that nothing else writes (activation samples), so the C
+    kernel's sketches of those on the CPU wait for :meth:`PendingSketches.fetch`."""
     names: list[str] = []
     native: list[tuple[int, torch.Tensor, int]] = []
     others: list[tuple[int, torch.Tensor]] = []
+    done: list[tuple[int, np.ndarray]] = []
     for name, tensor in tensors.items():
         if not tensor.is_floating_point():
             continue
-        local, offset, indices = _local_block(tensor.detach())
         row = len(names)
         names.append(name)
+        if computed is not None and name in computed:
+            done.append((row, computed[name]))
+            continue
+        local, offset, indices = _local_block(tensor.detach())
         plain = local.dtype == torch.float32 and local.is_cpu and local.is_contiguous() and type(local) in _PLAIN
         if plain and offset is not None and _kernel() is not None:
             native.append((row, local, offset))
         else:
             others.append((row, sketch_indexed(local, indices) if indices is not None else sketch_flat(local, offset or 0)))
     host = torch.zeros((len(names), WIDTH), dtype=torch.float64)
-    if native:
+    if done:
+        host[[row for row, _ in done]] = torch.as_tensor(np.stack([values for _, values in done]), dtype=torch.float64)
+    if native and not private:
         host[[row for row, _, _ in native]] = _native([(t, o) for _, t, o in native])
     by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for row, values in others:
         by_device.setdefault(values.device, []).append((row, values))
     queued = [([row for row, _ in items], torch.stack([values for _, values in items])) for items in by_device.values()]
-    return PendingSketches(names, host, queued)
+    return PendingSketches(names, host, queued, native if private else [])
 
 
-def sketch_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], torch.Tensor]:
+def sketch_tensors(tensors: Mapping[str, torch.Tensor], computed: Mapping[str, np.ndarray] | None = None) -> tuple[list[str], torch.Tensor]:
     """The names of the floating-point tensors among ``tensors`` and their sketches
     (float64[n, WIDTH] on the CPU): :func:`queue_sketches`, fetched at once."""
-    pending = queue_sketches(tensors)
+    pending = queue_sketches(tensors, computed)
     return pending.names, pending.fetch()
 
 

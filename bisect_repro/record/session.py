@@ -20,20 +20,21 @@ Design decisions:
   together at the next snapshot, and every hash of a snapshot is fetched in one transfer per
   device. A step that changes its batch in place before the snapshot changes its recorded hash,
   the same way in every run.
-- Writing is done by one background thread (:class:`~bisect_repro.record.background.BackgroundWriter`).
-  At a snapshot the training thread only runs the hash of the state tensors (on its device; on
-  the CPU the C kernel, on torch's own threads), fetches the hash lanes and the losses (one
-  transfer per device), captures the random streams and the data position (copies), takes host
-  copies of a checkpoint's tensors (:func:`codec.prepare`) and queues the snapshot. The digests,
-  the step records, taking the snapshot's tree apart, encoding, compression, the writes and the
-  fsyncs happen on the writer's thread while training goes on. At most ``max_pending_writes + 1``
-  snapshots (``max_pending_writes`` is 2 by default) are queued and not yet committed, so a disk slower than the training
-  makes the training wait rather than memory grow: at most that many snapshots with their
-  checkpoints are held in host memory. The writer commits the snapshots it finds waiting
-  together, sharing their fsyncs (group commit, :mod:`bisect_repro.store.commit`), in the order
-  of the synchronous writer: per snapshot, its step lines, the snapshot file, then the checkpoint
-  file, snapshots in step order, each file's index line written after the file and the step lines
-  it covers are durable. ``max_pending_writes=0`` writes on the training thread, one at a time.
+- One background thread writes (:class:`~bisect_repro.record.background.BackgroundWriter`). At a
+  snapshot the training thread only runs the hash of the state tensors (on its device; on the CPU
+  the C kernel, on torch's own threads, which sketches the plain float32 parameters in the same
+  pass), fetches the hash lanes and the losses, captures the random streams and the data position
+  (copies), takes host copies of a checkpoint's tensors (:func:`codec.prepare`) and queues the
+  snapshot. The digests, the step records, the CPU's activation sketches, taking the snapshot's tree
+  apart, encoding, compression, the writes and the fsyncs happen on the writer's thread, while
+  training goes on. At most ``max_pending_writes + 1`` snapshots (3 by default) are queued and not
+  yet committed, so a disk slower than the training makes the training wait rather than memory grow:
+  at most that many snapshots with their checkpoints are held in host memory. The writer commits the
+  snapshots it finds waiting together, sharing their fsyncs (group commit,
+  :mod:`bisect_repro.store.commit`), in the order of the synchronous writer: per snapshot, its step
+  lines, the snapshot file, then the checkpoint file, snapshots in step order, each file's index
+  line written after the file and the step lines it covers are durable. ``max_pending_writes=0``
+  writes on the training thread, one at a time.
 - A failure to write (disk full, permission denied, a file removed underneath) is re-raised on
   the training thread at the next snapshot or at :meth:`Recorder.close` as a one-line
   :class:`RecordingError` naming the run and the cause, after which what was committed stays
@@ -72,7 +73,7 @@ from ..capture.data import next_micro_batches
 from ..capture.hashing import PendingHashes
 from ..capture.parallel import RankInfo, rank_info
 from ..capture.seeding import SeedingCall, SeedingWatch
-from ..capture.sketch import SEED, WIDTH, PendingSketches, sketch_tensors
+from ..capture.sketch import SEED, WIDTH, PendingSketches, fusable, sketch_tensors
 from ..capture.state import TrainingState
 from ..errors import BisectReproError, RecordingError, RecordingWarning
 from ..store import codec
@@ -241,7 +242,7 @@ class RecordingSession:
     def _close_activations(self) -> None:
         """The activation sketches of the step that started at the last snapshot, kept for the next one."""
         if self._activations is not None and self._taking:
-            found, self._taking = self._activations.take(), False
+            found, self._taking = self._activations.take(keep=self._due(self.step + 1) and not self._stopped), False
             if found is not None:
                 self._sketched = (self.step, found)
 
@@ -336,14 +337,17 @@ class RecordingSession:
         state = self.state
         tensors, placed = state.tensors_and_placements()  # placed: how each DTensor's local shard is laid out
         # Batch and state hashes travel to the host together, in one transfer per device; the
-        # digests and the step records are made from them on the writer's thread.
+        # digests and step records are made from them on the writer's thread. Plain float32 parameters are sketched in the hash's pass.
         deferred, self._deferred, self._deferred_bytes = self._deferred, {}, 0  # hashed with the state, in one call
-        self._batch_hashes.add(deferred | {f"state:{name}": tensor for name, tensor in tensors.items()})  # batch names are "<step>:..."
+        parameters, hashed = state.parameters(), deferred | {f"state:{name}": tensor for name, tensor in tensors.items()}
+        self._batch_hashes.add(hashed, {f"state:{n}": at for n, at in fusable(parameters, tensors).items()})  # batch names: "<step>:..."
         lanes, self._batch_hashes = self._batch_hashes.fetch_lanes(), PendingHashes()
-        sketched, sketches = sketch_tensors(state.parameters())  # a fresh host tensor: shares nothing with the training
+        in_pass = {n: lanes.sketches[f"state:{n}"] for n in parameters if f"state:{n}" in lanes.sketches}  # fresh host arrays
+        sketched, sketches = sketch_tensors(parameters, in_pass)  # a fresh host tensor: shares nothing with the training
         self._close_activations()
-        sketched_step, activations = self._sketched or (None, None)
-        activation_values, self._sketched = (activations.fetch() if activations is not None else None), None
+        (sketched_step, activations), self._sketched = self._sketched or (None, None), None
+        if activations is not None:
+            activations.transfer()  # a device's, now; the CPU's are sketched on the writer's thread
         if self._activations is None:
             self._activations = ActivationSketches(self.trainee.model)
         self._activations.start()
@@ -365,10 +369,9 @@ class RecordingSession:
             digests = lanes.digests()
             hashes = {name: digests[f"state:{name}"] for name in names} | extra
             sketch = {"width": WIDTH, "seed": SEED, "names": sketched, "values": sketches}
-            taken = None if activations is None else {"width": WIDTH, "seed": SEED, "names": activations.names, "values": activation_values}
             tree = {"step": step, "hashes": hashes, "streams": streams, "data": data, **placed, "settings": settings, "sketch": sketch}
-            if taken is not None:
-                tree["activations"] = {"step": sketched_step, **taken}
+            if activations is not None:
+                tree["activations"] = {"step": sketched_step, **sketch, "names": activations.names, "values": activations.fetch()}
             files = [("snapshot", codec.prepare(tree))] + ([("checkpoint", checkpoint)] if checkpoint is not None else [])
             return Commit(step, step_records(pending, losses, digests, seeded), files)
 

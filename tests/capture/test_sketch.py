@@ -1,15 +1,21 @@
 """The linear sketch: its definition (against a plain-Python reference), linearity, keying by the
-global index (shards add up), the C kernel against torch ops, and the distance it estimates."""
+global index (shards add up), the C kernel against torch ops (alone and in the hash's pass), and
+the distance it estimates."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from bisect_repro.capture import sketch
+from bisect_repro.capture import _hash_cpu, sketch
 from bisect_repro.capture.activations import ActivationSketches
+from bisect_repro.capture.hashing import PendingHashes, hash_tensors
+
+_C = _hash_cpu.load()
+fused_kernel = pytest.mark.skipif(_C is None or not _C.sketches, reason="the C kernel is not built here")
 
 _MASK = (1 << 64) - 1
 
@@ -46,6 +52,71 @@ def test_every_path_computes_the_definition(size: int, offset: int) -> None:
     assert torch.allclose(sketch.sketch_indexed(values, indices), expected, rtol=1e-12, atol=1e-12)
     if sketch._kernel() is not None:  # the C kernel, where it was built
         assert torch.allclose(sketch._native([(values, offset)])[0], expected, rtol=1e-12, atol=1e-12)
+
+
+@fused_kernel
+@pytest.mark.parametrize(("chunk_words", "threads", "team"), [(7, 3, False), (1000, 2, True), (_hash_cpu.CHUNK_WORDS, 1, True)])
+def test_the_hash_pass_sketches_as_the_definition_and_hashes_as_before(chunk_words: int, threads: int, team: bool) -> None:
+    g = torch.Generator().manual_seed(chunk_words)
+    tensors = [torch.randn(n, generator=g) for n in (1, 127, 3000, 70_000)] + [torch.arange(50, dtype=torch.int32), torch.randn(33, 3)]
+    starts = [0, 5, 128 * 7 + 3, (1 << 40) - 1000, None, None]  # None: hashed, not sketched
+    pointers, sizes = [t.data_ptr() for t in tensors], [t.nbytes for t in tensors]
+    assert _C is not None
+    lanes, rows = _C.lanes_and_sketches(
+        pointers, sizes, starts, sketch.WIDTH, sketch.SEED, threads=threads, chunk_words=chunk_words, use_team=team
+    )
+    assert lanes.tolist() == _C.lanes_of_buffers(pointers, sizes, threads=threads, chunk_words=chunk_words, use_team=team).tolist()
+    for tensor, start, row in zip(tensors, starts, rows, strict=True):
+        expected = torch.zeros(sketch.WIDTH, dtype=torch.float64) if start is None else sketch.sketch_flat(tensor, start)
+        assert torch.allclose(torch.from_numpy(row), expected, rtol=1e-12, atol=1e-12)
+    small = tensors[1]  # and one against the plain-Python definition itself
+    one = _C.lanes_and_sketches([small.data_ptr()], [small.nbytes], [5], sketch.WIDTH, sketch.SEED, chunk_words=chunk_words)[1][0]
+    assert np.allclose(one, _reference(small.double().tolist(), 5), rtol=1e-12, atol=1e-12)
+
+
+@fused_kernel
+def test_the_hash_pass_sketch_is_the_same_bits_on_any_threads() -> None:
+    values = torch.randn(300_000, generator=torch.Generator().manual_seed(4)) * torch.logspace(-30, 30, 300_000)
+    assert _C is not None
+    rows = [
+        _C.lanes_and_sketches(
+            [values.data_ptr()], [values.nbytes], [3], sketch.WIDTH, sketch.SEED, threads=n, chunk_words=999, use_team=team
+        )[1]
+        for n, team in [(1, True), (3, False), (4, True), (2, False)]
+    ]
+    assert all(np.array_equal(rows[0], other) for other in rows[1:])  # the pieces are added in order, whoever took them
+
+
+def test_a_snapshot_s_plain_float32_parameters_are_sketched_in_the_hash_pass() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.Linear(200, 3).double())
+    parameters = dict(model.named_parameters()) | {"transposed": torch.randn(30, 20).t()}
+    hashed = parameters | {"buffer": torch.randn(10)}
+    fused = sketch.fusable(parameters, hashed)
+    assert sorted(fused) == ["0.bias", "0.weight"] and set(fused.values()) == {0}  # not float64, not a strided view
+    assert sketch.fusable(parameters, {n: t.detach().clone() for n, t in hashed.items()}) == {}  # not hashed as they are
+    pending = PendingHashes()
+    pending.add(hashed, fused)
+    lanes = pending.fetch_lanes()
+    assert lanes.digests() == hash_tensors(hashed)  # the hashes are those of the hash alone
+    if _C is not None and _C.sketches:
+        assert sorted(lanes.sketches) == ["0.bias", "0.weight"]
+    names, values = sketch.sketch_tensors(parameters, lanes.sketches)
+    assert names == ["0.weight", "0.bias", "1.weight", "1.bias", "transposed"]
+    for name, row in zip(names, values, strict=True):
+        assert torch.allclose(row, sketch.sketch_flat(parameters[name].detach().contiguous()), rtol=1e-12, atol=1e-10), name
+    _, given = sketch.sketch_tensors(parameters, {"0.bias": np.full(sketch.WIDTH, 7.0)})  # a sketch given is used as it is
+    assert torch.equal(given[1], torch.full((sketch.WIDTH,), 7.0, dtype=torch.float64))
+
+
+def test_private_copies_on_the_cpu_are_sketched_when_fetched_and_a_device_s_at_transfer() -> None:
+    copies = {"a": torch.randn(5000), "b": torch.randn(70, dtype=torch.float64)}
+    pending = sketch.queue_sketches(copies, private=True)
+    expected = torch.stack([sketch.sketch_flat(copies["a"]), sketch.sketch_flat(copies["b"])])
+    if sketch._kernel() is not None:  # the C kernel's row waits for fetch (on the recorder's writer thread)
+        assert not pending.host[0].any() and len(pending.later) == 1
+    pending.transfer()  # the torch-op row (float64: not the kernel's) is there after the transfer
+    assert torch.allclose(pending.host[1], expected[1], rtol=1e-12, atol=1e-12)
+    assert torch.allclose(pending.fetch(), expected, rtol=1e-12, atol=1e-12) and not pending.later
 
 
 def test_signs_are_balanced_and_uncorrelated_between_buckets() -> None:
@@ -136,6 +207,16 @@ def test_activation_sketches_follow_the_modules_in_the_order_they_ran() -> None:
     hooks.remove()
     model(x)
     assert hooks.take() is None and _hooked(model) == []  # removed mid-step: gone, with what they took
+    hooks.start()
+    model(x)
+    kept = hooks.take(keep=True)  # the next step starts at a snapshot too: the hooks stay
+    assert kept is not None and kept.names == ["0", "1", "2"] and _hooked(model) == ["0", "1", "2"]
+    model(x[:1])  # between the two (an evaluation pass): taken, then forgotten at the start
+    hooks.start()
+    assert all(len(module._forward_hooks) == 1 for module in model)  # not put on twice
+    model(x)
+    again = hooks.take()
+    assert again is not None and torch.equal(again.fetch(), kept.fetch()) and _hooked(model) == []
 
 
 def test_a_model_compiled_whole_is_compiled_once_without_the_hooks_and_once_with_them() -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bisect_repro import Recorder, RecordOptions, Run, Trainee, record
+from bisect_repro.capture.sketch import sketch_flat
 from bisect_repro.record.recipe import build
 from bisect_repro.record.session import RecordingSession
 
@@ -65,6 +66,11 @@ def test_a_run_holds_what_the_issue_lists(examples, tmp_path) -> None:
     ):
         assert key in environment
     assert run.meta.model["parameters"]["0.weight"] == [[16, 1, 3, 3], "float32"]
+    # the parameters' sketches (taken in the hash's pass where the C kernel is built) are those of the weights
+    sketch, weights = run.snapshot(10)["sketch"], run.checkpoint(10)["model"]
+    assert sketch["names"] == list(run.meta.model["parameters"]) and "0.weight" in sketch["names"]
+    for name, row in zip(sketch["names"], sketch["values"], strict=True):
+        assert torch.allclose(row, sketch_flat(weights[name]), rtol=1e-12, atol=1e-12), name
 
 
 def test_own_loop_and_record_write_the_same_run(examples, tmp_path) -> None:
@@ -216,3 +222,23 @@ def test_a_loop_that_stops_pulling_batches_ends_the_step_it_ran_when_it_closes(t
             raise ValueError("the step failed")  # the step it was handed is not done
     failed = Run.open(tmp_path / "s")
     assert not failed.complete and sorted(failed.steps) == []
+
+
+def test_at_every_step_each_snapshot_holds_the_activations_of_the_step_before_and_no_hook_outlives_the_run(tmp_path) -> None:
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    batches = [(torch.randn(5, 3), torch.randn(5, 1)) for _ in range(4)]
+    trainee = Trainee.supervised(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, nn.functional.mse_loss)
+    inputs = []
+    with Recorder(tmp_path / "r", trainee, RecordOptions(steps=4, every=1)) as recorder:
+        for batch in recorder.batches():
+            inputs.append(model[0](batch[0]).detach())  # the first layer's output at this step (the values its forward gives)
+            recorder.log(trainee.step(batch))  # type: ignore[misc]
+    assert all(not module._forward_hooks for module in model)
+    run = Run.open(tmp_path / "r")
+    for step in range(1, 5):
+        taken = run.snapshot(step)["activations"]
+        assert taken["step"] == step - 1 and taken["names"] == ["0", "1", "2"]
+        assert torch.allclose(taken["values"][0], sketch_flat(inputs[step - 1]), rtol=1e-12, atol=1e-12), step
