@@ -39,8 +39,6 @@ def test_a_gpt_style_script_with_prefetch_accumulation_and_a_global_counter(tmp_
         _recorded(tmp_path, out, "python", "train.py", *extra)
     shown = json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)
     assert shown["complete"] and shown["steps_logged"] == 10 and shown["snapshots"] == [0, 2, 4, 6, 8, 10]
-    same = _cli("compare", "a", "again", "--json", cwd=tmp_path)
-    assert same.returncode == 0 and json.loads(same.stdout)["identical"], same.stderr[-2000:]
     done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "replaying run B by running: python" in " ".join(done.stderr.split()) and "(under bisect-repro's hooks)" in done.stderr
@@ -114,12 +112,9 @@ def test_the_users_own_torchrun_is_recorded_on_each_rank_and_replayed_under_torc
     script = tmp_path / "train.py"
     script.write_text((SCRIPTS / "ddp_torchrun.py").read_text())
     _recorded(tmp_path, "a", "torchrun", "--nproc-per-node", "2", "train.py")
-    _recorded(tmp_path, "again", "torchrun", "--nproc_per_node=2", "--standalone", "train.py")
     _recorded(tmp_path, "b", "torchrun", "--nproc-per-node", "2", "train.py", "--reseed-at", "9")
     shown = json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)
     assert shown["complete"] and shown["steps_logged"] == 12 and (tmp_path / "a" / "rank1" / "steps.jsonl").is_file()
-    same = _cli("compare", "a", "again", "--json", cwd=tmp_path)
-    assert same.returncode == 0 and json.loads(same.stdout)["identical"], same.stderr[-2000:]
     done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "replaying run B by running: torchrun --standalone --nproc-per-node 2" in " ".join(done.stderr.split())

@@ -105,7 +105,7 @@ class Verdict:
     max_abs_diff: float | None = None
     max_ulp: int | None = None
     fraction_differing: float | None = None
-    histogram: dict[str, Any] | None = None
+    histogram: dict[str, int] | None = None
     """Counts of ``|a - b|`` by power of ten over the differing elements of the first divergent tensor."""
     explanation: str = ""
     fix: str = ""
