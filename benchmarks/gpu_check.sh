@@ -4,7 +4,11 @@
 # then the CUDA tests beside the rest of the suite.
 #
 #   bash benchmarks/gpu_check.sh OUT [SECONDS]    # OUT: logs, JUnit files; OUT/bench: as benchmarks/results-cuda
+#   STAGES="cuda gpt" CUDA_SHARE=58 bash benchmarks/gpu_check.sh OUT 540   # some stages, in this order
 #
+# Stages: hash (the hash against x.sum(), many small tensors), gpt (the transformer's overhead),
+# cuda (the CUDA tests alone), tests (the CUDA tests beside the rest of the suite). A stage's
+# SHARE is a percentage of the seconds left when it starts.
 # Assumes bisect-repro installed (pip install -e ".[test]") with pytest-xdist. Each stage has its
 # own share of SECONDS (default 570) and is interrupted with SIGINT at its end, so that pytest still
 # writes its summary and JUnit file; a stage cut short says so in OUT/stages.txt. It writes
@@ -26,10 +30,21 @@ share() { echo $(((budget - (SECONDS - t0)) * $1 / 100)); }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$out/stages.txt" 2>&1
 python3 -c 'import torch, bisect_repro; print(torch.__version__, torch.cuda.get_device_name())' >>"$out/stages.txt" 2>&1
 
-stage hash bench 45 python3 -m benchmarks.run --device cuda --out "$out/bench" --only hash small
-stage gpt bench "$(share 45)" python3 -m benchmarks.run --device cuda --out "$out/bench" --only gpt --runs "${GPT_RUNS:-2}"
-suite=$(share 97)
-stage cuda cuda "$suite" python3 -m pytest -m cuda -q -rfE -n 6 -p no:cacheprovider --junitxml "$out/cuda.xml" &
-stage suite suite "$suite" python3 -m pytest -m "not cuda" -q -rfE -n 10 -p no:cacheprovider --durations 15 --junitxml "$out/suite.xml" &
-wait
+cuda_tests() {  # cuda_tests SECONDS WORKERS: the CUDA tests, each verdict they print kept in the log
+  stage cuda cuda "$1" python3 -m pytest -m cuda -q -rfEP -n "$2" -p no:cacheprovider --durations 30 --junitxml "$out/cuda.xml"
+}
+for name in ${STAGES:-hash gpt tests}; do
+  case $name in
+    hash) stage hash bench 45 python3 -m benchmarks.run --device cuda --out "$out/bench" --only hash small ;;
+    gpt) stage gpt bench "$(share "${GPT_SHARE:-45}")" python3 -m benchmarks.run --device cuda --out "$out/bench" --only gpt --runs "${GPT_RUNS:-2}" ;;
+    cuda) cuda_tests "$(share "${CUDA_SHARE:-97}")" 8 ;;
+    tests)
+      suite=$(share 97)
+      cuda_tests "$suite" 6 &
+      stage suite suite "$suite" python3 -m pytest -m "not cuda" -q -rfE -n 10 -p no:cacheprovider --durations 15 --junitxml "$out/suite.xml" &
+      wait
+      ;;
+    *) echo "unknown stage: $name" >>"$out/stages.txt" ;;
+  esac
+done
 echo "whole: $((SECONDS - t0)) s" >>"$out/stages.txt"

@@ -40,11 +40,20 @@ def recipe(tmp_path: Path, name: str, example: str, *sets: str, env: dict[str, s
 
 
 def compare(a: Path, b: Path, scenario: str) -> tuple[int, dict]:
+    code, verdict, _ = compare_all(a, b, scenario)
+    return code, verdict
+
+
+def compare_all(a: Path, b: Path, scenario: str) -> tuple[int, dict, dict]:
+    """The exit code, the verdict and the ``numerics`` of ``compare --json``."""
     result = runner.invoke(app, ["compare", str(a), str(b), "--json"])
     assert result.exit_code in (0, 1), result.output
-    verdict = json.loads(result.stdout)["verdict"] or {}  # none where the runs are identical
+    found = json.loads(result.stdout)
+    verdict = found["verdict"] or {}  # none where the runs are identical
+    numerics = found.get("numerics") or {}
     print(f"\n{scenario}: exit {result.exit_code}, {json.dumps(verdict)}")
-    return result.exit_code, verdict
+    print(f"numerics: {numerics.get('sentence')}; envelope: {(numerics.get('envelope') or {}).get('method')}")
+    return result.exit_code, verdict, numerics
 
 
 @pytest.mark.parametrize(
@@ -84,18 +93,21 @@ def test_cudnn_benchmark_switched_on_in_one_run_is_named(tmp_path: Path) -> None
 def test_tf32_turned_off_below_pytorch_by_the_environment_is_named_and_proven(tmp_path: Path) -> None:
     a = recipe(tmp_path, "a", "cuda_mlp.py", "tf32=true")
     b = recipe(tmp_path, "b", "cuda_mlp.py", "tf32=true", env={"NVIDIA_TF32_OVERRIDE": "0"})
-    code, verdict = compare(a, b, "TF32 through NVIDIA_TF32_OVERRIDE")
+    code, verdict, numerics = compare_all(a, b, "TF32 through NVIDIA_TF32_OVERRIDE")
     assert code == 1 and verdict["cause"] == "environment" and verdict["environment_keys"] == ["env.NVIDIA_TF32_OVERRIDE"], verdict
     assert (verdict["step"], verdict["phase"], verdict["op"], verdict["confidence"]) == (0, "forward", "aten.addmm.default", "proven")
+    # TF32 changes rounding only: run A replayed with run B's TF32 settings is the envelope.
+    assert numerics["rounding_only"] is True and "NVIDIA_TF32_OVERRIDE=0" in numerics["envelope"]["method"], numerics
 
 
 def test_tf32_turned_on_by_the_environment_is_named(tmp_path: Path) -> None:
     a = recipe(tmp_path, "a", "cuda_mlp.py")
     b = recipe(tmp_path, "b", "cuda_mlp.py", env={"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"})
-    code, verdict = compare(a, b, "TF32 through TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
+    code, verdict, numerics = compare_all(a, b, "TF32 through TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
     # Measured on an H100: named from the records (inferred), with the switches it turns on.
     assert code == 1 and verdict["cause"] == "environment" and verdict["step"] == 0, verdict
     assert "env.TORCH_ALLOW_TF32_CUBLAS_OVERRIDE" in verdict["environment_keys"], verdict
+    assert numerics["rounding_only"] is True and "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1" in numerics["envelope"]["method"], numerics
 
 
 def test_the_gpu_generator_reseeded_from_entropy_is_named(tmp_path: Path) -> None:
@@ -110,10 +122,13 @@ def test_the_gpu_generator_reseeded_from_entropy_is_named(tmp_path: Path) -> Non
 def test_the_same_recipe_on_the_cpu_and_on_the_gpu_is_an_environment_difference(tmp_path: Path) -> None:
     a = recipe(tmp_path, "a", "cuda_convnet.py")
     b = recipe(tmp_path, "b", "cuda_convnet.py", env={"CUDA_VISIBLE_DEVICES": ""})
-    code, verdict = compare(a, b, "GPU against CPU")
+    code, verdict, numerics = compare_all(a, b, "GPU against CPU")
     assert code == 1 and verdict["cause"] == "environment" and verdict["step"] == 0 and verdict["phase"] == "forward", verdict
     assert verdict["environment_keys"] == ["env.CUDA_VISIBLE_DEVICES"] and verdict["confidence"] == "proven", verdict
     assert verdict["tensor"] == "0.output", verdict  # the first convolution: the runs ran different ops from there on
+    # The same seeded training on two devices differs by rounding only, every snapshot measured.
+    assert [p["step"] for p in numerics["distance"]] == [0, 2, 4, 6] and numerics["distance"][-1]["relative"] > 0, numerics
+    assert numerics["rounding_only"] is True and numerics["envelope"] is not None, numerics
 
 
 @pytest.mark.parametrize("example", ["cuda_mlp.py", "cuda_convnet.py"])
@@ -128,6 +143,17 @@ def test_an_unchanged_gpu_script_with_scatter_add_messages(tmp_path: Path) -> No
     runs = [record(tmp_path / n, "--every", "2", "--checkpoint-every", "2", "--", sys.executable, script, "--epochs", "6") for n in "ab"]
     code, verdict = compare(*runs, "unchanged GNN script")
     assert code == 1 and verdict["cause"] == "nondeterministic_op" and "scatter_add" in (verdict["op"] or ""), verdict
+
+
+def test_a_recipe_under_torchrun_on_the_gpu_gets_a_gloo_and_nccl_group(tmp_path: Path) -> None:
+    """A recipe that starts no process group gets ``cpu:gloo,cuda:nccl`` on a GPU node; seeded
+    twice, on one rank, the runs are identical."""
+    target = f"{EXAMPLES / 'cuda_convnet.py'}:build"
+    a, b = (record(tmp_path / n, target, *STEPS, "--nproc-per-node", "1") for n in "ab")
+    distributed = json.loads((a / "run.json").read_text())["distributed"]
+    print(f"\ndistributed: {distributed}")
+    assert distributed["backend"] == "cpu:gloo,cuda:nccl" and distributed["world_size"] == 1, distributed
+    assert compare(a, b, "cuda_convnet under torchrun, one rank, twice")[0] == 0
 
 
 def test_doctor_proves_the_atomic_adds_nondeterministic(tmp_path: Path) -> None:

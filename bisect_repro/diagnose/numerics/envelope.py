@@ -7,6 +7,7 @@ each snapshot is the envelope. What changes, in order (the first that moves the 
 
 | experiment | what changes | where it moves the weights |
 | --- | --- | --- |
+| ``tf32`` | run B's TF32 switches and variables, where they differ from run A's | matmuls and convolutions on a GPU |
 | ``threads`` | torch's intra-op thread count, 1 and 2 swapped | reductions that torch splits across threads |
 | ``ulp`` | every floating-point parameter one ulp up, at the first step | everywhere: for a training exact under any thread count |
 
@@ -31,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +46,30 @@ from ..compare.records import Records, rank_zero_alike
 from .numerics import FLOOR, Measured, decide, distances, signals_differing
 from .numerics_result import Envelope, Numerics
 
-__all__ = ["judge", "measure_envelope"]
+__all__ = ["judge", "measure_envelope", "tf32_of"]
 
 _JOB = "BISECT_REPRO_ENVELOPE"
 
 
-def measure_envelope(run: Run, spec: LaunchSpec | None) -> tuple[Envelope | None, str | None]:
-    """Run A's envelope, or ``None`` with why it could not be measured."""
+TF32_SWITCHES = ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32", "torch.get_float32_matmul_precision")
+TF32_VARIABLES = ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
+_PRECISIONS = ("highest", "high", "medium")
+
+
+def tf32_of(a: Run, b: Run) -> tuple[dict[str, Any], dict[str, str | None]] | None:
+    """Run B's TF32 switches and variables where they differ from run A's (``None`` where none
+    does): what the ``tf32`` experiment replays run A with. Only values a switch can take pass (a
+    bool; a matmul precision torch names); variables go through the launch's own checks."""
+    ours, theirs = a.environment, b.environment
+    switches = {k: theirs.get(k) for k in TF32_SWITCHES if theirs.get(k) != ours.get(k)}
+    switches = {k: v for k, v in switches.items() if isinstance(v, bool) or v in _PRECISIONS}
+    variables = {n: theirs.get(f"env.{n}") for n in TF32_VARIABLES if theirs.get(f"env.{n}") != ours.get(f"env.{n}")}
+    return (switches, variables) if switches or variables else None
+
+
+def measure_envelope(run: Run, spec: LaunchSpec | None, other: Run | None = None) -> tuple[Envelope | None, str | None]:
+    """Run A's envelope, or ``None`` with why it could not be measured; ``other``: run B, whose
+    TF32 settings the ``tf32`` experiment takes."""
     if spec is None:
         return None, "run A could not be replayed"
     if spec.kind is not CodeKind.RECIPE or spec.target is None:
@@ -60,17 +79,36 @@ def measure_envelope(run: Run, spec: LaunchSpec | None) -> tuple[Envelope | None
     start = min(run.checkpoints)
     threads = run.environment.get("torch.get_num_threads")
     threads = threads if isinstance(threads, int) and threads > 0 else torch.get_num_threads()
-    other = 2 if threads == 1 else 1
+    swapped = 2 if threads == 1 else 1
+    tf32 = tf32_of(run, other) if other is not None else None
+    experiments: list[tuple[str, _Change]] = [] if tf32 is None else [(_tf32_method(*tf32), _Change(threads=threads, tf32=tf32))]
+    experiments += [
+        (f"{swapped} torch threads instead of {threads}", _Change(threads=swapped)),
+        ("every weight moved one ulp", _Change(threads=threads, perturb=True)),
+    ]
     with tempfile.TemporaryDirectory(prefix="bisect-repro-envelope-") as folder:
-        try:
-            measured = _replayed(run, spec, start, Path(folder) / "threads", threads=other, perturb=False)
-            method = f"{other} torch threads instead of {threads}"
-            if all(p.relative == 0 for p in measured.weights):
-                measured = _replayed(run, spec, start, Path(folder) / "ulp", threads=threads, perturb=True)
-                method = "every weight moved one ulp"
-        except _Failed as error:
-            return None, str(error)
-    return Envelope(method=method, from_step=start, points=measured.weights, activations=measured.activations), None
+        for index, (method, change) in enumerate(experiments):
+            try:
+                measured = _replayed(run, spec, start, Path(folder) / str(index), change)
+            except _Failed as error:
+                return None, str(error)
+            if any(p.relative != 0 for p in measured.weights) or index == len(experiments) - 1:
+                return Envelope(method=method, from_step=start, points=measured.weights, activations=measured.activations), None
+    raise AssertionError("unreachable: the last experiment returns")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Change:
+    """What one experiment changes in run A's replay."""
+
+    threads: int
+    perturb: bool = False
+    tf32: tuple[dict[str, Any], dict[str, str | None]] | None = None
+
+
+def _tf32_method(switches: dict[str, Any], variables: dict[str, str | None]) -> str:
+    named = [*(f"{k}={v}" for k, v in switches.items()), *(f"{n}={v if v is not None else '(unset)'}" for n, v in variables.items())]
+    return f"run B's TF32 settings ({', '.join(named)})"
 
 
 def judge(records: Records, spec: LaunchSpec | None) -> Numerics:
@@ -91,7 +129,7 @@ def judge(records: Records, spec: LaunchSpec | None) -> Numerics:
     unmeasured = _not_rounding(records, measured, signals) if measured is not None else None
     if unmeasured is not None:
         return decide(measured, None, signals, unmeasured)
-    envelope, why = measure_envelope(records.a, spec) if measured is not None else (None, None)
+    envelope, why = measure_envelope(records.a, spec, records.b) if measured is not None else (None, None)
     return decide(measured, envelope, signals, why)
 
 
@@ -135,8 +173,11 @@ class _Failed(Exception):
     """The replay that measures the envelope failed (its last line of output says why)."""
 
 
-def _replayed(run: Run, spec: LaunchSpec, start: int, out: Path, *, threads: int, perturb: bool) -> Measured:
+def _replayed(run: Run, spec: LaunchSpec, start: int, out: Path, change: _Change) -> Measured:
     options = run.meta.options
+    switches, variables = change.tf32 if change.tf32 is not None else ({}, {})
+    if variables:
+        spec = spec.with_variables({**spec.variables, **variables})
     job = {
         "source": str(run.path),
         "step": start,
@@ -146,8 +187,9 @@ def _replayed(run: Run, spec: LaunchSpec, start: int, out: Path, *, threads: int
         "config": spec.config,
         "path": spec.path,
         "root": spec.root,
-        "threads": threads,
-        "perturb": perturb,
+        "threads": change.threads,
+        "perturb": change.perturb,
+        "switches": switches,
         "out": str(out),
     }
     environment = {**os.environ, _JOB: json.dumps(job)}
@@ -161,7 +203,7 @@ def _replayed(run: Run, spec: LaunchSpec, start: int, out: Path, *, threads: int
     done = subprocess.run([*launcher, "-m", __name__], env=environment, cwd=cwd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise _Failed(f"replaying run A with {threads} threads failed: {last}")
+        raise _Failed(f"replaying run A to measure its envelope failed: {last}")
     return distances(run, Run.open(out), exact=False) or Measured()
 
 
@@ -195,7 +237,7 @@ def _main() -> None:
     ours = init_process_group() if "LOCAL_RANK" in os.environ else False
     environment = dict(Run.open(job["source"], rank).environment)
     environment["torch.get_num_threads"] = job["threads"]
-    env.apply(environment)
+    env.apply({**environment, **job["switches"]})
     trainee = build(job["target"], job["config"], expected=Path(job["path"]))
     if job["perturb"]:
         trainee.step = _Perturbed(trainee.step, trainee.model)

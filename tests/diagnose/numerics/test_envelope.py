@@ -1,0 +1,40 @@
+"""Which experiment measures the envelope: run B's TF32 settings, where they differ from run A's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bisect_repro.diagnose.numerics.envelope import tf32_of
+
+
+def run(**environment: Any) -> Any:
+    return SimpleNamespace(environment=environment)
+
+
+def test_the_same_tf32_settings_give_no_tf32_experiment() -> None:
+    a = run(**{"torch.backends.cuda.matmul.allow_tf32": False, "env.NVIDIA_TF32_OVERRIDE": None, "torch.get_num_threads": 1})
+    b = run(**{"torch.backends.cuda.matmul.allow_tf32": False, "env.NVIDIA_TF32_OVERRIDE": None, "torch.get_num_threads": 2})
+    assert tf32_of(a, b) is None
+
+
+def test_run_bs_switches_and_variables_where_they_differ() -> None:
+    a = run(**{"torch.backends.cuda.matmul.allow_tf32": False, "torch.backends.cudnn.allow_tf32": True, "env.NVIDIA_TF32_OVERRIDE": "0"})
+    b = run(**{
+        "torch.backends.cuda.matmul.allow_tf32": True,
+        "torch.backends.cudnn.allow_tf32": True,
+        "torch.get_float32_matmul_precision": "high",
+        "env.TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1",
+    })  # fmt: skip
+    switches, variables = tf32_of(a, b) or ({}, {})
+    assert switches == {"torch.backends.cuda.matmul.allow_tf32": True, "torch.get_float32_matmul_precision": "high"}
+    assert variables == {"NVIDIA_TF32_OVERRIDE": None, "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}  # None: unset in the replay
+
+
+@pytest.mark.parametrize("value", ["os.system('x')", 1, ["high"], "HIGH"])
+def test_a_switch_value_no_switch_takes_is_left_out(value: Any) -> None:
+    a = run(**{"torch.get_float32_matmul_precision": "highest"})
+    b = run(**{"torch.get_float32_matmul_precision": value, "torch.backends.cudnn.allow_tf32": "yes"})
+    assert tf32_of(a, b) is None
