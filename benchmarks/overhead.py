@@ -146,6 +146,9 @@ def bench_process_overhead(
                 measured = json.loads(done.stdout.splitlines()[-1])
                 loops[name].append(measured["loop s"])
                 cpus[name].append(measured["loop cpu s"])
+                # Each process as it ends, so that a run cut short still leaves its figures in the log.
+                took = f"process {processes[name][-1]:.2f} s, loop {measured['loop s']:.2f} s"
+                print(f"{model} round {run + 1}, {name}: {took}", file=sys.stderr)
 
     def paired(samples: dict[str, list[float]], name: str) -> list[float]:
         return sorted(a / b for a, b in zip(samples[name], samples["plain loop"], strict=True))

@@ -165,6 +165,10 @@ def test_human_report_leads_with_the_verdict_and_names_the_fix(examples, tmp_pat
     assert text.index("verdict") < text.index("snapshot timeline")
     assert "nondeterministic op" in text and "embed.table.grad" in text and "Fix:" in text
     assert "use_deterministic_algorithms" in text
+    # The envelope of a run that differs from itself is that run again, nothing changed.
+    assert "envelope measured by replaying run A from step 0 with nothing changed (run A differs from itself: aten.index_put" in " ".join(
+        text.split()
+    )
 
 
 def test_a_recipe_missing_here_falls_back_to_the_records(examples, tmp_path) -> None:

@@ -52,7 +52,7 @@ from .from_records import rank_verdict, records_verdict, structure_verdict
 from .records import Records, first_divergence, rank_zero_alike, read_records, through_collectives
 from .roles import RECEIVER, roles
 from .rules import Signals, enforce, reconcile
-from .verdict import CompareResult, Numerics, RankResult, Verdict
+from .verdict import CompareResult, Confidence, Numerics, Outcome, RankResult, Verdict
 from .walk import Progress, walk
 
 __all__ = ["compare"]
@@ -106,8 +106,17 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
         replayed, notes = enforce(records_verdict(records), Signals.of_records(records))
         result.notes += notes
     result.verdict = replayed
-    result.numerics = judge(records, specs[0] if specs is not None else None)
+    result.numerics = judge(records, specs[0] if specs is not None else None, _unrepeatable(replayed))
     return result
+
+
+def _unrepeatable(verdict: Verdict | None) -> str | None:
+    """The op by which the verdict proved that run A differs from itself, if it did: its envelope
+    is then run A again, unchanged (any other experiment's change would be read through it)."""
+    if verdict is None or verdict.cause is not Cause.NONDETERMINISTIC_OP or verdict.confidence is not Confidence.PROVEN:
+        return None
+    shown = any(e.experiment == "self_rerun" and e.subject == "run A" and e.outcome is Outcome.DIFFERS for e in verdict.evidence)
+    return (verdict.op or "a nondeterministic op") if shown else None
 
 
 def _result_of(records: Records, a: Run, b: Run) -> CompareResult:
@@ -243,7 +252,7 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
                 f"the replay runs its {a.world_size} ranks on this machine alone, where they fit"
             )
         _replay_ranks(records, verdict, result, specs, progress, announce)
-    result.numerics = judge(records, specs[0].on_ranks(a.world_size, 0) if specs is not None else None)
+    result.numerics = judge(records, specs[0].on_ranks(a.world_size, 0) if specs is not None else None, _unrepeatable(result.verdict))
     if not rank_zero_alike(a, b):
         for found in {id(v): v for v in [result.verdict, *(r.verdict for r in result.ranks)] if v is not None}.values():
             _by_layout(found, a, b, result.numerics)

@@ -3,10 +3,12 @@
 Run A is recorded again, in a fresh process, from its first checkpoint to its last step with the
 same snapshots, with the rounding changed and nothing else (the data, the streams, the settings
 and the code are A's, restored from the checkpoint); the distance of that replay from run A at
-each snapshot is the envelope. What changes, in order (the first that moves the weights at all):
+each snapshot is the envelope. What changes, in order (the first that moves the weights at all;
+``itself`` alone where it applies, since any other change would be read through that op's noise):
 
 | experiment | what changes | where it moves the weights |
 | --- | --- | --- |
+| ``itself`` | nothing, where the compare proved run A differs from itself (a nondeterministic op) | where that op adds |
 | ``tf32`` | run B's TF32 switches and variables, where they differ from run A's | matmuls and convolutions on a GPU |
 | ``threads`` | torch's intra-op thread count, 1 and 2 swapped | reductions that torch splits across threads |
 | ``ulp`` | every floating-point parameter one ulp up, at the first step | everywhere: for a training exact under any thread count |
@@ -46,7 +48,7 @@ from ..compare.records import Records, rank_zero_alike
 from .numerics import FLOOR, Measured, decide, distances, signals_differing
 from .numerics_result import Envelope, Numerics
 
-__all__ = ["judge", "measure_envelope", "tf32_of"]
+__all__ = ["experiments", "judge", "measure_envelope", "tf32_of"]
 
 _JOB = "BISECT_REPRO_ENVELOPE"
 
@@ -56,7 +58,11 @@ TF32_VARIABLES = ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
 _PRECISIONS = ("highest", "high", "medium")
 
 
-def tf32_of(a: Run, b: Run) -> tuple[dict[str, Any], dict[str, str | None]] | None:
+_TF32 = tuple[dict[str, Any], dict[str, str | None]]
+"""Run B's TF32 switches (by fingerprint key) and variables (by name; ``None``: unset)."""
+
+
+def tf32_of(a: Run, b: Run) -> _TF32 | None:
     """Run B's TF32 switches and variables where they differ from run A's (``None`` where none
     does): what the ``tf32`` experiment replays run A with. Only values a switch can take pass (a
     bool; a matmul precision torch names); variables go through the launch's own checks."""
@@ -67,9 +73,12 @@ def tf32_of(a: Run, b: Run) -> tuple[dict[str, Any], dict[str, str | None]] | No
     return (switches, variables) if switches or variables else None
 
 
-def measure_envelope(run: Run, spec: LaunchSpec | None, other: Run | None = None) -> tuple[Envelope | None, str | None]:
+def measure_envelope(
+    run: Run, spec: LaunchSpec | None, other: Run | None = None, unrepeatable: str | None = None
+) -> tuple[Envelope | None, str | None]:
     """Run A's envelope, or ``None`` with why it could not be measured; ``other``: run B, whose
-    TF32 settings the ``tf32`` experiment takes."""
+    TF32 settings the ``tf32`` experiment takes; ``unrepeatable``: the op by which the compare
+    proved run A differs from itself, if it did."""
     if spec is None:
         return None, "run A could not be replayed"
     if spec.kind is not CodeKind.RECIPE or spec.target is None:
@@ -79,22 +88,30 @@ def measure_envelope(run: Run, spec: LaunchSpec | None, other: Run | None = None
     start = min(run.checkpoints)
     threads = run.environment.get("torch.get_num_threads")
     threads = threads if isinstance(threads, int) and threads > 0 else torch.get_num_threads()
-    swapped = 2 if threads == 1 else 1
     tf32 = tf32_of(run, other) if other is not None else None
-    experiments: list[tuple[str, _Change]] = [] if tf32 is None else [(_tf32_method(*tf32), _Change(threads=threads, tf32=tf32))]
-    experiments += [
-        (f"{swapped} torch threads instead of {threads}", _Change(threads=swapped)),
-        ("every weight moved one ulp", _Change(threads=threads, perturb=True)),
-    ]
     with tempfile.TemporaryDirectory(prefix="bisect-repro-envelope-") as folder:
-        for index, (method, change) in enumerate(experiments):
+        for index, (method, change, last) in enumerate(experiments(threads, tf32, unrepeatable)):
             try:
                 measured = _replayed(run, spec, start, Path(folder) / str(index), change)
             except _Failed as error:
                 return None, str(error)
-            if any(p.relative != 0 for p in measured.weights) or index == len(experiments) - 1:
+            if last or any(p.relative != 0 for p in measured.weights):
                 return Envelope(method=method, from_step=start, points=measured.weights, activations=measured.activations), None
     raise AssertionError("unreachable: the last experiment returns")
+
+
+def experiments(threads: int, tf32: _TF32 | None, unrepeatable: str | None) -> list[tuple[str, _Change, bool]]:
+    """The experiments to try, in order, each with its method as the sentence names it and
+    whether it is the last (the table of the module docstring)."""
+    if unrepeatable is not None:
+        return [(f"nothing changed (run A differs from itself: {unrepeatable})", _Change(threads=threads), True)]
+    swapped = 2 if threads == 1 else 1
+    found = [] if tf32 is None else [(_tf32_method(*tf32), _Change(threads=threads, tf32=tf32))]
+    found += [
+        (f"{swapped} torch threads instead of {threads}", _Change(threads=swapped)),
+        ("every weight moved one ulp", _Change(threads=threads, perturb=True)),
+    ]
+    return [(method, change, i == len(found) - 1) for i, (method, change) in enumerate(found)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +120,7 @@ class _Change:
 
     threads: int
     perturb: bool = False
-    tf32: tuple[dict[str, Any], dict[str, str | None]] | None = None
+    tf32: _TF32 | None = None
 
 
 def _tf32_method(switches: dict[str, Any], variables: dict[str, str | None]) -> str:
@@ -111,7 +128,7 @@ def _tf32_method(switches: dict[str, Any], variables: dict[str, str | None]) -> 
     return f"run B's TF32 settings ({', '.join(named)})"
 
 
-def judge(records: Records, spec: LaunchSpec | None) -> Numerics:
+def judge(records: Records, spec: LaunchSpec | None, unrepeatable: str | None = None) -> Numerics:
     """The ``numerics`` of two runs: their distance, run A's envelope (measured only when the
     weights differ from the first snapshot on and run A may be replayed: ``spec``; runs equal bit
     for bit at a later snapshot part by an event the verdict explains, not by rounding from the
@@ -129,7 +146,7 @@ def judge(records: Records, spec: LaunchSpec | None) -> Numerics:
     unmeasured = _not_rounding(records, measured, signals) if measured is not None else None
     if unmeasured is not None:
         return decide(measured, None, signals, unmeasured)
-    envelope, why = measure_envelope(records.a, spec, records.b) if measured is not None else (None, None)
+    envelope, why = measure_envelope(records.a, spec, records.b, unrepeatable) if measured is not None else (None, None)
     return decide(measured, envelope, signals, why)
 
 

@@ -177,3 +177,24 @@ def test_a_config_key_that_only_names_each_runs_directory_is_never_the_cause(tmp
     run("c", {"out": str(tmp_path / "runs" / "c"), "log_dir": "runs/c/logs", "lr": 0.2})
     result = compare(tmp_path / "runs" / "a", tmp_path / "runs" / "c", replay=False)
     assert result.config_diff == {"lr": [0.1, 0.2]} and result.verdict.cause.value == "config" and result.verdict.config_keys == ["lr"]
+
+
+@pytest.mark.parametrize(
+    ("cause", "confidence", "subject", "outcome", "expected"),
+    [
+        (Cause.NONDETERMINISTIC_OP, Confidence.PROVEN, "run A", "differs", "aten.index_add.default"),
+        (Cause.NONDETERMINISTIC_OP, Confidence.PROVEN, "run B", "differs", None),  # run A repeats: its envelope is not its own noise
+        (Cause.NONDETERMINISTIC_OP, Confidence.INFERRED, "run A", "differs", None),
+        (Cause.NONDETERMINISTIC_OP, Confidence.PROVEN, "run A", "matches", None),
+        (Cause.ENVIRONMENT, Confidence.PROVEN, "run A", "differs", None),
+    ],
+)
+def test_the_envelope_is_run_a_against_itself_only_where_a_rerun_proved_it_differs(
+    cause: Cause, confidence: Confidence, subject: str, outcome: str, expected: str | None
+) -> None:
+    from bisect_repro.diagnose.compare.compare import _unrepeatable
+    from bisect_repro.diagnose.compare.verdict import Evidence, Verdict
+
+    evidence = [Evidence(experiment="self_rerun", subject=subject, outcome=outcome, detail="step 3 run again")]
+    verdict = Verdict(step=3, cause=cause, confidence=confidence, op="aten.index_add.default", evidence=evidence)
+    assert _unrepeatable(verdict) == expected
