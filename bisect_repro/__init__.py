@@ -16,17 +16,69 @@ The public API::
 
 from __future__ import annotations
 
-from .capture import vml
-from .capture.hashing import hash_tensors
-from .diagnose.compare.compare import compare
-from .diagnose.doctor.doctor import doctor
-from .errors import BisectReproError
-from .record.recorder import Recorder, RecordOptions, current_step, record
-from .store.run import Run
-from .trainee import Trainee
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
 from .version import __version__
 
-vml.settle()  # the first call of MKL's vector math, made before any code this process records or replays
+if TYPE_CHECKING:
+    from .capture.hashing import hash_tensors
+    from .diagnose.compare.compare import compare
+    from .diagnose.doctor.doctor import doctor
+    from .errors import BisectReproError
+    from .record.recorder import Recorder, RecordOptions, current_step, record
+    from .store.run import Run
+    from .trainee import Trainee
+
+
+def _module_of(name: str) -> ModuleType | None:
+    """The module that defines a public name, imported on first use: the command line starts its
+    fork server before it imports torch (see replay/prestart.py). Whatever records or replays
+    imports ``bisect_repro.capture``, which makes MKL's first vector-math call (capture/vml.py)."""
+    match name:
+        case "Recorder" | "RecordOptions" | "current_step" | "record":
+            from .record import recorder
+
+            return recorder
+        case "compare":
+            from .diagnose.compare import compare
+
+            return compare
+        case "doctor":
+            from .diagnose.doctor import doctor
+
+            return doctor
+        case "Run":
+            from .store import run
+
+            return run
+        case "Trainee":
+            from . import trainee
+
+            return trainee
+        case "hash_tensors":
+            from .capture import hashing
+
+            return hashing
+        case "BisectReproError":
+            from . import errors
+
+            return errors
+    return None
+
+
+def __getattr__(name: str) -> Any:
+    module = _module_of(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "BisectReproError",

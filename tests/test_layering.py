@@ -19,8 +19,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bisect_repro"
 LAYERS = [
-    "version", "errors", "stateful", "trainee", "capture", "store", "serve", "record", "replay", "diagnose", "report",
-    "integrations", "demo", "cli",
+    "version", "variables", "errors", "stateful", "trainee", "capture", "store", "serve", "record", "replay", "diagnose", "report",
+    "integrations", "demo", "cli", "__main__",
 ]  # fmt: skip
 
 

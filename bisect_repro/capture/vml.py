@@ -9,9 +9,10 @@ process were exact. Adam and RMSprop take a ``sqrt`` of their second moment at e
 two runs of the same seeded script part, at the first optimizer step, in a few processes in a
 hundred; and a replay does not reproduce a record that carries it.
 
-Design decision: :func:`settle` runs that first call when ``bisect_repro`` is imported (before the
-code it records or replays does anything), on enough elements for every thread to take a share,
-and discards its result. Runs recorded and replayed with bisect-repro are then free of it.
+Design decision: :func:`settle` runs that first call when ``bisect_repro.capture`` is imported
+(which whatever records or replays imports before the code it runs does anything), on enough
+elements for every thread to take a share, and discards its result. Runs recorded and replayed
+with bisect-repro are then free of it.
 
 A fork server (:mod:`bisect_repro.replay.forks`) must not start OpenMP threads before it
 forks, so it starts with :data:`DEFER_VARIABLE` set: the import then leaves the call to each copy,
@@ -28,10 +29,9 @@ import os
 
 import torch
 
-__all__ = ["DEFER_VARIABLE", "GRAIN", "settle"]
+from ..variables import DEFER_VARIABLE
 
-DEFER_VARIABLE = "BISECT_REPRO_DEFER_VML"
-"""Set (to anything) in a process that forks copies of itself: :func:`settle` does nothing there."""
+__all__ = ["GRAIN", "settle"]
 
 GRAIN = 2048
 """Elements ATen hands one thread at a time for a unary float op (its ``grain_size``)."""

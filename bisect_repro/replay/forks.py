@@ -55,7 +55,8 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..capture.vml import DEFER_VARIABLE
+from ..variables import DEFER_VARIABLE
+from .prestart import Prestarted, discard, end, take
 
 _log = logging.getLogger(__name__)
 
@@ -165,9 +166,9 @@ class ForkedProcess:
 class _Server:
     """One fork server: its process, the copies it was asked for, and the thread that reads its reports."""
 
-    def __init__(self, environment: dict[str, str], modules: list[str]) -> None:
-        self.folder = tempfile.mkdtemp(prefix="bisect-repro-fork-")  # mode 0700, empty: its cwd, on its sys.path
-        self.log = Path(self.folder) / "server.log"
+    def __init__(self, environment: dict[str, str], modules: list[str], ahead: Prestarted | None = None) -> None:
+        """Start a server, or (``ahead``) take one started ahead with this environment and ask it
+        to import ``modules`` before its first fork."""
         self._lock = threading.Lock()
         self._waiting: list[ForkedProcess] = []  # asked for, not yet forked, in order
         self._running: dict[int, ForkedProcess] = {}
@@ -175,17 +176,27 @@ class _Server:
         """Why this server forks no more (``None``: it forks)."""
         self.forked = 0
         """The copies it has forked."""
-        environment = {**environment, DEFER_VARIABLE: "1"}
-        with open(self.log, "wb") as output:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "bisect_repro.replay.forkserver", json.dumps(modules)],
-                cwd=self.folder,
-                env=environment,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=output,
-            )
-        _log.info("fork server %d started (preloading %s), output in %s", self.process.pid, ", ".join(modules) or "torch", self.log)
+        if ahead is not None:
+            self.process, self.folder, self.log = ahead.process, ahead.folder, ahead.log
+            if modules and self.process.stdin is not None:
+                with contextlib.suppress(OSError):  # a server that has ended is found unfit by its reader
+                    self.process.stdin.write((json.dumps({"preload": modules}) + "\n").encode())
+                    self.process.stdin.flush()
+            started = "taken, started ahead"
+        else:
+            self.folder = tempfile.mkdtemp(prefix="bisect-repro-fork-")  # mode 0700, empty: its cwd, on its sys.path
+            self.log = Path(self.folder) / "server.log"
+            with open(self.log, "wb") as output:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "bisect_repro.replay.forkserver", json.dumps(modules)],
+                    cwd=self.folder,
+                    env={**environment, DEFER_VARIABLE: "1"},
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=output,
+                )
+            started = "started"
+        _log.info("fork server %d %s (preloading %s), output in %s", self.process.pid, started, ", ".join(modules) or "torch", self.log)
         self._reader = threading.Thread(target=self._read, name="fork-server-reports", daemon=True)
         self._reader.start()
 
@@ -236,19 +247,12 @@ class _Server:
 
     def close(self) -> None:
         """End the server: it kills the copies still running, then exits."""
-        with self._lock:
+        with self._lock:  # no request is being written meanwhile
             if self.process.stdin is not None:
                 with contextlib.suppress(OSError):
                     self.process.stdin.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        end(self.process, self.folder, self.log)
         self._reader.join(timeout=10)
-        with contextlib.suppress(OSError):
-            self.log.unlink()
-            os.rmdir(self.folder)
 
 
 class ForkServers:
@@ -286,7 +290,7 @@ class ForkServers:
         with self._lock:
             server = self._servers.get(key)
             if server is None:
-                server = self._servers[key] = _Server(shared, modules)
+                server = self._servers[key] = _Server(shared, modules, take(shared))
                 self._started.append(server)
         return server.fork(environment, cwd, log, fresh)
 
@@ -303,8 +307,8 @@ _active: list[ForkServers] = []
 
 @contextlib.contextmanager
 def forking() -> Iterator[ForkServers]:
-    """Inside this block, replicas fork their processes from fork servers; the servers, and any
-    copy still running, end with it."""
+    """Inside this block, replicas fork their processes from fork servers; the servers, any copy
+    still running, and any server started ahead that no replica took, end with it."""
     pool = ForkServers()
     _active.append(pool)
     try:
@@ -312,6 +316,7 @@ def forking() -> Iterator[ForkServers]:
     finally:
         _active.remove(pool)
         pool.close()
+        discard()
 
 
 def servers() -> ForkServers | None:

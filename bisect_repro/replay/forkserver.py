@@ -2,8 +2,9 @@
 
 It imports torch, bisect-repro's bootstrap and ``MODULES`` (a JSON list; ``module:Name`` also takes
 a name from the module, which loads a lazy library's part), then reads one request a line on its
-standard input (the environment, working directory and output file of a replaying process) and
-forks a copy for each, which runs the bootstrap as a fresh process would. It writes its reports,
+standard input: ``{"preload": MODULES}`` imports more (a server started ahead is told what the
+run's code imports so), any other is the environment, working directory and output file of a
+replaying process, and it forks a copy for each, which runs the bootstrap as a fresh process would. It writes its reports,
 one JSON object a line, on its standard output: ``{"forked": pid}``, ``{"exited": pid, "code": c}``
 (it reaps its copies), or once ``{"unfit": why}`` before it exits, when an import started threads
 (an OpenMP team does not survive ``fork``) or initialised CUDA. It ends, killing the copies still
@@ -92,28 +93,36 @@ def _report(reports: int, message: dict[str, Any]) -> None:
     os.write(reports, (json.dumps(message) + "\n").encode())
 
 
-def _serve(modules: list[str]) -> None:
-    reports = os.dup(1)
-    os.dup2(2, 1)  # whatever an import prints goes to the server's log, never into the reports
-    threads = _threads()  # torch is imported (by bisect_repro's own import); it has a thread of its own, which a copy lacks
+def _unfit(threads: int) -> str | None:
+    """Why this process may not fork after its imports, if it may not."""
     import torch
 
-    from . import bootstrap  # noqa: F401  (imported here once, for every copy)
-
-    _preload(modules)
     if _threads() > threads:  # an import ran a parallel op: the copies would hang in their first
-        _report(reports, {"unfit": f"{_threads()} threads after the imports, not {threads}"})
-        return
-    folder = os.getcwd()
-    children: set[int] = set()
-    pending = b""
+        return f"{_threads()} threads after the imports, not {threads}"
     if torch.cuda.is_initialized():  # a CUDA context does not survive fork
-        _report(reports, {"unfit": "an import initialised CUDA"})
-        return
+        return "an import initialised CUDA"
     # The imports' objects leave the collector's generations: a copy's collections would otherwise
     # walk every one of them, and each page walked is copied on write (starting copies took 0.15 s
     # each, and more beside each other).
     gc.freeze()
+    return None
+
+
+def _serve(modules: list[str]) -> None:
+    reports = os.dup(1)
+    os.dup2(2, 1)  # whatever an import prints goes to the server's log, never into the reports
+    import torch  # noqa: F401  (it has a thread of its own, which a copy lacks: counted before the rest)
+
+    threads = _threads()
+    from . import bootstrap  # noqa: F401  (imported here once, for every copy)
+
+    _preload(modules)
+    if (why := _unfit(threads)) is not None:
+        _report(reports, {"unfit": why})
+        return
+    folder = os.getcwd()
+    children: set[int] = set()
+    pending = b""
     while True:
         readable, _, _ = select.select([0], [], [], 0.05)
         while children:
@@ -138,6 +147,12 @@ def _serve(modules: list[str]) -> None:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
+            if "preload" in request:  # a server started ahead, told what the run's code imports
+                _preload(list(request["preload"]))
+                if (why := _unfit(threads)) is not None:
+                    _report(reports, {"unfit": why})
+                    return
+                continue
             sys.stdout.flush()  # nothing an import left in a buffer reaches a copy's output
             sys.stderr.flush()
             pid = os.fork()

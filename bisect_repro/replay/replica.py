@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import subprocess
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,6 +56,7 @@ from .forks import ForkedProcess, start_process
 from .interface import Progress
 from .launch import LaunchSpec
 from .output import last_line
+from .prestart import replica_environment
 from .rewind import Rewinds
 
 _log = logging.getLogger(__name__)
@@ -108,14 +108,7 @@ class Replica:
 
     def _environment(self) -> dict[str, str]:
         """The environment the process starts with: this one's, with the run's recorded variables and the channel's."""
-        package_root = str(Path(__file__).resolve().parents[2])
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("BISECT_REPRO_")}
-        for name, value in self.spec.variables.items():  # REPLAYED_VARIABLES only (see launch.py)
-            if value is None:
-                environment.pop(name, None)
-            else:
-                environment[name] = str(value)
-        environment["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environment.get("PYTHONPATH")) if p)
+        environment = replica_environment(self.spec.variables)  # REPLAYED_VARIABLES only (see launch.py)
         environment.update(self.listener.environment())
         environment[SPEC_VARIABLE] = json.dumps(self.spec.to_json())
         return environment

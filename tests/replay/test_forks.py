@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,17 @@ def test_copies_start_as_fresh_processes_and_their_exit_codes_are_reported(tmp_p
     assert all(int(str(r["frozen"])) > 10_000 for r in reports)  # the server's imports, out of the copies' collections
 
 
+def exiting_with_7(started: list[int]) -> Callable[[], subprocess.Popen[bytes]]:
+    """A fresh process's start, for a server that cannot fork: it exits with 7; its pid goes to ``started``."""
+
+    def start_afresh() -> subprocess.Popen[bytes]:
+        process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
+        started.append(process.pid)
+        return process
+
+    return start_afresh
+
+
 def torch_default_seed() -> int:
     found = subprocess.run([sys.executable, "-c", "import torch; print(torch.initial_seed())"], capture_output=True, text=True, check=True)
     return int(found.stdout)
@@ -95,12 +107,7 @@ def test_a_server_whose_imports_started_threads_starts_every_process_afresh(tmp_
     recipe.write_text(REPORTING)
     environment = {**_environment(recipe, "x"), "PYTHONPATH": os.pathsep.join((ROOT, str(tmp_path))), "OMP_NUM_THREADS": "2"}
     fresh: list[int] = []
-
-    def start_afresh() -> subprocess.Popen[bytes]:
-        process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
-        fresh.append(process.pid)
-        return process
-
+    start_afresh = exiting_with_7(fresh)
     with forking() as forks:
         first = forks.start(environment, {SPEC_VARIABLE}, ["torchaudio"], str(tmp_path), tmp_path / "log", start_afresh)
         assert first is not None and first.wait(timeout=120) == 7 and first.pid == fresh[0]
