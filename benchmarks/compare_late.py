@@ -72,11 +72,18 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path, repeat: int = 1) -> dict[str, Any]:
+def _verdict(result: dict[str, Any]) -> list[Any]:
+    return [(result.get("verdict") or {}).get(k) for k in ("step", "phase", "layer", "cause", "confidence")]
+
+
+def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path, repeat: int = 1, ahead: bool = False) -> dict[str, Any]:
     """Record both runs (run A timed), compare them (timed), ``repeat`` times in turn: one row of
-    medians (each compare against the recording of its own round)."""
+    medians (each compare against the recording of its own round). ``ahead``: each round also
+    compares with the command's module run directly (``python -m bisect_repro.cli``, which starts
+    no fork server ahead), right after, on the same runs."""
     row: dict[str, Any] = {"case": name, "load before": _load()}
     records, compares, verdicts, result = [], [], [], {}
+    direct: list[float] = []
     for round_ in range(repeat):
         runs = []
         for label, command in zip("ab", commands, strict=True):
@@ -90,7 +97,11 @@ def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path, rep
         seconds, done = _timed([CLI, "compare", "--json", *runs], folder)
         compares.append(seconds)
         result = json.loads(done.stdout)
-        verdicts.append([(result.get("verdict") or {}).get(k) for k in ("step", "phase", "layer", "cause", "confidence")])
+        verdicts.append(_verdict(result))
+        if ahead:
+            seconds, done = _timed([sys.executable, "-m", "bisect_repro.cli", "compare", "--json", *runs], folder)
+            direct.append(seconds)
+            verdicts.append(_verdict(json.loads(done.stdout)))
     replay = result["replay"]
     ratios = sorted(c / r for c, r in zip(compares, records, strict=True))
     row.update({
@@ -102,6 +113,10 @@ def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path, rep
         "processes": replay.get("processes"),
         "forked": replay.get("forked"),
         "replayed steps": replay.get("replayed_steps"),
+        **({} if not direct else {
+            "compare s, no server ahead": round(statistics.median(direct), 2),
+            "no server ahead / record": round(statistics.median(d / r for d, r in zip(direct, records, strict=True)), 2),
+        }),
         "verdict": verdicts[-1],
         **({} if all(v == verdicts[-1] for v in verdicts) else {"verdicts, by round": verdicts}),  # a round that disagreed
         "load after": _load(),
@@ -114,6 +129,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--out", type=Path, required=True, help="folder for compare_late.json")
     parser.add_argument("--only", nargs="+", choices=("recipe", "loop", "script", "lightning", "hf"), metavar="CASE")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of each case (record A, record B, compare); medians")
+    parser.add_argument("--ahead", action="store_true", help="also compare without a fork server started ahead, in the same rounds")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -124,7 +140,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             if needs is not None and importlib.util.find_spec(needs) is None:
                 print(f"{name}: skipped ({needs} is not installed)")
                 continue
-            row = run_case(name, (a, b), Path(tmp), args.repeat)
+            row = run_case(name, (a, b), Path(tmp), args.repeat, args.ahead)
             print(json.dumps(row))
             rows.append(row)
     path = args.out / "compare_late.json"

@@ -21,8 +21,9 @@ def test_a_hand_written_sgd_loop_diverging_by_thread_count(tmp_path: Path) -> No
     for name, threads in (("a", "1"), ("b", "2")):
         done = _run(str(script), "--out", name, "--threads", threads, cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-2000:]
-    done = _run("-m", "bisect_repro.cli", "compare", "a", "b", "--json", cwd=tmp_path)
+    done = _run("-m", "bisect_repro", "-v", "compare", "a", "b", "--json", cwd=tmp_path)  # as the console script runs
     assert done.returncode == 1, done.stderr[-2000:]
+    assert "taken, started ahead" in done.stderr  # the fork server started before the command imported torch
     report = json.loads(done.stdout)
     verdict = report["verdict"]
     assert (verdict["phase"], verdict["layer"], verdict["op"]) == ("forward", "centre", "aten.mean.default"), verdict

@@ -24,11 +24,12 @@ def train(tmp_path: Path):
 
 @pytest.fixture
 def compare(tmp_path: Path):
-    """``bisect-repro compare --json`` on two runs in ``tmp_path``: the exit code and the report."""
+    """``bisect-repro compare --json`` on two runs in ``tmp_path`` (the console script's entry, its
+    fork server started ahead): the exit code and the report."""
 
     def run(a: str, b: str) -> tuple[int, dict]:
         done = subprocess.run(
-            [sys.executable, "-m", "bisect_repro.cli", "compare", a, b, "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=900
+            [sys.executable, "-m", "bisect_repro", "compare", a, b, "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=900
         )
         assert done.returncode in (0, 1), done.stderr[-3000:]
         return done.returncode, json.loads(done.stdout)
