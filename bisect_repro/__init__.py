@@ -16,6 +16,7 @@ The public API::
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,21 @@ def _module_of(name: str) -> ModuleType | None:
 
             return errors
     return None
+
+
+class _Package(ModuleType):
+    """This package's module: the public function ``record`` keeps its name when the subpackage
+    ``bisect_repro.record`` is first imported (the import system then binds the subpackage to its
+    parent's attribute, which would hide the function; ``import bisect_repro.record.x`` and
+    ``from bisect_repro.record import x`` find the subpackage in ``sys.modules``)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "record" and isinstance(value, ModuleType):
+            return  # the name stays the function, which __getattr__ imports on first use
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
