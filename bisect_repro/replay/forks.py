@@ -50,13 +50,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..variables import DEFER_VARIABLE
-from .prestart import Prestarted, discard, end, take
+from .prestart import ServerProcess, discard, end, launch, take
 
 _log = logging.getLogger(__name__)
 
@@ -166,7 +164,7 @@ class ForkedProcess:
 class _Server:
     """One fork server: its process, the copies it was asked for, and the thread that reads its reports."""
 
-    def __init__(self, environment: dict[str, str], modules: list[str], ahead: Prestarted | None = None) -> None:
+    def __init__(self, environment: dict[str, str], modules: list[str], ahead: ServerProcess | None = None) -> None:
         """Start a server, or (``ahead``) take one started ahead with this environment and ask it
         to import ``modules`` before its first fork."""
         self._lock = threading.Lock()
@@ -176,26 +174,13 @@ class _Server:
         """Why this server forks no more (``None``: it forks)."""
         self.forked = 0
         """The copies it has forked."""
-        if ahead is not None:
-            self.process, self.folder, self.log = ahead.process, ahead.folder, ahead.log
-            if modules and self.process.stdin is not None:
-                with contextlib.suppress(OSError):  # a server that has ended is found unfit by its reader
-                    self.process.stdin.write((json.dumps({"preload": modules}) + "\n").encode())
-                    self.process.stdin.flush()
-            started = "taken, started ahead"
-        else:
-            self.folder = tempfile.mkdtemp(prefix="bisect-repro-fork-")  # mode 0700, empty: its cwd, on its sys.path
-            self.log = Path(self.folder) / "server.log"
-            with open(self.log, "wb") as output:
-                self.process = subprocess.Popen(
-                    [sys.executable, "-m", "bisect_repro.replay.forkserver", json.dumps(modules)],
-                    cwd=self.folder,
-                    env={**environment, DEFER_VARIABLE: "1"},
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=output,
-                )
-            started = "started"
+        server = ahead if ahead is not None else launch(environment, modules)
+        self.process, self.folder, self.log = server.process, server.folder, server.log
+        if ahead is not None and modules and self.process.stdin is not None:
+            with contextlib.suppress(OSError):  # a server that has ended is found unfit by its reader
+                self.process.stdin.write((json.dumps({"preload": modules}) + "\n").encode())
+                self.process.stdin.flush()
+        started = "taken, started ahead" if ahead is not None else "started"
         _log.info("fork server %d %s (preloading %s), output in %s", self.process.pid, started, ", ".join(modules) or "torch", self.log)
         self._reader = threading.Thread(target=self._read, name="fork-server-reports", daemon=True)
         self._reader.start()

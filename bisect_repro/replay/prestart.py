@@ -27,6 +27,7 @@ replay) has paid a server's imports on a core it did not otherwise use.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -37,12 +38,12 @@ from pathlib import Path
 
 from ..variables import DEFER_VARIABLE, PRIVATE_PREFIX
 
-__all__ = ["Prestarted", "discard", "end", "prestart", "replica_environment", "take"]
+__all__ = ["ServerProcess", "discard", "end", "launch", "prestart", "replica_environment", "take"]
 
 
 @dataclass(frozen=True)
-class Prestarted:
-    """A fork server's process started ahead, with its private folder, log and environment."""
+class ServerProcess:
+    """A fork server's process, with its private folder, log and environment (started ahead or not)."""
 
     process: subprocess.Popen[bytes]
     folder: str
@@ -51,7 +52,7 @@ class Prestarted:
     """The environment it was started with, less :data:`DEFER_VARIABLE`."""
 
 
-_ahead: list[Prestarted] = []
+_ahead: list[ServerProcess] = []
 _lock = threading.Lock()
 
 
@@ -70,27 +71,32 @@ def replica_environment(variables: dict[str, str | None] | None = None) -> dict[
     return environment
 
 
-def prestart() -> Prestarted:
-    """Start a fork server now, for :func:`take` to hand to the first replica whose server it is."""
-    environment = replica_environment()
+def launch(environment: dict[str, str], modules: list[str]) -> ServerProcess:
+    """Start a fork server with ``environment`` (less :data:`DEFER_VARIABLE`, which it gets too),
+    preloading ``modules``, in a private folder of its own."""
     folder = tempfile.mkdtemp(prefix="bisect-repro-fork-")  # mode 0700, empty: its cwd, on its sys.path
     log = Path(folder) / "server.log"
     with open(log, "wb") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "bisect_repro.replay.forkserver", "[]"],
+            [sys.executable, "-m", "bisect_repro.replay.forkserver", json.dumps(modules)],
             cwd=folder,
             env={**environment, DEFER_VARIABLE: "1"},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=output,
         )
-    started = Prestarted(process, folder, log, environment)
+    return ServerProcess(process, folder, log, environment)
+
+
+def prestart() -> ServerProcess:
+    """Start a fork server now, for :func:`take` to hand to the first replica whose server it is."""
+    started = launch(replica_environment(), [])
     with _lock:
         _ahead.append(started)
     return started
 
 
-def take(environment: dict[str, str]) -> Prestarted | None:
+def take(environment: dict[str, str]) -> ServerProcess | None:
     """The server started ahead with exactly ``environment`` (a replica's, less its private
     variables), handed over once; ``None`` when there is none, it has ended, or its environment
     differs."""
