@@ -28,7 +28,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -142,12 +142,14 @@ class Folder:
         with os.fdopen(self._open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as handle:
             yield handle
 
-    def create(self, name: str, data: bytes) -> None:
-        """A new file ``name`` holding ``data``, fsynced: ``O_EXCL``, so nothing under that name is written through."""
+    def create(self, name: str, data: bytes | Iterable[bytes]) -> None:
+        """A new file ``name`` holding ``data`` (bytes, or chunks written as they come), fsynced:
+        ``O_EXCL``, so nothing under that name is written through."""
         fd = self._open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                for chunk in (data,) if isinstance(data, bytes) else data:
+                    handle.write(chunk)
                 handle.flush()
                 os.fsync(handle.fileno())
         except BaseException:

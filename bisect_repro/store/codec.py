@@ -9,7 +9,8 @@ whole file with zstandard. Nothing is ever pickled, and decoding never imports o
 Encoding is split in two so that the recorder can write in the background: :func:`prepare` runs
 on the training thread and takes host copies of every tensor (the training may change its own the
 moment it goes on) and a JSON-only skeleton, sharing nothing mutable with the tree;
-:func:`encode_prepared` turns that into bytes on any thread.
+:func:`encoding_of` makes the file from that on any thread, chunk by chunk as it is written
+(:mod:`bisect_repro.store.encoding`), and :func:`encode_prepared` makes it whole.
 
 :func:`decode` validates before it touches data, in the manner of safetensors itself: the
 compressed size and checksum against what the index declared, the declared decompressed size
@@ -34,12 +35,10 @@ much decompressed data as the machine has memory.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
 import struct
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,12 +48,12 @@ import safetensors
 import torch
 import zstandard
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from ..errors import RunFormatError, UnstorableError
+from .encoding import LEVEL, TENSOR_LEVEL, Encoding, level_for, new_digest
 from .files import parse_json
 
-__all__ = ["Prepared", "checksum", "decode", "encode", "encode_prepared", "memory_cap", "prepare"]
+__all__ = ["LEVEL", "TENSOR_LEVEL", "Prepared", "checksum", "decode", "encode", "encode_prepared", "encoding_of", "memory_cap", "prepare"]
 
 # Caps on the JSON inside a file, set where no real file reaches and a crafted one is refused
 # before it is parsed (json.loads builds about 64 bytes of objects per value: a 22 KB file whose
@@ -82,7 +81,10 @@ _DTYPE_SIZES = {
 
 
 def checksum(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    """A file's checksum, as the run index names it."""
+    digest = new_digest()
+    digest.update(data)
+    return str(digest.hexdigest())
 
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -176,44 +178,21 @@ def prepare(tree: Any) -> Prepared:
     return Prepared(json.dumps(skeleton), tensors)
 
 
-LEVEL = 1
-"""The zstandard level of a file that is mostly structure (a snapshot: digests, stream states,
-the data position), which compresses several times over at any level."""
-TENSOR_LEVEL = -1
-"""The level of a file that is mostly tensor bytes (a checkpoint: weights, optimizer state).
-Measured on a 2M-parameter CNN's 17 MB checkpoint, on one core: level 1 writes 0.927 of the raw
-bytes at 0.86 GB/s, level -1 writes 0.995 at 3.3 GB/s. Trained float32 values barely compress,
-and the writer's thread takes its core from the training's threads, so a checkpoint is stored
-almost as it is (zeros and repeated values still shrink at this level)."""
-TENSOR_BYTES = 1 << 20
-"""A file with at least this many tensor bytes is written at :data:`TENSOR_LEVEL`."""
-
-
 def level_of(prepared: Prepared) -> int:
-    """The zstandard level for a prepared tree: :data:`TENSOR_LEVEL` for one that is mostly tensor bytes."""
-    return TENSOR_LEVEL if prepared.nbytes - len(prepared.skeleton) >= TENSOR_BYTES else LEVEL
+    """The zstandard level for a prepared tree: :data:`~bisect_repro.store.encoding.TENSOR_LEVEL` for one that is mostly tensor bytes."""
+    return level_for(prepared.nbytes - len(prepared.skeleton))
 
 
-_COMPRESSORS = threading.local()  # one compressor per thread and level: a new one costs a context allocation
-
-
-def _compressor(level: int) -> zstandard.ZstdCompressor:
-    kept: dict[int, zstandard.ZstdCompressor] | None = getattr(_COMPRESSORS, "by_level", None)
-    if kept is None:
-        kept = _COMPRESSORS.by_level = {}
-    found = kept.get(level)
-    if found is None:
-        found = kept[level] = zstandard.ZstdCompressor(level=level)
-    return found
+def encoding_of(prepared: Prepared, *, level: int | None = None) -> Encoding:
+    """A prepared tree's file, made as it is written (at ``level``, by default :func:`level_of`
+    it): see :mod:`bisect_repro.store.encoding`."""
+    return Encoding(prepared.skeleton, prepared.tensors, level=level_of(prepared) if level is None else level)
 
 
 def encode_prepared(prepared: Prepared, *, level: int | None = None) -> tuple[bytes, int]:
-    """The compressed file for a prepared tree (at ``level``, by default :func:`level_of` it), and its uncompressed size.
-
-    The bytes are those of a fresh compressor: a compressor reused on one thread (one-shot
-    ``compress`` calls) keeps no history from one file to the next."""
-    raw = save_safetensors(prepared.tensors, metadata={"bisect_repro": prepared.skeleton})
-    return _compressor(level_of(prepared) if level is None else level).compress(raw), len(raw)
+    """The compressed file for a prepared tree, whole, and its uncompressed size (see :func:`encoding_of`)."""
+    encoding = encoding_of(prepared, level=level)
+    return b"".join(encoding), encoding.raw_size
 
 
 def encode(tree: Any, *, level: int | None = None) -> tuple[bytes, int]:

@@ -5,8 +5,8 @@ files (the snapshot, then its checkpoint when one is due), or the run's end line
 :func:`commit_group` commits several, in step order, in four phases:
 
 1. each commit's step lines are appended to ``steps.jsonl`` (not yet fsynced), and each of its
-   files is encoded, written under its temporary name (``.NAME.tmp``) and fsynced: a file is never
-   renamed into place before its bytes are durable;
+   files is written under its temporary name (``.NAME.tmp``) as it is encoded, and fsynced: a
+   file is never renamed into place before its bytes are durable;
 2. every file is renamed into place, in order;
 3. ``steps.jsonl`` is fsynced once, and each folder that got a file (``snapshots/``,
    ``checkpoints/``) once, so that the step lines and the new names are durable;
@@ -124,13 +124,13 @@ def commit_group(rank: Folder, commits: Sequence[Commit], sign: Callable[[dict[s
 
 
 def _stage(rank: Folder, folders: dict[str, Folder], kind: str, step: int, prepared: codec.Prepared) -> _Staged:
-    data, raw_size = codec.encode_prepared(prepared)
+    encoding = codec.encoding_of(prepared)
     name = file_name(kind, step)
     where, _, base = name.rpartition("/")
     if where not in folders:
         folders[where] = rank.sub(where)
-    temporary = write_temporary(folders[where], base, data)
-    entry = FileEntry(kind, step, name, len(data), raw_size, codec.checksum(data))
+    temporary = write_temporary(folders[where], base, encoding)
+    entry = FileEntry(kind, step, name, encoding.size, encoding.raw_size, encoding.checksum)
     return _Staged(step, entry.line(), folders[where], temporary, base)
 
 

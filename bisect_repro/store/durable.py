@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from .anchor import Folder
@@ -27,16 +28,16 @@ def temporary_name(name: str) -> str:
     return f".{name}.tmp"
 
 
-def write_temporary(folder: Folder, name: str, data: bytes) -> str:
-    """``data`` under ``name``'s temporary name in ``folder``, fsynced; removed again if that fails."""
+def write_temporary(folder: Folder, name: str, data: bytes | Iterable[bytes]) -> str:
+    """``data`` (bytes, or chunks) under ``name``'s temporary name in ``folder``, fsynced; removed again if that fails."""
     temporary = temporary_name(name)
     folder.discard(temporary)  # a leftover of a crash, or anything placed there: removed, never written through
     folder.create(temporary, data)
     return temporary
 
 
-def write_atomic(folder: Folder, name: str, data: bytes) -> None:
-    """Write ``data`` to ``folder``'s ``name`` so that it holds either the old or the new bytes."""
+def write_atomic(folder: Folder, name: str, data: bytes | Iterable[bytes]) -> None:
+    """Write ``data`` (bytes, or chunks) to ``folder``'s ``name`` so that it holds either the old or the new bytes."""
     temporary = write_temporary(folder, name, data)
     try:
         folder.replace(temporary, name)

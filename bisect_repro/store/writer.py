@@ -327,12 +327,12 @@ class RunWriter:
 
     def commit_prepared(self, kind: str, step: int, prepared: codec.Prepared) -> FileEntry:
         """:meth:`commit` for a tree already taken apart (on another thread) by :func:`codec.prepare`."""
-        data, raw_size = codec.encode_prepared(prepared)
+        encoding = codec.encoding_of(prepared)
         name = file_name(kind, step)
         where, _, base = name.rpartition("/")
         with self.folder.sub(where) as folder:
-            write_atomic(folder, base, data)
-        entry = FileEntry(kind, step, name, len(data), raw_size, codec.checksum(data))
+            write_atomic(folder, base, encoding)
+        entry = FileEntry(kind, step, name, encoding.size, encoding.raw_size, encoding.checksum)
         append_lines(self.folder, "index.jsonl", [self._sign(entry.line())])
         return entry
 
