@@ -95,7 +95,12 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to("cpu").contiguous()
 
 
+_LEAVES = frozenset({str, int, float, bool, type(None)})  # stored as they are: checked first, by exact type
+
+
 def _flatten(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    if type(tree) in _LEAVES:
+        return tree
     if isinstance(tree, torch.Tensor):
         key = str(len(tensors))
         tensors[key] = _host_copy(tree)
@@ -127,9 +132,9 @@ def _flatten(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
 
 
 def _flatten_items(items: list[Any] | tuple[Any, ...], tensors: dict[str, torch.Tensor], where: str) -> list[Any]:
-    """The items of a list or tuple, flattened; a sequence of plain ints (a Python random state
-    is 625 of them, in every snapshot) as it is, without a call per item."""
-    if all(type(v) is int for v in items):
+    """The items of a list or tuple, flattened; a sequence of plain values (a Python random state
+    is 625 ints, in every snapshot) as it is, without a call per item."""
+    if all(type(v) in _LEAVES for v in items):
         return list(items)
     return [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(items)]
 
