@@ -12,7 +12,10 @@
   start, every snapshot and checkpoint and the final drain are inside it; the process's time adds
   the interpreter's start, the imports and building the trainee, which both sides pay alike. The
   loop's CPU time (the process's threads, not the loader's workers) is less disturbed by other
-  work on a shared machine than its wall time.
+  work on a shared machine than its wall time. The recorder's own CPU (its calls on the training
+  thread and its writer thread, counted by thread: :func:`_account_recorder`) over the plain loop's
+  CPU of the same round is the least disturbed of all: what the recorder spends, not what it costs
+  the training by sharing its cores.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from typing import Any
 import torch
 
 from bisect_repro import Recorder, RecordOptions, Trainee
+from bisect_repro.record.background import BackgroundWriter
+from bisect_repro.record.session import RecordingSession
 
 from .timing import FULL, QUICK, Plan, cycle, sync
 from .trainees import cnn2m_trainee, cnn_trainee, gpt_trainee, mlp_trainee
@@ -92,13 +97,41 @@ PROCESS_CHECKPOINT_EVERY = 50
 _TRAINEES = {"cnn2m": cnn2m_trainee, "gpt": gpt_trainee}
 
 
+_SESSION_CALLS = ("begin_step", "note_batch", "end_step", "log", "close")
+
+
+def _account_recorder() -> dict[str, float]:
+    """Count the CPU seconds the recorder takes from here on: its calls on the training thread
+    (:data:`_SESSION_CALLS` of the recording session, by wrapping them) and its writer thread's
+    whole life. Where it stops: the hash kernel's second thread, the loader's workers and what the
+    recorder's work costs the training by sharing its cores (caches, a worker thread preempted) are
+    not counted; those show only in the loop's time."""
+    counted = {"recorder cpu s": 0.0, "writer cpu s": 0.0}
+
+    def timed(function: Any, key: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                counted[key] += time.thread_time() - start
+
+        return call
+
+    for name in _SESSION_CALLS:
+        setattr(RecordingSession, name, timed(getattr(RecordingSession, name), "recorder cpu s"))
+    BackgroundWriter._work = timed(BackgroundWriter._work, "writer cpu s")  # type: ignore[method-assign]
+    return counted
+
+
 def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | None, device: torch.device) -> dict[str, float]:
     """One configuration in this process: the loop's seconds, from the built trainee to the last
-    write (and the device's last kernel), and the CPU seconds of this process's threads meanwhile
-    (not the loader's workers)."""
+    write (and the device's last kernel), the CPU seconds of this process's threads meanwhile
+    (not the loader's workers), and when recording the recorder's own (:func:`_account_recorder`)."""
     plan = QUICK if quick else FULL
     trainee = _TRAINEES[model](plan, device)
     assert trainee.step is not None
+    counted = _account_recorder() if out is not None else {}
     start, cpu = time.perf_counter(), time.process_time()
     if out is None:
         for batch in cycle(trainee.loader, steps):
@@ -109,7 +142,7 @@ def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | 
             for batch in recorder.batches():
                 recorder.log(trainee.step(batch))
     sync(device)
-    return {"loop s": time.perf_counter() - start, "loop cpu s": time.process_time() - cpu}
+    return {"loop s": time.perf_counter() - start, "loop cpu s": time.process_time() - cpu, **counted}
 
 
 def bench_process_overhead(
@@ -132,6 +165,7 @@ def bench_process_overhead(
     loops: dict[str, list[float]] = {name: [] for name in configs}
     cpus: dict[str, list[float]] = {name: [] for name in configs}
     processes: dict[str, list[float]] = {name: [] for name in configs}
+    own: dict[str, list[float]] = {name: [] for name in configs}  # the recorder's counted CPU, over the round's plain loop CPU
     with tempfile.TemporaryDirectory(prefix="bisect-repro-bench-") as tmp:
         for run in range(plan.runs):
             for name in names[run % len(names) :] + names[: run % len(names)]:
@@ -146,6 +180,7 @@ def bench_process_overhead(
                 measured = json.loads(done.stdout.splitlines()[-1])
                 loops[name].append(measured["loop s"])
                 cpus[name].append(measured["loop cpu s"])
+                own[name].append(measured.get("recorder cpu s", 0.0) + measured.get("writer cpu s", 0.0))
                 # Each process as it ends, so that a run cut short still leaves its figures in the log.
                 took = f"process {processes[name][-1]:.2f} s, loop {measured['loop s']:.2f} s"
                 print(f"{model} round {run + 1}, {name}: {took}", file=sys.stderr)
@@ -161,6 +196,7 @@ def bench_process_overhead(
             "step ms": statistics.median(loops[name]) / steps * 1e3,
             "loop overhead": statistics.median(paired(loops, name)),
             "loop CPU overhead": statistics.median(paired(cpus, name)),
+            "recorder's own CPU / plain loop CPU": statistics.median(a / b for a, b in zip(own[name], cpus["plain loop"], strict=True)),
             "process s": statistics.median(processes[name]),
             "process s, lowest to highest": f"{min(processes[name]):.2f} to {max(processes[name]):.2f}",
             "process overhead": statistics.median(process_ratios),
