@@ -13,9 +13,10 @@
   the interpreter's start, the imports and building the trainee, which both sides pay alike. The
   loop's CPU time (the process's threads, not the loader's workers) is less disturbed by other
   work on a shared machine than its wall time. The recorder's own CPU (its calls on the training
-  thread and its writer thread, counted by thread: :func:`_account_recorder`) over the plain loop's
-  CPU of the same round is the least disturbed of all: what the recorder spends, not what it costs
-  the training by sharing its cores.
+  thread and its writer thread, counted by thread: :func:`_account_recorder`), a median in seconds,
+  is the least disturbed of all: what the recorder spends, not what it costs the training by
+  sharing its cores (the plain loop's own CPU varied by 40% between rounds on a 2-core machine,
+  so it is set against the plain loop's median, not paired by round).
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def bench_process_overhead(
     loops: dict[str, list[float]] = {name: [] for name in configs}
     cpus: dict[str, list[float]] = {name: [] for name in configs}
     processes: dict[str, list[float]] = {name: [] for name in configs}
-    own: dict[str, list[float]] = {name: [] for name in configs}  # the recorder's counted CPU, over the round's plain loop CPU
+    own: dict[str, list[float]] = {name: [] for name in configs}  # the recorder's counted CPU seconds
     with tempfile.TemporaryDirectory(prefix="bisect-repro-bench-") as tmp:
         for run in range(plan.runs):
             for name in names[run % len(names) :] + names[: run % len(names)]:
@@ -196,7 +197,8 @@ def bench_process_overhead(
             "step ms": statistics.median(loops[name]) / steps * 1e3,
             "loop overhead": statistics.median(paired(loops, name)),
             "loop CPU overhead": statistics.median(paired(cpus, name)),
-            "recorder's own CPU / plain loop CPU": statistics.median(a / b for a, b in zip(own[name], cpus["plain loop"], strict=True)),
+            "recorder's own CPU ms a step": statistics.median(own[name]) / steps * 1e3,
+            "recorder's own CPU / plain loop CPU": statistics.median(own[name]) / statistics.median(cpus["plain loop"]),
             "process s": statistics.median(processes[name]),
             "process s, lowest to highest": f"{min(processes[name]):.2f} to {max(processes[name]):.2f}",
             "process overhead": statistics.median(process_ratios),
