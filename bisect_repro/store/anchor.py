@@ -148,7 +148,7 @@ class Folder:
         fd = self._open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             with os.fdopen(fd, "wb") as handle:
-                for chunk in (data,) if isinstance(data, bytes) else data:
+                for chunk in (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data:
                     handle.write(chunk)
                 handle.flush()
                 os.fsync(handle.fileno())

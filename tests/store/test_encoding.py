@@ -85,3 +85,10 @@ def test_a_file_whose_writing_fails_half_way_is_removed(tmp_path: Path) -> None:
     with Folder.open(tmp_path) as folder, pytest.raises(OSError):
         folder.create("f", chunks())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_is_created_from_bytes_of_any_kind_or_from_chunks(tmp_path: Path) -> None:
+    with Folder.open(tmp_path) as folder:
+        for name, data in (("a", b"whole"), ("b", bytearray(b"whole")), ("c", memoryview(b"whole")), ("d", iter([b"who", b"le"]))):
+            folder.create(name, data)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == dict.fromkeys("abcd", b"whole")
