@@ -52,6 +52,45 @@ def _hash_path(device: torch.device) -> str:
     return "Triton kernel" if hashing._uses_kernel(device) else "torch ops"
 
 
+def _device_seconds(fn: Callable[[], object], replays: int = 20) -> float | None:
+    """Device time per call of ``fn`` on CUDA: its kernels captured once in a CUDA graph, then the
+    graph replayed ``replays`` times between two events, so that no host work (Python, the launch
+    of each kernel) is counted. ``None`` where ``fn`` cannot be captured."""
+    try:
+        fn()  # built and cached outside the capture: tables, compiled kernels
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        samples = []
+        for _ in range(5):
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3 / replays)
+        return sorted(samples)[len(samples) // 2]
+    except Exception:  # a capture refused by this build: the column says so
+        return None
+
+
+def _device_columns(x: torch.Tensor, nbytes: int) -> dict[str, Any]:
+    """The hash kernel's and ``x.sum()``'s device time alone (GB/s) and their ratio: what the
+    kernel reaches against the read ceiling once the host's launch costs are set aside."""
+    kernel = _device_seconds(lambda: PendingHashes().add({"x": x}))
+    ceiling = _device_seconds(lambda: x.sum())
+    if kernel is None or ceiling is None:
+        return {"device time": "not captured"}
+    return {
+        "x.sum() device GB/s": nbytes / ceiling / 1e9,
+        "hash kernels device GB/s": nbytes / kernel / 1e9,
+        "device hash / ceiling": ceiling / kernel,
+    }
+
+
 def bench_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
     try:
         import xxhash  # the optional "bench" extra
@@ -86,6 +125,8 @@ def bench_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
         row["hash / ceiling"] = seconds["read ceiling x.sum()"] / seconds["bisect-repro hash"]
         if "bisect-repro hash, queued" in seconds:
             row["queued / ceiling"] = seconds["read ceiling x.sum()"] / seconds["bisect-repro hash, queued"]
+        if device.type == "cuda" and hashing._uses_kernel(device):
+            row.update(_device_columns(x, nbytes))
         rows.append(row)
         del x, fns
     return {"path": _hash_path(device), "rows": rows}

@@ -162,7 +162,9 @@ def _table(words: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.T
 
 
 def lanes(words: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Lane sums (int64 ``[k, 2]``, on the device, not synchronised) of the bytes of k tensors.
+    """Lane sums of the bytes of k tensors: int32 ``[k, 2]`` holding each sum's 32 bits, on the
+    device, not synchronised. Read as unsigned on the host (``& 0xFFFFFFFF`` of their int64); no
+    device op converts them, since each would be one more launch per snapshot.
 
     Every tensor must be contiguous, on the same device, with a data pointer aligned to 4 bytes and
     a whole number of 4-byte words (``words_of`` makes any tensor so). Empty tensors give zero lanes.
@@ -175,4 +177,4 @@ def lanes(words: Sequence[torch.Tensor]) -> torch.Tensor:
         elsewhere = device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device()
         with torch.cuda.device(device) if elsewhere else contextlib.nullcontext():
             _kernel()[(programs,)](table, out, VECTOR=_VECTOR, ITERATIONS=_ITERATIONS, num_warps=4)
-    return out.to(torch.int64) & _MASK32
+    return out

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from . import _hash_cpu, _hash_torch
-from .hash_format import Entry, digests
+from .hash_format import MASK32, Entry, digests
 from .sketch import SEED as _SKETCH_SEED
 from .sketch import WIDTH as _SKETCH_WIDTH
 
@@ -264,7 +264,9 @@ class PendingHashes:
         parts: list[tuple[list[Entry], np.ndarray]] = []
         for device, entries in self._entries.items():
             lanes = self._lanes[device]
-            host = (lanes[0] if len(lanes) == 1 else torch.cat(lanes)).cpu().numpy()
+            # The Triton kernel's lanes are int32 bit patterns, the other paths' int64 in range:
+            # both read as unsigned 32-bit sums here.
+            host = (lanes[0] if len(lanes) == 1 else torch.cat(lanes)).cpu().numpy().astype(np.int64) & MASK32
             if host.shape != (len(entries), 2):
                 raise AssertionError(f"{host.shape[0]} lane pairs for {len(entries)} tensors")
             parts.append((entries, host))

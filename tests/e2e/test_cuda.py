@@ -68,10 +68,12 @@ def compare_all(a: Path, b: Path, scenario: str) -> tuple[int, dict, dict]:
 def test_atomic_adds_are_a_nondeterministic_op_named_and_proven(tmp_path: Path, op: str, where: str, kernel: str) -> None:
     a = recipe(tmp_path, "a", "cuda_atomics.py", f"op={op}", f"where={where}")
     b = recipe(tmp_path, "b", "cuda_atomics.py", f"op={op}", f"where={where}")
-    code, verdict = compare(a, b, f"{op} in the {where} pass")
+    code, verdict, numerics = compare_all(a, b, f"{op} in the {where} pass")
     assert code == 1 and verdict["cause"] == "nondeterministic_op" and verdict["phase"] == where, verdict
     assert kernel in (verdict["op"] or ""), verdict
     assert "torch.use_deterministic_algorithms(True)" in verdict["fix"]
+    # A run proven to differ from itself is its own envelope: run A again, nothing changed.
+    assert "differs from itself" in ((numerics.get("envelope") or {}).get("method") or ""), numerics
 
 
 def test_deterministic_algorithms_fix_the_atomic_adds(tmp_path: Path) -> None:
