@@ -46,7 +46,9 @@ SIDES = ("plain", "idle hooks", "between snapshots", "taking")
 
 def mlp(width: int) -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(*[module for _ in range(LAYERS) for module in (nn.Linear(width, width), nn.Tanh())])
+    return nn.Sequential(
+        *[module for _ in range(LAYERS) for module in (nn.Linear(width, width), nn.Tanh())]
+    )
 
 
 @contextmanager
@@ -58,7 +60,11 @@ def _idle_hooks(model: nn.Module) -> Iterator[None]:
         if not active:
             return
 
-    handles = [m.register_forward_hook(hook) for name, m in model.named_modules() if name and next(m.children(), None) is None]
+    handles = [
+        m.register_forward_hook(hook)
+        for name, m in model.named_modules()
+        if name and next(m.children(), None) is None
+    ]
     try:
         yield
     finally:
@@ -105,7 +111,9 @@ def bench_hooks(width: int, batch: int, rounds: int, calls: int) -> dict[str, An
         "rounds": rounds,
         **{f"{side} ms": round(seconds * 1e3, 4) for side, seconds in medians.items()},
         **{f"{side} / plain": round(medians[side] / base, 4) for side in SIDES[1:]},
-        "idle hooks, per module per forward, us": round((medians["idle hooks"] - base) / (2 * LAYERS) * 1e6, 3),
+        "idle hooks, per module per forward, us": round(
+            (medians["idle hooks"] - base) / (2 * LAYERS) * 1e6, 3
+        ),
         "load after": load_average(),
         "cpu pressure after": cpu_pressure(),
     }
@@ -114,10 +122,15 @@ def bench_hooks(width: int, batch: int, rounds: int, calls: int) -> dict[str, An
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="folder for activation_hooks.json")
-    parser.add_argument("--rounds", type=int, default=41, help="rounds, each timing every state in turn")
+    parser.add_argument(
+        "--rounds", type=int, default=41, help="rounds, each timing every state in turn"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    rows = [bench_hooks(width, batch, args.rounds, calls) for (width, batch), calls in (((32, 8), 200), ((256, 64), 20))]
+    rows = [
+        bench_hooks(width, batch, args.rounds, calls)
+        for (width, batch), calls in (((32, 8), 200), ((256, 64), 20))
+    ]
     report = {"machine": machine(torch.device("cpu")), "rows": rows}
     print(json.dumps(report, indent=2))
     if args.out is not None:

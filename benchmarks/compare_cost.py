@@ -37,7 +37,10 @@ def bench_compare(device: torch.device, plan: Plan) -> dict[str, Any]:
     config = {"diverge_at": diverge_at, "width": 512 if full else 64}
     options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=True)
     with tempfile.TemporaryDirectory(prefix="bisect-repro-bench-") as tmp:
-        runs = [record(build(target, config), Path(tmp) / name, options, target=target, config=config) for name in "ab"]
+        runs = [
+            record(build(target, config), Path(tmp) / name, options, target=target, config=config)
+            for name in "ab"
+        ]
         walls, results = [], []
         for _ in range(3 if full else 1):
             started = time.perf_counter()
@@ -61,11 +64,19 @@ def bench_compare(device: torch.device, plan: Plan) -> dict[str, Any]:
     return {
         "steps": steps,
         "diverges_at": diverge_at,
-        "found": [result.verdict.step, result.verdict.phase, result.verdict.layer, result.verdict.cause.value] if result.verdict else None,
+        "found": [
+            result.verdict.step,
+            result.verdict.phase,
+            result.verdict.layer,
+            result.verdict.cause.value,
+        ]
+        if result.verdict
+        else None,
         "replayed steps": replayed,
         "compare s": wall,
         "train replayed steps s (one run)": train,
         "ratio to both runs' steps": wall / (2 * train),
         "ratio to one run's steps": wall / train,
-        "note": f"compare of two {steps}-step runs diverging at step {diverge_at}, every={every}, checkpoint every {checkpoint_every}",
+        "note": f"compare of two {steps}-step runs diverging at step {diverge_at}, every={every}, "
+        f"checkpoint every {checkpoint_every}",
     }

@@ -1,4 +1,5 @@
-"""Compare time against the time to record one run, for runs that part late, with the processes started.
+"""Compare time against the time to record one run, for runs that part late, with the processes
+started.
 
     python -m benchmarks.compare_late --out /tmp/late               # every case
     python -m benchmarks.compare_late --out /tmp/late --only recipe lightning
@@ -45,9 +46,20 @@ CLI = str(Path(sys.executable).with_name("bisect-repro"))
 
 
 def _cases() -> dict[str, tuple[str | None, list[str], list[str]]]:
-    """Each case: the framework it needs, and the commands recording runs A and B (``{out}`` the run directory)."""
+    """Each case: the framework it needs, and the commands recording runs A and B (``{out}`` the run
+    directory)."""
     python = sys.executable
-    recipe = [CLI, "record", f"{CNN}:build", "--steps", "200", *EVERY, "--force", "--quiet", "--out"]
+    recipe = [
+        CLI,
+        "record",
+        f"{CNN}:build",
+        "--steps",
+        "200",
+        *EVERY,
+        "--force",
+        "--quiet",
+        "--out",
+    ]
     script = [CLI, "record", *EVERY, "--force", "--quiet", "--out", "{out}", "--", python, str(CNN)]
     loop = [python, str(CNN), "--recorder", "--out", "{out}"]
     lightning = [python, str(ROOT / "examples" / "lightning_train.py"), "--out", "{out}"]
@@ -62,9 +74,14 @@ def _cases() -> dict[str, tuple[str | None, list[str], list[str]]]:
 
 
 def _timed(command: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess[str]]:
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        command, cwd=cwd, env=environment, capture_output=True, text=True, check=False
+    )
     return time.perf_counter() - started, done
 
 
@@ -73,10 +90,19 @@ def _load() -> float:
 
 
 def _verdict(result: dict[str, Any]) -> list[Any]:
-    return [(result.get("verdict") or {}).get(k) for k in ("step", "phase", "layer", "cause", "confidence")]
+    return [
+        (result.get("verdict") or {}).get(k)
+        for k in ("step", "phase", "layer", "cause", "confidence")
+    ]
 
 
-def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path, repeat: int = 1, ahead: bool = False) -> dict[str, Any]:
+def run_case(
+    name: str,
+    commands: tuple[list[str], list[str]],
+    folder: Path,
+    repeat: int = 1,
+    ahead: bool = False,
+) -> dict[str, Any]:
     """Record both runs (run A timed), compare them (timed), ``repeat`` times in turn: one row of
     medians (each compare against the recording of its own round). ``ahead``: each round also
     compares with the command's module run directly (``python -m bisect_repro.cli``, which starts
@@ -99,37 +125,61 @@ def run_case(name: str, commands: tuple[list[str], list[str]], folder: Path, rep
         result = json.loads(done.stdout)
         verdicts.append(_verdict(result))
         if ahead:
-            seconds, done = _timed([sys.executable, "-m", "bisect_repro.cli", "compare", "--json", *runs], folder)
+            seconds, done = _timed(
+                [sys.executable, "-m", "bisect_repro.cli", "compare", "--json", *runs], folder
+            )
             direct.append(seconds)
             verdicts.append(_verdict(json.loads(done.stdout)))
     replay = result["replay"]
     ratios = sorted(c / r for c, r in zip(compares, records, strict=True))
-    row.update({
-        "record s": round(statistics.median(records), 2),
-        "compare s": round(statistics.median(compares), 2),
-        "compare / record": round(statistics.median(ratios), 2),
-        "rounds": repeat,
-        "compare / record, lowest to highest": [round(ratios[0], 2), round(ratios[-1], 2)],
-        "processes": replay.get("processes"),
-        "forked": replay.get("forked"),
-        "replayed steps": replay.get("replayed_steps"),
-        **({} if not direct else {
-            "compare s, no server ahead": round(statistics.median(direct), 2),
-            "no server ahead / record": round(statistics.median(d / r for d, r in zip(direct, records, strict=True)), 2),
-        }),
-        "verdict": verdicts[-1],
-        **({} if all(v == verdicts[-1] for v in verdicts) else {"verdicts, by round": verdicts}),  # a round that disagreed
-        "load after": _load(),
-    })  # fmt: skip
+    row.update(
+        {
+            "record s": round(statistics.median(records), 2),
+            "compare s": round(statistics.median(compares), 2),
+            "compare / record": round(statistics.median(ratios), 2),
+            "rounds": repeat,
+            "compare / record, lowest to highest": [round(ratios[0], 2), round(ratios[-1], 2)],
+            "processes": replay.get("processes"),
+            "forked": replay.get("forked"),
+            "replayed steps": replay.get("replayed_steps"),
+            **(
+                {}
+                if not direct
+                else {
+                    "compare s, no server ahead": round(statistics.median(direct), 2),
+                    "no server ahead / record": round(
+                        statistics.median(d / r for d, r in zip(direct, records, strict=True)), 2
+                    ),
+                }
+            ),
+            "verdict": verdicts[-1],
+            # a round that disagreed
+            **(
+                {} if all(v == verdicts[-1] for v in verdicts) else {"verdicts, by round": verdicts}
+            ),
+            "load after": _load(),
+        }
+    )
     return row
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for compare_late.json")
-    parser.add_argument("--only", nargs="+", choices=("recipe", "loop", "script", "lightning", "hf"), metavar="CASE")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds of each case (record A, record B, compare); medians")
-    parser.add_argument("--ahead", action="store_true", help="also compare without a fork server started ahead, in the same rounds")
+    parser.add_argument(
+        "--only", nargs="+", choices=("recipe", "loop", "script", "lightning", "hf"), metavar="CASE"
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of each case (record A, record B, compare); medians",
+    )
+    parser.add_argument(
+        "--ahead",
+        action="store_true",
+        help="also compare without a fork server started ahead, in the same rounds",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -145,11 +195,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             rows.append(row)
     path = args.out / "compare_late.json"
     try:  # a case not run this time keeps its earlier row
-        earlier = [row for row in json.loads(path.read_text()) if row.get("case") not in {r["case"] for r in rows}]
+        earlier = [
+            row
+            for row in json.loads(path.read_text())
+            if row.get("case") not in {r["case"] for r in rows}
+        ]
     except (OSError, ValueError):
         earlier = []
     order = list(_cases())
-    rows = sorted(earlier + rows, key=lambda row: order.index(row["case"]) if row.get("case") in order else len(order))
+    rows = sorted(
+        earlier + rows,
+        key=lambda row: order.index(row["case"]) if row.get("case") in order else len(order),
+    )
     path.write_text(json.dumps(rows, indent=2) + "\n")
     return rows
 

@@ -34,12 +34,22 @@ def build(width: int = 512, depth: int = 3, batch: int = 64, diverge_at: int = 1
         layers += [nn.Linear(a, b), nn.ReLU()]
     model = nn.Sequential(*layers, Jitter(), nn.Linear(width, 10))
     data = torch.Generator().manual_seed(1)
-    inputs, targets = torch.randn(batch * 64, 64, generator=data), torch.randint(0, 10, (batch * 64,), generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0))
+    inputs, targets = (
+        torch.randn(batch * 64, 64, generator=data),
+        torch.randint(0, 10, (batch * 64,), generator=data),
+    )
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=batch,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     jitter = model[-2]
-    trainee = Trainee.supervised(model, optimizer, loader, nn.functional.cross_entropy, scheduler=scheduler)
+    trainee = Trainee.supervised(
+        model, optimizer, loader, nn.functional.cross_entropy, scheduler=scheduler
+    )
     usual = trainee.step
     assert usual is not None
 

@@ -8,12 +8,12 @@ Each world size is launched through ``torch.distributed.run --standalone`` with
 a DDP MLP (gloo) under a Recorder that snapshots every step, and times each ``_snapshot`` call on
 its training thread (hashing every parameter and Adam tensor, fetching the hashes, taking host
 copies of the streams and data position, handing them to the writer thread), in wall time and in
-the CPU time of that thread (what the snapshot costs in work, whoever else shares the cores). A snapshot reads
-and writes only the rank's own tensors and folder and communicates nothing, so its cost should not
-depend on the world size; on this machine two ranks also share two cores with their two writer
-threads, which is what the 2-rank figure includes, and the training step (forward, backward with
-its all-reduce, Adam; no snapshot) is timed alongside for scale. Writes ``distributed.json`` and
-``distributed.md`` into ``--out``.
+the CPU time of that thread (what the snapshot costs in work, whoever else shares the cores). A
+snapshot reads and writes only the rank's own tensors and folder and communicates nothing, so its
+cost should not depend on the world size; on this machine two ranks also share two cores with their
+two writer threads, which is what the 2-rank figure includes, and the training step (forward,
+backward with its all-reduce, Adam; no snapshot) is timed alongside for scale. Writes
+``distributed.json`` and ``distributed.md`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class TimedRecorder(Recorder):
 
 
 def worker(out: Path, steps: int) -> None:
-    """One rank: train a DDP MLP for ``steps`` steps with a snapshot at each, and write the timings."""
+    """One rank: train a DDP MLP for ``steps`` steps with a snapshot at each, and write the
+    timings."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -97,9 +98,21 @@ def worker(out: Path, steps: int) -> None:
 
 def measure(world: int, steps: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={world}",
+        ]
         command += ["-m", "benchmarks.distributed", "--worker", folder, "--steps", str(steps)]
-        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            timeout=900,
+        )
         if done.returncode != 0:
             raise SystemExit(done.stderr[-3000:])
         ranks = [json.loads((Path(folder) / f"rank{r}.json").read_text()) for r in range(world)]
@@ -140,16 +153,37 @@ def main() -> None:
         "model": f"DDP MLP, {DEPTH} x {WIDTH} + 1, Adam, gloo, OMP_NUM_THREADS=1",
     }
     results = {"machine": machine, "quick": args.quick, "rows": rows}
-    columns = ["ranks", "snapshot, median ms", "p25 to p75 ms", "per rank median ms", "its CPU time, median ms"]
+    columns = [
+        "ranks",
+        "snapshot, median ms",
+        "p25 to p75 ms",
+        "per rank median ms",
+        "its CPU time, median ms",
+    ]
     columns += ["training step ms", "snapshot / step", "snapshot KB"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         per_rank = ", ".join(map(str, row["per rank median ms"]))
         spread = f"{row['p25 ms']} to {row['p75 ms']}"
-        cells = [row["ranks"], row["median ms"], spread, per_rank, row["cpu median ms"], row["step ms"]]
+        cells = [
+            row["ranks"],
+            row["median ms"],
+            spread,
+            per_rank,
+            row["cpu median ms"],
+            row["step ms"],
+        ]
         cells += [row["snapshot / step"], row["snapshot KB"]]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    table = "\n".join([f"# Snapshot cost per rank ({machine['date']}, {machine['model']}, torch {machine['torch']})", "", *lines, ""])
+    table = "\n".join(
+        [
+            f"# Snapshot cost per rank ({machine['date']}, {machine['model']}, torch "
+            f"{machine['torch']})",
+            "",
+            *lines,
+            "",
+        ]
+    )
     print(table)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,9 @@ def get_batch():
     x = torch.stack([data[i : i + context] for i in starts])
     y = torch.stack([data[i + 1 : i + 1 + context] for i in starts])
     if device == "cuda":
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(
+            device, non_blocking=True
+        )
     return x, y
 
 
@@ -51,7 +53,9 @@ class Block(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
         self.ln_2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
         self.drop = nn.Dropout(0.1)
 
     def forward(self, x):

@@ -98,8 +98,14 @@ def bench_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
         xxhash = None
     rows = []
     free = free_bytes(device)
-    fallback = device.type == "cpu" and hashing._native_kernel() is not None  # compare with the path used without a compiler
-    sizes = (*plan.sizes_mb, 4096) if device.type == "cuda" and plan.sizes_mb[-1] == 1024 else plan.sizes_mb  # 4 GB on a GPU
+    # compare with the path used without a compiler
+    fallback = device.type == "cpu" and hashing._native_kernel() is not None
+    # 4 GB on a GPU
+    sizes = (
+        (*plan.sizes_mb, 4096)
+        if device.type == "cuda" and plan.sizes_mb[-1] == 1024
+        else plan.sizes_mb
+    )
     for size_mb in sizes:
         nbytes = int(size_mb * MB)
         if nbytes * 3 > free:  # the tensor, plus room for the others' temporaries
@@ -110,7 +116,8 @@ def bench_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
             "read ceiling x.sum()": lambda x=x: x.sum(),
             "bisect-repro hash": lambda x=x: hash_tensors({"x": x}),
         }
-        if device.type == "cuda":  # as the recorder hashes: queued on the device, fetched at the snapshot
+        # as the recorder hashes: queued on the device, fetched at the snapshot
+        if device.type == "cuda":
             fns["bisect-repro hash, queued"] = lambda x=x: PendingHashes().add({"x": x})
         if fallback:
             fns["torch-op fallback"] = lambda x=x: _torch_ops_hash({"x": x})
@@ -124,7 +131,9 @@ def bench_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
         row.update({f"{name} GB/s": nbytes / s / 1e9 for name, s in seconds.items()})
         row["hash / ceiling"] = seconds["read ceiling x.sum()"] / seconds["bisect-repro hash"]
         if "bisect-repro hash, queued" in seconds:
-            row["queued / ceiling"] = seconds["read ceiling x.sum()"] / seconds["bisect-repro hash, queued"]
+            row["queued / ceiling"] = (
+                seconds["read ceiling x.sum()"] / seconds["bisect-repro hash, queued"]
+            )
         if device.type == "cuda" and hashing._uses_kernel(device):
             row.update(_device_columns(x, nbytes))
         rows.append(row)
@@ -140,13 +149,17 @@ def bench_small_hash(device: torch.device, plan: Plan) -> dict[str, Any]:
     tensors = [torch.randn(nbytes // 4, generator=generator).to(device) for _ in range(count)]
     named = {f"layer{i}.weight": t for i, t in enumerate(tensors)}
     whole = torch.cat(tensors)
-    fns: dict[str, Callable[[], object]] = {"bisect-repro hash_tensors, one call": lambda: hash_tensors(named)}
+    fns: dict[str, Callable[[], object]] = {
+        "bisect-repro hash_tensors, one call": lambda: hash_tensors(named)
+    }
     if device.type == "cuda":
         fns["bisect-repro, queued in one call"] = lambda: PendingHashes().add(named)
     if device.type == "cpu" and hashing._native_kernel() is not None:
         fns["torch-op fallback, one call"] = lambda: _torch_ops_hash(named)
     if hasattr(torch, "hash_tensor"):
-        fns["torch.hash_tensor, a call per tensor"] = lambda: [torch.hash_tensor(t) for t in tensors]
+        fns["torch.hash_tensor, a call per tensor"] = lambda: [
+            torch.hash_tensor(t) for t in tensors
+        ]
     fns["x.sum(), a call per tensor"] = lambda: [t.sum() for t in tensors]
     fns["bisect-repro hash, one tensor of the same bytes"] = lambda: hash_tensors({"x": whole})
     seconds = interleaved_medians(fns, device, plan)

@@ -8,11 +8,13 @@ checkpoints restore) the step reseeds torch's stream from entropy (``torch.seed(
 dropout. Recorded for 200 steps with snapshots every 10 and checkpoints every 50, the runs part
 at step 170, between checkpoints 150 and 200.
 
-The same training three ways, for :mod:`benchmarks.compare_late`:
+The same training three ways, for :mod:`benchmarks.compare_late`: a recipe, a loop of its own
+under the Recorder API, and an unchanged script:
 
-    bisect-repro record benchmarks/late_cnn.py:build --steps 200 --every 10 --checkpoint-every 50 --out A   # a recipe
-    python benchmarks/late_cnn.py --recorder --out A      # a loop of its own, under the Recorder API
-    bisect-repro record --every 10 --checkpoint-every 50 --out A -- python benchmarks/late_cnn.py   # unchanged
+    bisect-repro record benchmarks/late_cnn.py:build --steps 200 --every 10 --checkpoint-every 50 \\
+        --out A
+    python benchmarks/late_cnn.py --recorder --out A
+    bisect-repro record --every 10 --checkpoint-every 50 --out A -- python benchmarks/late_cnn.py
 """
 
 from __future__ import annotations
@@ -46,11 +48,21 @@ def build(reseed_at: int = 170, batch: int = 32, width: int = 1024) -> Trainee:
     torch.manual_seed(0)
     model = network(width)
     data = torch.Generator().manual_seed(1)
-    images, labels = torch.randn(batch * 32, 3, 32, 32, generator=data), torch.randint(0, 10, (batch * 32,), generator=data)
-    loader = DataLoader(TensorDataset(images, labels), batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0))
+    images, labels = (
+        torch.randn(batch * 32, 3, 32, 32, generator=data),
+        torch.randint(0, 10, (batch * 32,), generator=data),
+    )
+    loader = DataLoader(
+        TensorDataset(images, labels),
+        batch_size=batch,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    trainee = Trainee.supervised(model, optimizer, loader, nn.functional.cross_entropy, scheduler=scheduler)
+    trainee = Trainee.supervised(
+        model, optimizer, loader, nn.functional.cross_entropy, scheduler=scheduler
+    )
     usual = trainee.step
     assert usual is not None
 
@@ -64,10 +76,14 @@ def build(reseed_at: int = 170, batch: int = 32, width: int = 1024) -> Trainee:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="the late-divergence CNN as a script: a plain loop, or under the Recorder")
+    parser = argparse.ArgumentParser(
+        description="the late-divergence CNN as a script: a plain loop, or under the Recorder"
+    )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--reseed-at", type=int, default=170)
-    parser.add_argument("--recorder", action="store_true", help="record with the Recorder API into --out")
+    parser.add_argument(
+        "--recorder", action="store_true", help="record with the Recorder API into --out"
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--checkpoint-every", type=int, default=50)
@@ -75,7 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     trainee = build(args.reseed_at)
     assert trainee.step is not None
     if args.recorder:
-        options = RecordOptions(steps=args.steps, every=args.every, checkpoint_every=args.checkpoint_every, force=True)
+        options = RecordOptions(
+            steps=args.steps, every=args.every, checkpoint_every=args.checkpoint_every, force=True
+        )
         with Recorder(args.out, trainee, options, config={"reseed_at": args.reseed_at}) as recorder:
             for batch in recorder.batches():
                 recorder.log(trainee.step(batch))

@@ -1,7 +1,9 @@
-"""The machine the benchmarks ran on, and how busy it was: the results' header and each section's load.
+"""The machine the benchmarks ran on, and how busy it was: the results' header and each section's
+load.
 
 Where it stops: the load average and ``/proc/pressure/cpu`` only say that other work shared the
-machine, not how much of it fell inside a timed sample; both are ``None`` where the platform lacks them.
+machine, not how much of it fell inside a timed sample; both are ``None`` where the platform lacks
+them.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def load_average() -> tuple[float, float, float] | None:
 
 
 def cpu_pressure() -> str | None:
-    """Linux's share of time that runnable tasks waited for a CPU (other work on a shared machine)."""
+    """Linux's share of time that runnable tasks waited for a CPU (other work on a shared
+    machine)."""
     try:
         return Path("/proc/pressure/cpu").read_text().splitlines()[0]
     except (OSError, IndexError):
@@ -97,7 +100,11 @@ def free_bytes(device: torch.device) -> int:
 def _git_commit() -> str | None:
     try:
         done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=10
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return None

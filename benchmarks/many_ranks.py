@@ -32,7 +32,13 @@ def _synthetic(source: Path, out: Path, ranks: int, per_node: int) -> None:
         folder = out / f"rank{rank}"
         shutil.copytree(source / f"rank{rank % 2}", folder, ignore=shutil.ignore_patterns(".lock"))
         found = json.loads((folder / "rank.json").read_text())
-        found.update(rank=rank, world_size=ranks, node=rank // per_node, local_rank=rank % per_node, nnodes=ranks // per_node)
+        found.update(
+            rank=rank,
+            world_size=ranks,
+            node=rank // per_node,
+            local_rank=rank % per_node,
+            nnodes=ranks // per_node,
+        )
         found.update(local_world_size=per_node, replica_group=None)
         (folder / "rank.json").write_text(json.dumps(found))
 
@@ -60,7 +66,11 @@ def main() -> None:
     _synthetic(args.b, b, args.ranks, args.per_node)
     made = time.perf_counter() - started
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    found: dict[str, Any] = {"ranks": args.ranks, "per_node": args.per_node, "write_s": round(made, 1)}
+    found: dict[str, Any] = {
+        "ranks": args.ranks,
+        "per_node": args.per_node,
+        "write_s": round(made, 1),
+    }
     found["files"], found["bytes"] = _size(a)
     started = time.perf_counter()
     layout, _ = read_layout(Run.open(a))
@@ -69,8 +79,14 @@ def main() -> None:
     started = time.perf_counter()
     result = compare(a, b, replay=False)
     found["compare_s"] = round(time.perf_counter() - started, 1)
-    found["verdict"] = [result.verdict.step, result.verdict.rank, result.verdict.cause.value] if result.verdict else None
-    found["roles"] = {role: sum(1 for r in result.ranks if r.role == role) for role in ("origin", "receiver")}
+    found["verdict"] = (
+        [result.verdict.step, result.verdict.rank, result.verdict.cause.value]
+        if result.verdict
+        else None
+    )
+    found["roles"] = {
+        role: sum(1 for r in result.ranks if r.role == role) for role in ("origin", "receiver")
+    }
     found["rss_after_import_mib"] = round(base / 1024)
     found["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print(json.dumps(found))

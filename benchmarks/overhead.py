@@ -43,7 +43,9 @@ from .trainees import cnn2m_trainee, cnn_trainee, gpt_trainee, mlp_trainee
 __all__ = ["bench_overhead", "bench_process_overhead"]
 
 
-def _timed_window(trainee: Trainee, device: torch.device, plan: Plan, options: RecordOptions | None, out: Path) -> float:
+def _timed_window(
+    trainee: Trainee, device: torch.device, plan: Plan, options: RecordOptions | None, out: Path
+) -> float:
     """Mean seconds per step over steps 1 .. window (after step 0's checkpoint and warm-up).
 
     The window holds ``window / every`` snapshots and ``window / 100`` checkpoints, the same
@@ -79,9 +81,16 @@ def bench_overhead(device: torch.device, plan: Plan, model: str) -> dict[str, An
         for run in range(plan.runs):
             for name, options in configs.items():  # interleaved: the machine's moods hit all alike
                 trainee = make(plan, device)
-                samples[name].append(_timed_window(trainee, device, plan, options, Path(tmp) / f"{name}-{run}"))
+                samples[name].append(
+                    _timed_window(trainee, device, plan, options, Path(tmp) / f"{name}-{run}")
+                )
     base = statistics.median(samples["no recorder"])
-    params = sum(p.numel() for p in make(plan, torch.device("cpu") if device.type != "cuda" else device).model.parameters())
+    params = sum(
+        p.numel()
+        for p in make(
+            plan, torch.device("cpu") if device.type != "cuda" else device
+        ).model.parameters()
+    )
     rows = [
         {
             "configuration": name,
@@ -91,7 +100,13 @@ def bench_overhead(device: torch.device, plan: Plan, model: str) -> dict[str, An
         }
         for name, values in samples.items()
     ]
-    return {"model": model, "parameters": params, "steps timed per run": plan.window, "checkpoint_every": 100, "rows": rows}
+    return {
+        "model": model,
+        "parameters": params,
+        "steps timed per run": plan.window,
+        "checkpoint_every": 100,
+        "rows": rows,
+    }
 
 
 PROCESS_CHECKPOINT_EVERY = 50
@@ -125,10 +140,13 @@ def _account_recorder() -> dict[str, float]:
     return counted
 
 
-def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | None, device: torch.device) -> dict[str, float]:
+def _process_child(
+    model: str, quick: bool, steps: int, every: int, out: Path | None, device: torch.device
+) -> dict[str, float]:
     """One configuration in this process: the loop's seconds, from the built trainee to the last
     write (and the device's last kernel), the CPU seconds of this process's threads meanwhile
-    (not the loader's workers), and when recording the recorder's own (:func:`_account_recorder`)."""
+    (not the loader's workers), and when recording the recorder's own
+    (:func:`_account_recorder`)."""
     plan = QUICK if quick else FULL
     trainee = _TRAINEES[model](plan, device)
     assert trainee.step is not None
@@ -138,12 +156,18 @@ def _process_child(model: str, quick: bool, steps: int, every: int, out: Path | 
         for batch in cycle(trainee.loader, steps):
             trainee.step(batch)
     else:
-        options = RecordOptions(steps=steps, every=every, checkpoint_every=PROCESS_CHECKPOINT_EVERY, force=True)
+        options = RecordOptions(
+            steps=steps, every=every, checkpoint_every=PROCESS_CHECKPOINT_EVERY, force=True
+        )
         with Recorder(out, trainee, options) as recorder:
             for batch in recorder.batches():
                 recorder.log(trainee.step(batch))
     sync(device)
-    return {"loop s": time.perf_counter() - start, "loop cpu s": time.process_time() - cpu, **counted}
+    return {
+        "loop s": time.perf_counter() - start,
+        "loop cpu s": time.process_time() - cpu,
+        **counted,
+    }
 
 
 def bench_process_overhead(
@@ -166,23 +190,48 @@ def bench_process_overhead(
     loops: dict[str, list[float]] = {name: [] for name in configs}
     cpus: dict[str, list[float]] = {name: [] for name in configs}
     processes: dict[str, list[float]] = {name: [] for name in configs}
-    own: dict[str, list[float]] = {name: [] for name in configs}  # the recorder's counted CPU seconds
+    # the recorder's counted CPU seconds
+    own: dict[str, list[float]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory(prefix="bisect-repro-bench-") as tmp:
         for run in range(plan.runs):
             for name in names[run % len(names) :] + names[: run % len(names)]:
                 every = configs[name]
-                command = [sys.executable, "-m", "benchmarks.overhead", model, "--steps", str(steps), "--device", str(device)]
+                command = [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.overhead",
+                    model,
+                    "--steps",
+                    str(steps),
+                    "--device",
+                    str(device),
+                ]
                 command += ["--quick"] if plan is QUICK else []
-                command += [] if every is None else ["--every", str(every), "--out", str(Path(tmp) / f"{names.index(name)}-{run}")]
+                command += (
+                    []
+                    if every is None
+                    else [
+                        "--every",
+                        str(every),
+                        "--out",
+                        str(Path(tmp) / f"{names.index(name)}-{run}"),
+                    ]
+                )
                 start = time.perf_counter()
-                where = base if base is not None and name.endswith(", base") else here  # its bisect_repro is imported first
-                done = subprocess.run(command, cwd=where, capture_output=True, text=True, check=True)
+                # its bisect_repro is imported first
+                where = base if base is not None and name.endswith(", base") else here
+                done = subprocess.run(
+                    command, cwd=where, capture_output=True, text=True, check=True
+                )
                 processes[name].append(time.perf_counter() - start)
                 measured = json.loads(done.stdout.splitlines()[-1])
                 loops[name].append(measured["loop s"])
                 cpus[name].append(measured["loop cpu s"])
-                own[name].append(measured.get("recorder cpu s", 0.0) + measured.get("writer cpu s", 0.0))
-                # Each process as it ends, so that a run cut short still leaves its figures in the log.
+                own[name].append(
+                    measured.get("recorder cpu s", 0.0) + measured.get("writer cpu s", 0.0)
+                )
+                # Each process as it ends, so that a run cut short still leaves its figures in the
+                # log.
                 took = f"process {processes[name][-1]:.2f} s, loop {measured['loop s']:.2f} s"
                 print(f"{model} round {run + 1}, {name}: {took}", file=sys.stderr)
 
@@ -192,32 +241,52 @@ def bench_process_overhead(
     rows = []
     for name in configs:
         process_ratios = paired(processes, name)
-        rows.append({
-            "configuration": name,
-            "step ms": statistics.median(loops[name]) / steps * 1e3,
-            "loop overhead": statistics.median(paired(loops, name)),
-            "loop CPU overhead": statistics.median(paired(cpus, name)),
-            "recorder's own CPU ms a step": statistics.median(own[name]) / steps * 1e3,
-            "recorder's own CPU / plain loop CPU": statistics.median(own[name]) / statistics.median(cpus["plain loop"]),
-            "process s": statistics.median(processes[name]),
-            "process s, lowest to highest": f"{min(processes[name]):.2f} to {max(processes[name]):.2f}",
-            "process overhead": statistics.median(process_ratios),
-            "process overhead, rounds' lowest to highest": f"{process_ratios[0]:.3f} to {process_ratios[-1]:.3f}",
-            "runs": plan.runs,
-        })  # fmt: skip
-    params = sum(p.numel() for p in _TRAINEES[model](plan, torch.device("cpu")).model.parameters())  # built on the CPU: the count only
-    found = {"model": model, "parameters": params, "steps": steps, "checkpoint_every": PROCESS_CHECKPOINT_EVERY, "rows": rows}
+        rows.append(
+            {
+                "configuration": name,
+                "step ms": statistics.median(loops[name]) / steps * 1e3,
+                "loop overhead": statistics.median(paired(loops, name)),
+                "loop CPU overhead": statistics.median(paired(cpus, name)),
+                "recorder's own CPU ms a step": statistics.median(own[name]) / steps * 1e3,
+                "recorder's own CPU / plain loop CPU": statistics.median(own[name])
+                / statistics.median(cpus["plain loop"]),
+                "process s": statistics.median(processes[name]),
+                "process s, lowest to highest": f"{min(processes[name]):.2f} to "
+                f"{max(processes[name]):.2f}",
+                "process overhead": statistics.median(process_ratios),
+                "process overhead, rounds' lowest to highest": f"{process_ratios[0]:.3f} to "
+                f"{process_ratios[-1]:.3f}",
+                "runs": plan.runs,
+            }
+        )
+    # built on the CPU: the count only
+    params = sum(p.numel() for p in _TRAINEES[model](plan, torch.device("cpu")).model.parameters())
+    found = {
+        "model": model,
+        "parameters": params,
+        "steps": steps,
+        "checkpoint_every": PROCESS_CHECKPOINT_EVERY,
+        "rows": rows,
+    }
     return found | ({"base": _commit_of(base)} if base is not None else {})
 
 
 def _commit_of(folder: Path) -> str:
     """The base checkout's commit where it is a git checkout, else its path."""
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return done.stdout.strip() or str(folder)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="One configuration of the whole-process overhead benchmark, in this process.")
+    parser = argparse.ArgumentParser(
+        description="One configuration of the whole-process overhead benchmark, in this process."
+    )
     parser.add_argument("model", choices=sorted(_TRAINEES))
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--every", type=int, default=10)
@@ -225,4 +294,10 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    print(json.dumps(_process_child(args.model, args.quick, args.steps, args.every, args.out, torch.device(args.device))))
+    print(
+        json.dumps(
+            _process_child(
+                args.model, args.quick, args.steps, args.every, args.out, torch.device(args.device)
+            )
+        )
+    )

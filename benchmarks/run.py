@@ -2,8 +2,8 @@
 
     python -m benchmarks.run --out benchmarks/results           # CPU: under 10 minutes on 2 cores
     python -m benchmarks.run --out /tmp/bench --device cuda     # the same on a GPU
-    python -m benchmarks.run --out /tmp/bench --quick           # tiny sizes, seconds (the smoke test)
-    python -m benchmarks.run --out benchmarks/results --only hash small  # re-run some, keep the others
+    python -m benchmarks.run --out /tmp/bench --quick           # tiny sizes: the smoke test
+    python -m benchmarks.run --out benchmarks/results --only hash small  # some, keep the others
 
 Writes ``results.json`` and ``results.md`` into ``--out``: the machine, device, versions and
 date, then one table per benchmark, each with its own date, commit and load. ``--only`` re-runs
@@ -53,7 +53,16 @@ from .storage import bench_storage
 from .timing import FULL, QUICK
 
 STAGES = ("hash", "small", "mlp", "cnn", "cnn2m", "gpt", "storage", "compare")
-SECTIONS = ("hash", "small", "overhead_mlp", "overhead_cnn", "overhead_cnn2m", "overhead_gpt", "storage", "compare")
+SECTIONS = (
+    "hash",
+    "small",
+    "overhead_mlp",
+    "overhead_cnn",
+    "overhead_cnn2m",
+    "overhead_gpt",
+    "storage",
+    "compare",
+)
 
 
 def _kept_sections(path: Path, device: torch.device, quick: bool) -> dict[str, Any]:
@@ -69,12 +78,37 @@ def _kept_sections(path: Path, device: torch.device, quick: bool) -> dict[str, A
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for results.json and results.md")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (default: cuda when present)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds: checks that the benchmarks run")
-    parser.add_argument("--only", nargs="+", choices=STAGES, metavar="NAME", help=f"run only these benchmarks: {', '.join(STAGES)}")
-    parser.add_argument("--runs", type=int, help="runs of each recording configuration (default: the plan's)")
-    parser.add_argument("--base", type=Path, help="cnn2m: another checkout (C kernel built in place) recorded in the same rounds")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/results"),
+        help="folder for results.json and results.md",
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda when present)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, a few seconds: checks that the benchmarks run",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=STAGES,
+        metavar="NAME",
+        help=f"run only these benchmarks: {', '.join(STAGES)}",
+    )
+    parser.add_argument(
+        "--runs", type=int, help="runs of each recording configuration (default: the plan's)"
+    )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        help="cnn2m: another checkout (C kernel built in place) recorded in the same rounds",
+    )
     args = parser.parse_args(argv)
     chosen = set(args.only or STAGES)
     device = torch.device(args.device)
@@ -121,8 +155,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results["seconds"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / "results.md").write_text(markdown(results) + f"\nWhole run: {results['seconds']:.0f} s.\n")
-    print(f"wrote {args.out / 'results.md'} and results.json in {results['seconds']:.0f} s", file=sys.stderr)
+    (args.out / "results.md").write_text(
+        markdown(results) + f"\nWhole run: {results['seconds']:.0f} s.\n"
+    )
+    print(
+        f"wrote {args.out / 'results.md'} and results.json in {results['seconds']:.0f} s",
+        file=sys.stderr,
+    )
     return results
 
 

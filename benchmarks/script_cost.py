@@ -1,7 +1,7 @@
 """What an unchanged script costs under bisect-repro, whole processes as a user runs them.
 
     python -m benchmarks.script_cost --case gpt --out benchmarks/results-cuda --rounds 2
-    python -m benchmarks.script_cost --case gpt --quick --out /tmp/cost     # a CPU check, tiny model
+    python -m benchmarks.script_cost --case gpt --quick --out /tmp/cost   # a CPU check, tiny
 
 Three parts, each optional (``--only``):
 
@@ -11,7 +11,8 @@ Three parts, each optional (``--only``):
 - ``compare``: runs A and B of the same command and run C with a late planted bug (``--reseed-at``)
   recorded, then ``compare --json`` A against B and A against C, each timed against the recording
   of run A, with the verdicts.
-- ``doctor``: ``doctor --json -- python ...`` on a short run of the script, timed, with its findings.
+- ``doctor``: ``doctor --json -- python ...`` on a short run of the script, timed, with its
+  findings.
 
 Writes ``script_cost.json`` into ``--out`` (a case run again replaces its entry) and prints each
 process as it ends. Where it stops: wall times on a machine that may be shared; the load average
@@ -54,7 +55,14 @@ class Case:
 
 
 CASES = {
-    "gpt": Case(ROOT / "benchmarks" / "gpt_script.py", "--iters", 300, 60, ("--reseed-at", "40"), ("--size", "tiny")),
+    "gpt": Case(
+        ROOT / "benchmarks" / "gpt_script.py",
+        "--iters",
+        300,
+        60,
+        ("--reseed-at", "40"),
+        ("--size", "tiny"),
+    ),
 }
 
 
@@ -72,7 +80,14 @@ def _checked(command: list[str], cwd: Path, codes: tuple[int, ...] = (0,)) -> tu
 
 
 def _record(out: Path, every: int, checkpoint_every: int, script: list[str]) -> list[str]:
-    options = ["--every", str(every), "--checkpoint-every", str(checkpoint_every), "--force", "--quiet"]
+    options = [
+        "--every",
+        str(every),
+        "--checkpoint-every",
+        str(checkpoint_every),
+        "--force",
+        "--quiet",
+    ]
     return [*CLI, "record", "--out", str(out), *options, "--", *script]
 
 
@@ -98,13 +113,21 @@ def overhead(case: Case, folder: Path, rounds: int, quick: bool) -> dict[str, An
     rows = []
     for name in names:
         ratios = sorted(a / b for a, b in zip(seconds[name], seconds["plain"], strict=True))
-        rows.append({
-            "configuration": name,
-            "process s": round(statistics.median(seconds[name]), 2),
-            "process overhead": round(statistics.median(ratios), 3),
-            "rounds' lowest to highest": [round(ratios[0], 3), round(ratios[-1], 3)],
-        })
-    return {"steps": steps, "rounds": rounds, "load before": load, "load after": _load(), "rows": rows}
+        rows.append(
+            {
+                "configuration": name,
+                "process s": round(statistics.median(seconds[name]), 2),
+                "process overhead": round(statistics.median(ratios), 3),
+                "rounds' lowest to highest": [round(ratios[0], 3), round(ratios[-1], 3)],
+            }
+        )
+    return {
+        "steps": steps,
+        "rounds": rounds,
+        "load before": load,
+        "load after": _load(),
+        "rows": rows,
+    }
 
 
 def _verdict(stdout: str) -> dict[str, Any]:
@@ -129,35 +152,72 @@ def compare(case: Case, folder: Path, quick: bool) -> dict[str, Any]:
     runs, records = {}, {}
     for label, extra in (("a", ()), ("b", ()), ("c", bug)):
         runs[label] = folder / label
-        records[label], _ = _checked(_record(runs[label], every, checkpoint_every, case.command(steps, *extra, quick=quick)), ROOT)
-        print(f"compare: run {label} recorded in {records[label]:.2f} s", file=sys.stderr, flush=True)
+        records[label], _ = _checked(
+            _record(runs[label], every, checkpoint_every, case.command(steps, *extra, quick=quick)),
+            ROOT,
+        )
+        print(
+            f"compare: run {label} recorded in {records[label]:.2f} s", file=sys.stderr, flush=True
+        )
     pairs = {}
     for label in ("b", "c"):
-        took, stdout = _checked([*CLI, "compare", "--json", str(runs["a"]), str(runs[label])], ROOT, (0, 1))
-        pairs[f"a against {label}"] = {"compare s": round(took, 2), "/ record": round(took / records["a"], 2), **_verdict(stdout)}
+        took, stdout = _checked(
+            [*CLI, "compare", "--json", str(runs["a"]), str(runs[label])], ROOT, (0, 1)
+        )
+        pairs[f"a against {label}"] = {
+            "compare s": round(took, 2),
+            "/ record": round(took / records["a"], 2),
+            **_verdict(stdout),
+        }
         print(f"compare: a against {label} in {took:.2f} s", file=sys.stderr, flush=True)
-    planted = {"bug": list(bug), "steps": steps, "every": every, "checkpoint_every": checkpoint_every}
+    planted = {
+        "bug": list(bug),
+        "steps": steps,
+        "every": every,
+        "checkpoint_every": checkpoint_every,
+    }
     record_s = {label: round(s, 2) for label, s in records.items()}
-    return {**planted, "record s": record_s, "pairs": pairs, "load before": load, "load after": _load()}
+    return {
+        **planted,
+        "record s": record_s,
+        "pairs": pairs,
+        "load before": load,
+        "load after": _load(),
+    }
 
 
 def doctor(case: Case, quick: bool) -> dict[str, Any]:
     """``doctor --json`` on a short run of the script (4 steps)."""
     load = _load()
-    took, stdout = _checked([*CLI, "doctor", "--json", "--", *case.command(4, quick=quick)], ROOT, (0, 1))
+    took, stdout = _checked(
+        [*CLI, "doctor", "--json", "--", *case.command(4, quick=quick)], ROOT, (0, 1)
+    )
     report = json.loads(stdout)
-    findings = [{key: f.get(key) for key in ("id", "severity", "op")} for f in report.get("findings", [])]
+    findings = [
+        {key: f.get(key) for key in ("id", "severity", "op")} for f in report.get("findings", [])
+    ]
     print(f"doctor in {took:.2f} s", file=sys.stderr, flush=True)
-    return {"doctor s": round(took, 2), "findings": findings, "load before": load, "load after": _load()}
+    return {
+        "doctor s": round(took, 2),
+        "findings": findings,
+        "load before": load,
+        "load after": _load(),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=sorted(CASES), default="gpt")
     parser.add_argument("--out", type=Path, required=True, help="folder for script_cost.json")
-    parser.add_argument("--only", nargs="+", choices=("overhead", "compare", "doctor"), default=None)
+    parser.add_argument(
+        "--only", nargs="+", choices=("overhead", "compare", "doctor"), default=None
+    )
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="a tiny model and a few steps: a check of the benchmark")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny model and a few steps: a check of the benchmark",
+    )
     args = parser.parse_args(argv)
     case, parts = CASES[args.case], args.only or ["overhead", "compare", "doctor"]
     found: dict[str, Any] = {"case": args.case, "script": str(case.script.relative_to(ROOT))}

@@ -26,11 +26,17 @@ def bench_storage(device: torch.device, plan: Plan) -> dict[str, Any]:
     trainee = mlp_trainee(plan, device)
     with tempfile.TemporaryDirectory(prefix="bisect-repro-bench-") as tmp:
         out = Path(tmp) / "run"
-        with Recorder(out, trainee, RecordOptions(steps=21, every=10, checkpoint_every=20)) as recorder:
+        with Recorder(
+            out, trainee, RecordOptions(steps=21, every=10, checkpoint_every=20)
+        ) as recorder:
             for batch in recorder.batches():
                 assert trainee.step is not None
                 recorder.log(trainee.step(batch))
-        entries = [json.loads(line) for line in (out / "rank0" / "index.jsonl").read_text().splitlines() if line.strip()]
+        entries = [
+            json.loads(line)
+            for line in (out / "rank0" / "index.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
         steps_bytes = (out / "rank0" / "steps.jsonl").stat().st_size
     buffer = io.BytesIO()
     state = {"model": trainee.model.state_dict(), "optimizer": trainee.optimizer.state_dict()}
@@ -49,6 +55,12 @@ def bench_storage(device: torch.device, plan: Plan) -> dict[str, Any]:
                 "bytes / torch.save": statistics.median(sizes) / saved,
             }
         )
-    rows.append({"file": "steps.jsonl per step", "bytes": steps_bytes / 21, "uncompressed bytes": steps_bytes / 21})
+    rows.append(
+        {
+            "file": "steps.jsonl per step",
+            "bytes": steps_bytes / 21,
+            "uncompressed bytes": steps_bytes / 21,
+        }
+    )
     params = sum(p.numel() for p in trainee.model.parameters())
     return {"model": "mlp", "parameters": params, "rows": rows}

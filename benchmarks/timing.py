@@ -41,7 +41,8 @@ FULL = Plan(
     repeats=7,
     min_seconds=0.05,
     mlp_widths=(1024, 2048, 2048, 1024, 1024),  # 9.4M parameters
-    gpt={"vocab": 32000, "width": 768, "layers": 12, "heads": 12, "context": 512, "batch": 8},  # 110M parameters
+    # 110M parameters
+    gpt={"vocab": 32000, "width": 768, "layers": 12, "heads": 12, "context": 512, "batch": 8},
     batch=64,
     window=100,  # one checkpoint and ten snapshots at every=10
     runs=5,
@@ -78,8 +79,11 @@ def _sample(fn: Callable[[], object], device: torch.device, min_seconds: float) 
             return elapsed / calls
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], device: torch.device, plan: Plan) -> dict[str, float]:
-    """Median seconds per call of each function, sampled in turn so that they share the machine's moods."""
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], device: torch.device, plan: Plan
+) -> dict[str, float]:
+    """Median seconds per call of each function, sampled in turn so that they share the machine's
+    moods."""
     for fn in fns.values():  # warm up: caches, lazily built tables, compiled kernels
         fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}

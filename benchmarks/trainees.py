@@ -27,7 +27,12 @@ def mlp_trainee(plan: Plan, device: torch.device, seed: int = 0) -> Trainee:
     data = torch.Generator().manual_seed(1234)
     inputs = torch.randn(plan.batch * 32, widths[0], generator=data)
     targets = torch.randint(0, 10, (inputs.shape[0],), generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=plan.batch, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=plan.batch,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -48,7 +53,15 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab, width)
         self.positions = nn.Embedding(context, width)
-        block = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+        block = nn.TransformerEncoderLayer(
+            width,
+            heads,
+            4 * width,
+            dropout=0.0,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+        )
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(width)
 
@@ -66,15 +79,23 @@ def gpt_trainee(plan: Plan, device: torch.device, seed: int = 0) -> Trainee:
     model = TinyGPT(g["vocab"], g["width"], g["layers"], g["heads"], g["context"]).to(device)
     data = torch.Generator().manual_seed(1234)
     ids = torch.randint(0, g["vocab"], (g["batch"] * 16, g["context"] + 1), generator=data)
-    loader = DataLoader(TensorDataset(ids), batch_size=g["batch"], shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(ids),
+        batch_size=g["batch"],
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(batch: tuple[torch.Tensor]) -> torch.Tensor:
         tokens = batch[0].to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):  # bf16 on a CPU may be emulated
+        # bf16 on a CPU may be emulated
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(tokens[:, :-1])
-        loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss = nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+        )
         loss.backward()
         optimizer.step()
         return loss
@@ -86,11 +107,14 @@ def cnn_trainee(plan: Plan, device: torch.device, seed: int = 0) -> Trainee:
     """The CNN example as it is (``examples/cnn.py``), on the CPU."""
     from bisect_repro.record.recipe import build
 
-    return build(f"{Path(__file__).resolve().parent.parent / 'examples' / 'cnn.py'}:build", {"seed": seed})
+    return build(
+        f"{Path(__file__).resolve().parent.parent / 'examples' / 'cnn.py'}:build", {"seed": seed}
+    )
 
 
 class RandomImages(Dataset[tuple[torch.Tensor, int]]):
-    """CIFAR-sized random images (3x32x32, ten classes), flipped at random in the loader's workers."""
+    """CIFAR-sized random images (3x32x32, ten classes), flipped at random in the loader's
+    workers."""
 
     def __init__(self, size: int, side: int) -> None:
         generator = torch.Generator().manual_seed(1234)
@@ -117,9 +141,16 @@ def cnn2m_trainee(plan: Plan, device: torch.device, seed: int = 0) -> Trainee:
     widths = [3, c, 2 * c, 4 * c, 8 * c]
     layers: list[nn.Module] = []
     for a, b in itertools.pairwise(widths):
-        layers += [nn.Conv2d(a, b, 3, padding=1, bias=False), nn.BatchNorm2d(b), nn.ReLU(), nn.MaxPool2d(2)]
+        layers += [
+            nn.Conv2d(a, b, 3, padding=1, bias=False),
+            nn.BatchNorm2d(b),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        ]
     flat = widths[-1] * (side // 16) ** 2
-    model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, 10)).to(device)
+    model = nn.Sequential(
+        *layers, nn.Flatten(), nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+    ).to(device)
     loader = DataLoader(
         RandomImages(plan.batch * 32, side),
         batch_size=plan.batch,

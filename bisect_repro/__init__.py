@@ -2,7 +2,7 @@
 
 The public API::
 
-    Trainee          what a recipe returns: model, optimizer, loader, step, scheduler, generators, state
+    Trainee          what a recipe returns: model, optimizer, loader, step, scheduler, streams
     Recorder         records a training loop you drive yourself
     RecordOptions    how often to snapshot and checkpoint
     record           runs a Trainee's step function under a Recorder

@@ -18,7 +18,11 @@ def _command(argv: list[str]) -> str | None:
 
 def main() -> None:
     arguments = sys.argv[1:]
-    if _command(arguments) == "compare" and "--no-replay" not in arguments and "--help" not in arguments:
+    if (
+        _command(arguments) == "compare"
+        and "--no-replay" not in arguments
+        and "--help" not in arguments
+    ):
         from .replay.prestart import prestart
 
         prestart()

@@ -38,7 +38,13 @@ from .diagnose.show.summary import run_summary
 from .errors import BisectReproError
 from .record.recipe import build, parse_settings
 from .record.recorder import RecordingWarning, RecordOptions, record
-from .record.script import is_interpreter, is_launcher, launcher_options, parse_command, record_script
+from .record.script import (
+    is_interpreter,
+    is_launcher,
+    launcher_options,
+    parse_command,
+    record_script,
+)
 from .record.torchrun import record_ranks
 from .replay.launch import Consent, LaunchSpec
 from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
@@ -69,7 +75,11 @@ def _options(
     verbose: Annotated[
         int,
         typer.Option(
-            "--verbose", "-v", count=True, help="Log to stderr what runs and how a replay goes (-vv: each request to a replaying process)."
+            "--verbose",
+            "-v",
+            count=True,
+            help="Log to stderr what runs and how a replay goes (-vv: each request to a replaying "
+            "process).",
         ),
     ] = 0,
 ) -> None:
@@ -83,8 +93,11 @@ def _options(
 
 
 def _line(label: str, style: str, message: object) -> None:
-    """One line on stderr: a styled label, then the message as plain text (no markup, control characters escaped)."""
-    stderr.print(Text(label, style=style), Text(printable(message)), highlight=False, soft_wrap=True)
+    """One line on stderr: a styled label, then the message as plain text (no markup, control
+    characters escaped)."""
+    stderr.print(
+        Text(label, style=style), Text(printable(message)), highlight=False, soft_wrap=True
+    )
 
 
 def _warn_line(message: Warning | str) -> None:
@@ -92,14 +105,16 @@ def _warn_line(message: Warning | str) -> None:
 
 
 def _exits_cleanly(command: F) -> F:
-    """Turn a BisectReproError into one line on stderr and exit code 2; warnings into one line each."""
+    """Turn a BisectReproError into one line on stderr and exit code 2; warnings into one line
+    each."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("default", RecordingWarning)
-                warnings.showwarning = lambda message, *_, **__: _warn_line(message)  # one line, not a source excerpt
+                # one line, not a source excerpt
+                warnings.showwarning = lambda message, *_, **__: _warn_line(message)
                 return command(*args, **kwargs)
         except BisectReproError as error:
             _line("error:", "bold red", error)
@@ -108,17 +123,44 @@ def _exits_cleanly(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-Settings = Annotated[list[str], typer.Option("--set", help="KEY=VALUE passed to the recipe; VALUE read as JSON when it parses as JSON.")]
-NNodes = Annotated[str | None, typer.Option("--nnodes", help="Nodes of a run of several (each runs the same command): torchrun's.")]
-NodeRank = Annotated[str | None, typer.Option("--node-rank", help="This node's rank, torchrun's (with --rdzv-backend static).")]
-Backend = Annotated[str | None, typer.Option("--rdzv-backend", help="torchrun's rendezvous backend on several nodes (c10d).")]
-Endpoint = Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT where the nodes meet, torchrun's.")]
-Html = Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML report (plots included) to this file.")]
+Settings = Annotated[
+    list[str],
+    typer.Option(
+        "--set", help="KEY=VALUE passed to the recipe; VALUE read as JSON when it parses as JSON."
+    ),
+]
+NNodes = Annotated[
+    str | None,
+    typer.Option(
+        "--nnodes", help="Nodes of a run of several (each runs the same command): torchrun's."
+    ),
+]
+NodeRank = Annotated[
+    str | None,
+    typer.Option("--node-rank", help="This node's rank, torchrun's (with --rdzv-backend static)."),
+]
+Backend = Annotated[
+    str | None,
+    typer.Option("--rdzv-backend", help="torchrun's rendezvous backend on several nodes (c10d)."),
+]
+Endpoint = Annotated[
+    str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT where the nodes meet, torchrun's.")
+]
+Html = Annotated[
+    Path | None,
+    typer.Option(
+        "--html", help="Also write a self-contained HTML report (plots included) to this file."
+    ),
+]
 
 
 def _given(**options: str | None) -> list[str]:
     """The torchrun options given, as words (``--nnodes=2``)."""
-    return [f"--{name.replace('_', '-')}={value}" for name, value in options.items() if value is not None]
+    return [
+        f"--{name.replace('_', '-')}={value}"
+        for name, value in options.items()
+        if value is not None
+    ]
 
 
 def _write_html(path: Path, document: str) -> None:
@@ -150,47 +192,93 @@ def record_command(
         ),
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="The run directory to write.")] = None,
-    steps: Annotated[int | None, typer.Option(help="Number of training steps (a recipe: 100 by default; a script: all it takes).")] = None,
-    every: Annotated[int, typer.Option(help="Snapshot every K steps (and at the first and last).")] = 10,
-    checkpoint_every: Annotated[int, typer.Option(help="Full checkpoint every C steps (and at step 0).")] = 100,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            help="Number of training steps (a recipe: 100 by default; a script: all it takes)."
+        ),
+    ] = None,
+    every: Annotated[
+        int, typer.Option(help="Snapshot every K steps (and at the first and last).")
+    ] = 10,
+    checkpoint_every: Annotated[
+        int, typer.Option(help="Full checkpoint every C steps (and at step 0).")
+    ] = 100,
     settings: Settings = [],  # noqa: B006 - typer reads the default
     force: Annotated[bool, typer.Option(help="Overwrite an existing run.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
-    resume: Annotated[bool, typer.Option(help="Continue the interrupted run in --out from its last checkpoint (same options).")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue the interrupted run in --out from its last checkpoint (same options)."
+        ),
+    ] = False,
     on_error: Annotated[
-        str, typer.Option("--on-error", help="On a failed write: 'raise' stops training, 'warn' warns once and trains on unrecorded.")
+        str,
+        typer.Option(
+            "--on-error",
+            help="On a failed write: 'raise' stops training, 'warn' warns once and trains on "
+            "unrecorded.",
+        ),
     ] = "raise",
     nproc_per_node: Annotated[
         int | None,
-        typer.Option("--nproc-per-node", help="Record on N ranks, launched by torch.distributed.run (gloo on CPU, NCCL on CUDA)."),
+        typer.Option(
+            "--nproc-per-node",
+            help="Record on N ranks, launched by torch.distributed.run (gloo on CPU, NCCL on "
+            "CUDA).",
+        ),
     ] = None,
     nnodes: NNodes = None,
     node_rank: NodeRank = None,
     rdzv_backend: Backend = None,
     rdzv_endpoint: Endpoint = None,
 ) -> None:
-    """Run a recipe under the recorder and write a run directory (one folder per rank with --nproc-per-node);
-    or record a script unchanged: bisect-repro record --out DIR -- python train.py ARGS."""
+    """Run a recipe under the recorder and write a run directory (one folder per rank with
+    --nproc-per-node); or record a script unchanged: bisect-repro record --out DIR -- python
+    train.py ARGS."""
     if out is None:
         raise BisectReproError("record: give the run directory to write with --out DIR")
     if resume and force:
-        raise BisectReproError(f"{out}: give --resume (continue the run) or --force (record it again), not both")
+        raise BisectReproError(
+            f"{out}: give --resume (continue the run) or --force (record it again), not both"
+        )
     if target is None:
-        raise BisectReproError("record: give a recipe (path/to/file.py:function), or after -- the command to record: python train.py ARGS")
-    nodes = _given(nnodes=nnodes, node_rank=node_rank, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint)
+        raise BisectReproError(
+            "record: give a recipe (path/to/file.py:function), or after -- the command to record: "
+            "python train.py ARGS"
+        )
+    nodes = _given(
+        nnodes=nnodes, node_rank=node_rank, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint
+    )
     if nodes and nproc_per_node is None:
-        raise BisectReproError("record: --nnodes and --rdzv-* launch ranks: give --nproc-per-node N with them")
+        raise BisectReproError(
+            "record: --nnodes and --rdzv-* launch ranks: give --nproc-per-node N with them"
+        )
     if context.args or is_interpreter(target) or is_launcher([target]):  # a command, not a recipe
         command = parse_command([target, *context.args])
         if resume or nproc_per_node is not None or settings or nodes:
             raise BisectReproError(
-                "record: --resume, --nproc-per-node, --nnodes, --rdzv-* and --set are for recipes; a script takes its own arguments "
+                "record: --resume, --nproc-per-node, --nnodes, --rdzv-* and --set are for recipes; "
+                "a script takes its own arguments "
                 "(ranks: -- torchrun --nproc-per-node N train.py)"
             )
-        options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force, on_error=on_error)  # type: ignore[arg-type]
+        options = RecordOptions(
+            steps=steps,
+            every=every,
+            checkpoint_every=checkpoint_every,
+            force=force,
+            on_error=on_error,  # type: ignore[arg-type]
+        )
         raise typer.Exit(record_script(command, out, options))
     steps = 100 if steps is None else steps
-    options = RecordOptions(steps=steps, every=every, checkpoint_every=checkpoint_every, force=force, on_error=on_error)  # type: ignore[arg-type]
+    options = RecordOptions(
+        steps=steps,
+        every=every,
+        checkpoint_every=checkpoint_every,
+        force=force,
+        on_error=on_error,  # type: ignore[arg-type]
+    )
     config = parse_settings(settings)
     trainee = build(target, config) if nproc_per_node is None else None  # the ranks build their own
     console = Console(stderr=True, quiet=quiet)
@@ -204,20 +292,37 @@ def record_command(
             progress.update(task, completed=step, extra=f"{shown}{rate:.1f} steps/s")
 
         if trainee is not None:
-            record(trainee, out, options, target=target, config=config, on_step=on_step, resume=resume)
+            record(
+                trainee, out, options, target=target, config=config, on_step=on_step, resume=resume
+            )
         elif nproc_per_node is not None:  # the case left: the ranks build their own trainees
             launcher = launcher_options(nodes)
             record_ranks(
-                target, out, options, config, nproc_per_node, resume=resume, on_progress=on_step, on_warning=_warn_line, nodes=launcher
+                target,
+                out,
+                options,
+                config,
+                nproc_per_node,
+                resume=resume,
+                on_progress=on_step,
+                on_warning=_warn_line,
+                nodes=launcher,
             )
     run = Run.open(out)
     ranks = [run.open_rank(r) for r in range(run.world_size)]
     incomplete = [
-        f"rank {r.rank} at step {r.last_step}" if run.distributed else f"last complete step {r.last_step}" for r in ranks if not r.complete
+        f"rank {r.rank} at step {r.last_step}"
+        if run.distributed
+        else f"last complete step {r.last_step}"
+        for r in ranks
+        if not r.complete
     ]
     status = f" (incomplete: {', '.join(incomplete)})" if incomplete else ""
     where = f" on {run.world_size} ranks" if run.distributed else ""
-    counts = f"{len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} checkpoints"
+    counts = (
+        f"{len(run.steps)} steps, {len(run.snapshots)} snapshots, {len(run.checkpoints)} "
+        "checkpoints"
+    )
     console.print(f"wrote {safe_text(out)}{where}: {counts}{status}")
 
 
@@ -226,7 +331,12 @@ def record_command(
 def show_command(
     run: Annotated[Path, typer.Argument(help="A run directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    verify: Annotated[bool, typer.Option(help="Read and check every snapshot and checkpoint, not only the last snapshot.")] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            help="Read and check every snapshot and checkpoint, not only the last snapshot."
+        ),
+    ] = False,
     html: Html = None,
 ) -> None:
     """What a run holds: steps, snapshots, checkpoints, config, environment, streams, losses."""
@@ -246,17 +356,31 @@ def show_command(
 def compare_command(
     run_a: Annotated[Path, typer.Argument(help="The first run directory.")],
     run_b: Annotated[Path, typer.Argument(help="The second run directory.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (schema bisect-repro/compare/2).")] = False,
-    no_replay: Annotated[bool, typer.Option("--no-replay", help="Compare the records only; import and run nothing.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (schema bisect-repro/compare/2).")
+    ] = False,
+    no_replay: Annotated[
+        bool, typer.Option("--no-replay", help="Compare the records only; import and run nothing.")
+    ] = False,
     accept_changed_code: Annotated[
-        bool, typer.Option("--accept-changed-code", help="Replay a script or recipe even if it changed since it was recorded.")
+        bool,
+        typer.Option(
+            "--accept-changed-code",
+            help="Replay a script or recipe even if it changed since it was recorded.",
+        ),
     ] = False,
     trust: Annotated[
-        bool, typer.Option("--trust", help="Replay runs you did not record on this machine (their code runs here); read what runs first.")
+        bool,
+        typer.Option(
+            "--trust",
+            help="Replay runs you did not record on this machine (their code runs here); read what "
+            "runs first.",
+        ),
     ] = False,
     html: Html = None,
 ) -> None:
-    """Find the first step, layer and op where two runs diverge, with the cause, the evidence and the fix.
+    """Find the first step, layer and op where two runs diverge, with the cause, the evidence and
+    the fix.
 
     The replay runs each run's own script or recipe again (what it runs is printed first). A run
     you did not record on this machine is replayed only with --trust or your yes at the prompt.
@@ -264,7 +388,14 @@ def compare_command(
     """
     if html is not None:
         check_html_path(html)
-    result = _compare(run_a, run_b, replay=not no_replay, quiet=as_json, accept_changed_code=accept_changed_code, trust=trust)
+    result = _compare(
+        run_a,
+        run_b,
+        replay=not no_replay,
+        quiet=as_json,
+        accept_changed_code=accept_changed_code,
+        trust=trust,
+    )
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
@@ -291,7 +422,10 @@ def _consent(trust: bool) -> Consent:
         if not (sys.stdin.isatty() and sys.stderr.isatty()):
             return False
         for label, spec in foreign:
-            stderr.print(Text(f"Run {label} was not recorded by you on this machine.", style="bold yellow"), highlight=False)
+            stderr.print(
+                Text(f"Run {label} was not recorded by you on this machine.", style="bold yellow"),
+                highlight=False,
+            )
             _announce(f"replaying run {label} would run", spec)
         return typer.confirm("Run this code here to replay it?", default=False, err=True)
 
@@ -299,11 +433,18 @@ def _consent(trust: bool) -> Consent:
 
 
 def _compare(
-    run_a: Path, run_b: Path, *, replay: bool, quiet: bool, accept_changed_code: bool = False, trust: bool = False
+    run_a: Path,
+    run_b: Path,
+    *,
+    replay: bool,
+    quiet: bool,
+    accept_changed_code: bool = False,
+    trust: bool = False,
 ) -> CompareResult:
     console = Console(stderr=True, quiet=quiet)
 
-    def announce(specs: list[LaunchSpec]) -> None:  # always, even with --json: nothing runs unannounced
+    # always, even with --json: nothing runs unannounced
+    def announce(specs: list[LaunchSpec]) -> None:
         for label, spec in zip("AB", specs, strict=True):
             _announce(f"replaying run {label} by running", spec)
 
@@ -315,7 +456,8 @@ def _compare(
 
         ask = _consent(trust)
 
-        def consent(foreign: Sequence[tuple[str, LaunchSpec]]) -> bool:  # no progress bar over the prompt
+        # no progress bar over the prompt
+        def consent(foreign: Sequence[tuple[str, LaunchSpec]]) -> bool:
             progress.stop()
             try:
                 return ask(foreign)
@@ -337,12 +479,17 @@ def _compare(
 @app.command("demo")
 @_exits_cleanly
 def demo_command(
-    out: Annotated[Path | None, typer.Option("--out", help="Where to keep the two runs (default: a temporary folder).")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Where to keep the two runs (default: a temporary folder)."),
+    ] = None,
     steps: Annotated[int, typer.Option(help="Steps per run.")] = 20,
 ) -> None:
     """Record a recipe that really diverges on a CPU twice, and compare the two runs."""
     console = Console(stderr=True)
-    console.print("Recording two runs of a fully seeded embedding model (table\\[idx], four threads)...")
+    console.print(
+        "Recording two runs of a fully seeded embedding model (table\\[idx], four threads)..."
+    )
     run_a, run_b = record_pair(out, steps=steps)
     console.print(f"Recorded {run_a} and {run_b}. Comparing them...")
     result = _compare(run_a, run_b, replay=True, quiet=False)
@@ -357,24 +504,35 @@ def doctor_command(
     target: Annotated[
         str | None,
         typer.Argument(
-            help="The recipe (path/to/file.py:function or package.module:function), or after -- a script: python train.py ARGS."
+            help="The recipe (path/to/file.py:function or package.module:function), or after -- a "
+            "script: python train.py ARGS."
         ),
     ] = None,
     steps: Annotated[int, typer.Option(help="Steps to train and re-run.")] = DEFAULT_STEPS,
     settings: Settings = [],  # noqa: B006 - typer reads the default
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (schema bisect-repro/doctor/1).")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (schema bisect-repro/doctor/1).")
+    ] = False,
 ) -> None:
-    """Audit a recipe, or a script run unchanged (-- python train.py ARGS), for every known source of
-    irreproducibility, proving each finding by a run.
+    """Audit a recipe, or a script run unchanged (-- python train.py ARGS), for every known source
+    of irreproducibility, proving each finding by a run.
 
     Without TARGET, audit this environment and process. Exit code 0: reproducible on this machine
     (warnings may remain); 1: not; 2: bad input.
     """
     console = Console(stderr=True, quiet=as_json)
-    command = [target, *context.args] if target is not None and (context.args or is_interpreter(target) or is_launcher([target])) else None
+    command = (
+        [target, *context.args]
+        if target is not None and (context.args or is_interpreter(target) or is_launcher([target]))
+        else None
+    )
     with console.status("doctor") as status:
         report = doctor(
-            None if command else target, parse_settings(settings), steps=steps, progress=lambda stage: status.update(stage), command=command
+            None if command else target,
+            parse_settings(settings),
+            steps=steps,
+            progress=lambda stage: status.update(stage),
+            command=command,
         )
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")

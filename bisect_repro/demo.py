@@ -70,13 +70,20 @@ def build(
     data = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, vocab, (2048, tokens_per_sample), generator=data)
     targets = torch.randn(2048, generator=data)
-    loader = DataLoader(TensorDataset(tokens, targets), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(tokens, targets),
+        batch_size=batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = BagOfTokens(vocab, dim)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)
 
 
-def record_pair(out: Path | None = None, *, steps: int = 20, every: int = 5, checkpoint_every: int = 10) -> tuple[Path, Path]:
+def record_pair(
+    out: Path | None = None, *, steps: int = 20, every: int = 5, checkpoint_every: int = 10
+) -> tuple[Path, Path]:
     """Record the demo recipe twice, into ``out/a`` and ``out/b``."""
     from .record.recipe import build as build_target
     from .record.recorder import RecordOptions, record

@@ -55,11 +55,19 @@ try:
 except ImportError:  # the helpers work without pytest; only the fixture needs it
     pytest = None  # type: ignore[assignment]
 
-__all__ = ["CheckOptions", "Reproducibility", "assert_reproducible", "assert_reproducible_script", "failure_message", "reproducibility"]
+__all__ = [
+    "CheckOptions",
+    "Reproducibility",
+    "assert_reproducible",
+    "assert_reproducible_script",
+    "failure_message",
+    "reproducibility",
+]
 
 
 def _fail(message: str) -> NoReturn:
-    """``pytest.fail`` inside a pytest test (a short report, no traceback); an ``AssertionError`` anywhere else."""
+    """``pytest.fail`` inside a pytest test (a short report, no traceback); an ``AssertionError``
+    anywhere else."""
     if pytest is not None and "PYTEST_CURRENT_TEST" in os.environ:
         pytest.fail(message, pytrace=False)
     raise AssertionError(message)
@@ -70,7 +78,9 @@ def failure_message(subject: str, result: CompareResult) -> str:
     verdict = result.verdict
     if verdict is None:
         return f"{subject} is not reproducible: the runs differ; the comparison gave no verdict."
-    where = ", ".join(f"{label} {value}" if label else value for label, value in verdict_where(verdict))
+    where = ", ".join(
+        f"{label} {value}" if label else value for label, value in verdict_where(verdict)
+    )
     named = named_by(verdict)
     cause = cause_title(verdict.cause) + (f" ({', '.join(named)})" if named else "")
     explanation = verdict.explanation.rstrip(".")
@@ -96,18 +106,37 @@ def _folder(out: Path | str | None) -> Iterator[Path]:
 
 
 def _run(
-    command: Sequence[str], label: str, subject: str, *, cwd: Path | str | None, env: Mapping[str, str] | None, timeout: float
+    command: Sequence[str],
+    label: str,
+    subject: str,
+    *,
+    cwd: Path | str | None,
+    env: Mapping[str, str] | None,
+    timeout: float,
 ) -> None:
     environment = {**os.environ, **(env or {})}
     try:
-        done = subprocess.run(list(command), cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            list(command),
+            cwd=cwd,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
-        _fail(f"recording run {label} of {subject} took more than {timeout:g} s: {' '.join(command)}")
+        _fail(
+            f"recording run {label} of {subject} took more than {timeout:g} s: {' '.join(command)}"
+        )
     except OSError as error:
         _fail(f"recording run {label} of {subject} could not start ({error}): {' '.join(command)}")
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-        _fail(f"recording run {label} of {subject} failed with exit code {done.returncode}: {' '.join(command)}\n{tail}")
+        _fail(
+            f"recording run {label} of {subject} failed with exit code {done.returncode}: "
+            f"{' '.join(command)}\n{tail}"
+        )
 
 
 class CheckOptions(TypedDict, total=False):
@@ -116,7 +145,8 @@ class CheckOptions(TypedDict, total=False):
     env: Mapping[str, str] | None
     """Environment variables for both recordings (``{"OMP_NUM_THREADS": "2"}``)."""
     replay: bool
-    """``False`` judges from the records alone (faster, and the cause is then ``inferred``); default ``True``."""
+    """``False`` judges from the records alone (faster, and the cause is then ``inferred``); default
+    ``True``."""
     out: Path | str | None
     """The folder for the two runs (``a``, ``b``) and, on a failure, ``report.html``; default: a
     temporary folder, deleted when the runs match."""
@@ -136,12 +166,16 @@ def _check(
     cwd: Path | str | None = None,
     timeout: float = 600.0,
 ) -> CompareResult:
-    """Record ``command(run)`` for runs ``a`` and ``b`` in ``out``, compare them, and fail unless they match."""
+    """Record ``command(run)`` for runs ``a`` and ``b`` in ``out``, compare them, and fail unless
+    they match."""
     with _folder(out) as folder:
         runs = folder / "a", folder / "b"
         for label, run in zip("AB", runs, strict=True):
             if run.exists() and not (run / "run.json").is_file():
-                raise ValueError(f"{run}: exists and is not a run; give an 'out' folder without 'a' and 'b' in it")
+                raise ValueError(
+                    f"{run}: exists and is not a run; give an 'out' folder without 'a' and 'b' in "
+                    "it"
+                )
             shutil.rmtree(run, ignore_errors=True)  # a run from an earlier check
             _run(command(run), label, subject, cwd=cwd, env=env, timeout=timeout)
         result = compare(*runs, replay=replay)
@@ -161,22 +195,49 @@ def assert_reproducible(
     config: Mapping[str, Any] | None = None,
     **options: Unpack[CheckOptions],
 ) -> CompareResult:
-    """Record the recipe ``target`` (``path/file.py:function`` or ``module:function``) twice and fail unless the runs match.
+    """Record the recipe ``target`` (``path/file.py:function`` or ``module:function``) twice and
+    fail unless the runs match.
 
     ``config`` holds the recipe's keyword arguments (``--set``); ``checkpoint_every`` defaults to
-    ``every``. The other options (``env``, ``replay``, ``out``, ``cwd``, ``timeout``) are :class:`CheckOptions`.
+    ``every``. The other options (``env``, ``replay``, ``out``, ``cwd``, ``timeout``) are
+    :class:`CheckOptions`.
     """
-    settings = [arg for key, value in (config or {}).items() for arg in ("--set", f"{key}={json.dumps(value)}")]
-    flags = ["--steps", str(steps), "--every", str(every), "--checkpoint-every", str(checkpoint_every or every), "--quiet"]
+    settings = [
+        arg
+        for key, value in (config or {}).items()
+        for arg in ("--set", f"{key}={json.dumps(value)}")
+    ]
+    flags = [
+        "--steps",
+        str(steps),
+        "--every",
+        str(every),
+        "--checkpoint-every",
+        str(checkpoint_every or every),
+        "--quiet",
+    ]
 
     def command(run: Path) -> list[str]:
-        return [sys.executable, "-m", "bisect_repro.cli", "record", target, "--out", str(run), *flags, *settings]
+        return [
+            sys.executable,
+            "-m",
+            "bisect_repro.cli",
+            "record",
+            target,
+            "--out",
+            str(run),
+            *flags,
+            *settings,
+        ]
 
     return _check(target, command, **options)
 
 
-def assert_reproducible_script(argv: Sequence[str], **options: Unpack[CheckOptions]) -> CompareResult:
-    """Run a script with its own loop (it records with ``Recorder``) twice and fail unless the runs match.
+def assert_reproducible_script(
+    argv: Sequence[str], **options: Unpack[CheckOptions]
+) -> CompareResult:
+    """Run a script with its own loop (it records with ``Recorder``) twice and fail unless the runs
+    match.
 
     ``argv`` is the command; ``{out}`` in it is replaced by each run's directory. A first item
     ending in ``.py``, or ``-m``, runs under this interpreter (``["train.py", "--out", "{out}"]``,
@@ -184,7 +245,10 @@ def assert_reproducible_script(argv: Sequence[str], **options: Unpack[CheckOptio
     ``replay``, ``out``, ``cwd``, ``timeout``) are :class:`CheckOptions`.
     """
     if not any("{out}" in arg for arg in argv):
-        raise ValueError(f"{list(argv)}: put '{{out}}' where the script takes its run directory, such as ['train.py', '--out', '{{out}}']")
+        raise ValueError(
+            f"{list(argv)}: put '{{out}}' where the script takes its run directory, such as "
+            "['train.py', '--out', '{out}']"
+        )
     prefix = [sys.executable] if argv and (argv[0].endswith(".py") or argv[0] == "-m") else []
 
     def command(run: Path) -> list[str]:
@@ -194,7 +258,8 @@ def assert_reproducible_script(argv: Sequence[str], **options: Unpack[CheckOptio
 
 
 class Reproducibility:
-    """What the :func:`reproducibility` fixture gives a test: the two checks, each in its own folder under ``tmp_path``."""
+    """What the :func:`reproducibility` fixture gives a test: the two checks, each in its own folder
+    under ``tmp_path``."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -217,7 +282,8 @@ if pytest is not None:
 
     @pytest.fixture
     def reproducibility(tmp_path: Path) -> Reproducibility:
-        """``reproducibility.recipe("train.py:build")``, ``reproducibility.script(["train.py", "--out", "{out}"])``."""
+        """``reproducibility.recipe("train.py:build")``, ``reproducibility.script(["train.py",
+        "--out", "{out}"])``."""
         return Reproducibility(tmp_path)
 
 else:

@@ -1,4 +1,5 @@
-"""The recipe contract: :class:`Trainee`, everything bisect-repro needs to run, record and replay a training.
+"""The recipe contract: :class:`Trainee`, everything bisect-repro needs to run, record and replay a
+training.
 
 It is the currency between the layers: ``capture`` takes a trainee's state, ``record`` records
 one, ``replay`` rebuilds one. A recipe is a function that builds everything and returns one (see
@@ -75,18 +76,21 @@ class Trainee:
     """Any iterable of batches, usually a ``torch.utils.data.DataLoader``, iterated for as many
     epochs as needed; or a function called for each batch (``get_batch``), an endless source."""
     step: Callable[[Any], torch.Tensor] | None = None
-    """``step(batch)`` runs one optimisation step and returns the loss. ``None`` for loops you drive yourself."""
+    """``step(batch)`` runs one optimisation step and returns the loss. ``None`` for loops you drive
+    yourself."""
     scheduler: Stateful | None = None
     """An optional LR scheduler (anything :class:`Stateful`), saved in checkpoints."""
     generators: Mapping[str, RandomSource] | None = None
-    """Extra random streams the recipe uses, by name: torch, NumPy or ``random.Random`` generators."""
+    """Extra random streams the recipe uses, by name: torch, NumPy or ``random.Random``
+    generators."""
     state: Mapping[str, Stateful] | None = None
     """Any other state a step reads, by name (a counter, a curriculum, an EMA): objects with
     ``state_dict()`` / ``load_state_dict()``, saved in checkpoints, hashed in snapshots and restored
     with the rest, so that a replayed step sees what the recorded one saw. A step that reads state
     kept anywhere else (a closure, a global) cannot be replayed exactly, and compare says so."""
     optimizers: Sequence[torch.optim.Optimizer] = ()
-    """Every optimizer, the first being :attr:`optimizer`; set from ``optimizer`` when left empty."""
+    """Every optimizer, the first being :attr:`optimizer`; set from ``optimizer`` when left
+    empty."""
 
     @classmethod
     def supervised(
@@ -114,7 +118,9 @@ class Trainee:
                 scheduler.step()  # type: ignore[attr-defined]
             return loss
 
-        return cls(model, optimizer, loader, step, scheduler=scheduler, generators=generators, state=state)
+        return cls(
+            model, optimizer, loader, step, scheduler=scheduler, generators=generators, state=state
+        )
 
     @property
     def source(self) -> Iterable[Any]:
@@ -130,7 +136,9 @@ class Trainee:
             self.optimizers = (given, *(o for o in self.optimizers if o is not given))
         elif isinstance(given, (list, tuple)):
             if not given:
-                raise RecipeError("Trainee: optimizer is an empty list; give one optimizer or more, or None")
+                raise RecipeError(
+                    "Trainee: optimizer is an empty list; give one optimizer or more, or None"
+                )
             self.optimizers = tuple(given)
         elif given is None:
             self.optimizers = tuple(self.optimizers) or (NoOptimizer(self.model.parameters()),)
@@ -139,36 +147,50 @@ class Trainee:
         for optimizer in self.optimizers:
             if not isinstance(optimizer, torch.optim.Optimizer):
                 raise RecipeError(
-                    f"Trainee: optimizer is a {type(optimizer).__name__}, expected a torch.optim.Optimizer; "
+                    f"Trainee: optimizer is a {type(optimizer).__name__}, expected a "
+                    "torch.optim.Optimizer; "
                     "give optimizer=None for a loop that updates the weights itself"
                 )
         self.optimizer = self.optimizers[0]
 
     @property
     def optim(self) -> torch.optim.Optimizer:
-        """The optimizer; for a loop without one, the :class:`NoOptimizer` holding the model's parameters."""
+        """The optimizer; for a loop without one, the :class:`NoOptimizer` holding the model's
+        parameters."""
         assert isinstance(self.optimizer, torch.optim.Optimizer), "set in __post_init__"
         return self.optimizer
 
     @property
     def named_optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
         """Every optimizer with the prefix its state is named by (:func:`optimizer_prefix`)."""
-        return [(optimizer_prefix(index), optimizer) for index, optimizer in enumerate(self.optimizers)]
+        return [
+            (optimizer_prefix(index), optimizer) for index, optimizer in enumerate(self.optimizers)
+        ]
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
-            raise RecipeError(f"Trainee: model is a {type(self.model).__name__}, expected a torch.nn.Module")
+            raise RecipeError(
+                f"Trainee: model is a {type(self.model).__name__}, expected a torch.nn.Module"
+            )
         self.model = _uncompiled(self.model)
         self._optimizers()
         if callable(self.loader) and not isinstance(self.loader, Iterable):
             self.loader = Calls(self.loader)
         if not isinstance(self.loader, Iterable):
-            raise RecipeError(f"Trainee: loader is a {type(self.loader).__name__}, which cannot be iterated")
+            raise RecipeError(
+                f"Trainee: loader is a {type(self.loader).__name__}, which cannot be iterated"
+            )
         if self.scheduler is not None and not isinstance(self.scheduler, Stateful):
-            raise RecipeError(f"Trainee: scheduler is a {type(self.scheduler).__name__} without state_dict/load_state_dict")
+            raise RecipeError(
+                f"Trainee: scheduler is a {type(self.scheduler).__name__} without "
+                "state_dict/load_state_dict"
+            )
         for name, value in (self.state or {}).items():
             if not isinstance(value, Stateful):
-                raise RecipeError(f"Trainee: state[{name!r}] is a {type(value).__name__} without state_dict/load_state_dict")
+                raise RecipeError(
+                    f"Trainee: state[{name!r}] is a {type(value).__name__} without "
+                    "state_dict/load_state_dict"
+                )
         if self.step is not None and not callable(self.step):
             raise RecipeError("Trainee: step must be callable as step(batch) -> loss")
 

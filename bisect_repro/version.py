@@ -1,4 +1,5 @@
-"""The package's version, in a module of its own: any layer may read it without importing the package root."""
+"""The package's version, in a module of its own: any layer may read it without importing the
+package root."""
 
 from __future__ import annotations
 

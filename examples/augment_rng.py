@@ -42,7 +42,9 @@ def build(seed: int = 0, seed_augment: bool = False) -> Trainee:
     np.random.seed(seed)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed) if seed_augment else np.random.default_rng()
-    loader = DataLoader(NoisyPoints(rng), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        NoisyPoints(rng), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)

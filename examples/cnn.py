@@ -46,7 +46,9 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
-def build(seed: int = 0, lr: float = 1e-3, batch_size: int = 32, num_workers: int = 2, channels: int = 16) -> Trainee:
+def build(
+    seed: int = 0, lr: float = 1e-3, batch_size: int = 32, num_workers: int = 2, channels: int = 16
+) -> Trainee:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -13,8 +13,8 @@ from run to run. Fully seeded otherwise.
 workspace setting it requires. Without a GPU the recipe runs on the CPU, where these kernels
 are deterministic on one thread.
 
-    bisect-repro record examples/cuda_atomics.py:build --out runs/a --steps 12 --every 4 --set op=scatter_add
-    bisect-repro record examples/cuda_atomics.py:build --out runs/b --steps 12 --every 4 --set op=scatter_add
+    bisect-repro record examples/cuda_atomics.py:build --set op=scatter_add --out runs/a --steps 12
+    bisect-repro record examples/cuda_atomics.py:build --set op=scatter_add --out runs/b --steps 12
     bisect-repro compare runs/a runs/b
 """
 
@@ -48,7 +48,8 @@ def read_by_index(op: str, table: torch.Tensor, index: torch.Tensor) -> torch.Te
     if op == "index_add":
         return table.index_select(0, index)  # backward: index_add_
     if op == "scatter_add":
-        return table.gather(0, index.unsqueeze(1).expand(-1, table.shape[1]))  # backward: scatter_add_
+        # backward: scatter_add_
+        return table.gather(0, index.unsqueeze(1).expand(-1, table.shape[1]))
     return table[index]  # backward: index_put_ with accumulate
 
 
@@ -65,7 +66,8 @@ class Pooling(nn.Module):
     def forward(self, tokens: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
         if self.where == "backward":
             rows = self.mix(read_by_index(self.op, self.table, tokens))
-            pooled = rows.reshape(self.segments, -1, rows.shape[1]).sum(1)  # segments are contiguous: a plain sum
+            # segments are contiguous: a plain sum
+            pooled = rows.reshape(self.segments, -1, rows.shape[1]).sum(1)
         else:
             rows = self.mix(nn.functional.embedding(tokens, self.table))
             pooled = add_by_index(self.op, self.segments, segment, rows)
@@ -83,9 +85,12 @@ def build(
     tokens_per_segment: int = 512,
 ) -> Trainee:
     if op not in OPS or where not in ("forward", "backward"):
-        raise ValueError(f"op must be one of {OPS} and where forward or backward, not {op!r} and {where!r}")
+        raise ValueError(
+            f"op must be one of {OPS} and where forward or backward, not {op!r} and {where!r}"
+        )
     if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before any matmul
+        # read when cuBLAS starts: before any matmul
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(deterministic)
     torch.manual_seed(seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -94,7 +99,12 @@ def build(
     tokens = torch.randint(0, vocab, (count, segments * tokens_per_segment), generator=data)
     segment = torch.arange(segments).repeat_interleave(tokens_per_segment).expand(count, -1)
     targets = torch.randn(count, segments, generator=data)
-    loader = DataLoader(TensorDataset(tokens, segment, targets), batch_size=1, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(tokens, segment, targets),
+        batch_size=1,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = Pooling(op, where, vocab, dim, segments).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 

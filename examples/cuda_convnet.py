@@ -9,8 +9,8 @@ algorithms: two runs with the same settings match bit for bit.
   whose kernels round differently.
 - ``autocast=true`` runs the forward pass in bf16 autocast; still deterministic.
 
-    bisect-repro record examples/cuda_convnet.py:build --out runs/a --steps 12 --every 4
-    bisect-repro record examples/cuda_convnet.py:build --out runs/b --steps 12 --every 4 --set benchmark=true
+    bisect-repro record examples/cuda_convnet.py:build --out runs/a --steps 12
+    bisect-repro record examples/cuda_convnet.py:build --out runs/b --steps 12 --set benchmark=true
     bisect-repro compare runs/a runs/b
 """
 
@@ -26,13 +26,20 @@ __all__ = ["build"]
 
 
 class GlobalMean(nn.Module):
-    """The mean over the image: a plain reduction, where ``AdaptiveAvgPool2d``'s CUDA backward adds atomically."""
+    """The mean over the image: a plain reduction, where ``AdaptiveAvgPool2d``'s CUDA backward adds
+    atomically."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.mean(dim=(2, 3))
 
 
-def build(seed: int = 0, benchmark: bool = False, autocast: bool = False, channels: int = 32, batch_size: int = 64) -> Trainee:
+def build(
+    seed: int = 0,
+    benchmark: bool = False,
+    autocast: bool = False,
+    channels: int = 32,
+    batch_size: int = 64,
+) -> Trainee:
     torch.backends.cudnn.benchmark = benchmark
     torch.backends.cudnn.deterministic = True
     torch.manual_seed(seed)
@@ -40,7 +47,12 @@ def build(seed: int = 0, benchmark: bool = False, autocast: bool = False, channe
     data = torch.Generator().manual_seed(3)
     images = torch.randn(1024, 3, 32, 32, generator=data)
     labels = torch.randint(0, 10, (1024,), generator=data)
-    loader = DataLoader(TensorDataset(images, labels), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(images, labels),
+        batch_size=batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = nn.Sequential(
         nn.Conv2d(3, channels, 3, padding=1),
         nn.ReLU(),

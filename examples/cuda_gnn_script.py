@@ -25,7 +25,8 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 nodes, edges, features = 4096, 65536, 32
 graph = torch.Generator().manual_seed(1)
 source = torch.randint(0, nodes, (edges,), generator=graph).to(device)
-target = torch.randint(0, 64, (edges,), generator=graph).to(device)  # a few hub nodes take most messages
+# a few hub nodes take most messages
+target = torch.randint(0, 64, (edges,), generator=graph).to(device)
 x = torch.randn(nodes, features, generator=graph).to(device)
 y = torch.randn(nodes, 1, generator=graph).to(device)
 

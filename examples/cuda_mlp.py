@@ -8,8 +8,9 @@ change their rounding. Fully seeded, and deterministic on one GPU.
   generator from OS entropy, so the dropout masks of every run differ from then on.
 - ``autocast=true`` runs the forward pass in bf16 autocast; still deterministic.
 
-    bisect-repro record examples/cuda_mlp.py:build --out runs/a --steps 12 --every 4
-    TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 bisect-repro record examples/cuda_mlp.py:build --out runs/b --steps 12 --every 4
+    bisect-repro record examples/cuda_mlp.py:build --out runs/a --steps 12
+    export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
+    bisect-repro record examples/cuda_mlp.py:build --out runs/b --steps 12
     bisect-repro compare runs/a runs/b
 """
 
@@ -30,7 +31,13 @@ def log_metrics(loss: torch.Tensor, reseed_at: int) -> None:
         torch.cuda.seed()
 
 
-def build(seed: int = 0, tf32: bool = False, reseed_at: int = -1, autocast: bool = False, width: int = 1024) -> Trainee:
+def build(
+    seed: int = 0,
+    tf32: bool = False,
+    reseed_at: int = -1,
+    autocast: bool = False,
+    width: int = 1024,
+) -> Trainee:
     if tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(seed)
@@ -38,7 +45,12 @@ def build(seed: int = 0, tf32: bool = False, reseed_at: int = -1, autocast: bool
     data = torch.Generator().manual_seed(5)
     inputs = torch.randn(4096, 256, generator=data)
     targets = torch.randint(0, 10, (4096,), generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=256, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=256,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = nn.Sequential(
         nn.Linear(256, width),
         nn.GELU(),

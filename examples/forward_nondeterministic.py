@@ -4,8 +4,8 @@ fall in one cell in an order that varies from call to call (a few thousand rows,
 two runs from the same state differ at rounding level in the ``pool`` layer's output. Everything
 is seeded.
 
-    bisect-repro doctor examples/forward_nondeterministic.py:build                        # finds it
-    bisect-repro doctor examples/forward_nondeterministic.py:build --set deterministic=true   # the fix
+    bisect-repro doctor examples/forward_nondeterministic.py:build          # finds it
+    bisect-repro doctor examples/forward_nondeterministic.py:build --set deterministic=true
 """
 
 from __future__ import annotations
@@ -45,7 +45,13 @@ class PointsInCells(nn.Module):
         return self.head(torch.tanh(features + context)).squeeze(-1)
 
 
-def build(seed: int = 0, width: int = 32, batch_size: int = 4096, threads: int = 2, deterministic: bool = False) -> Trainee:
+def build(
+    seed: int = 0,
+    width: int = 32,
+    batch_size: int = 4096,
+    threads: int = 2,
+    deterministic: bool = False,
+) -> Trainee:
     data = torch.Generator().manual_seed(3)  # the dataset's own stream, apart from the global ones
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
@@ -56,7 +62,9 @@ def build(seed: int = 0, width: int = 32, batch_size: int = 4096, threads: int =
     cells = torch.randint(0, CELLS, (16 * batch_size,), generator=data)
     targets = points.sum(dim=1) + 0.1 * torch.randn(16 * batch_size, generator=data)
     dataset = TensorDataset(points, cells, targets)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
     model = PointsInCells(width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 

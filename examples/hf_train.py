@@ -2,7 +2,7 @@
 config (nothing is downloaded), trained on random tokens.
 
     python examples/hf_train.py --out runs/a
-    python examples/hf_train.py --out runs/b --reseed-at 7        # torch.seed() in compute_loss at step 7
+    python examples/hf_train.py --out runs/b --reseed-at 7    # torch.seed() in compute_loss
     bisect-repro compare runs/a runs/b
 
     python examples/hf_train.py --out runs/a --save-every 10       # also leaves out/checkpoint-10
@@ -40,23 +40,47 @@ class LoggingTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # type: ignore[no-untyped-def]
         if self.reseed_at is not None and self.state.global_step == self.reseed_at:
             torch.seed()
-        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        return super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, help="the run directory to record")
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps (TrainingArguments.max_steps)")
+    parser.add_argument(
+        "--steps", type=int, default=20, help="optimizer steps (TrainingArguments.max_steps)"
+    )
     planted = parser.add_argument_group("planted bug")
-    planted.add_argument("--reseed-at", type=int, default=None, help="compute_loss calls torch.seed() at this step")
-    parser.add_argument("--accumulate", type=int, default=1, help="batches per step (gradient_accumulation_steps)")
-    parser.add_argument("--save-every", type=int, default=0, help="also save a Trainer checkpoint every this many steps")
+    planted.add_argument(
+        "--reseed-at", type=int, default=None, help="compute_loss calls torch.seed() at this step"
+    )
+    parser.add_argument(
+        "--accumulate", type=int, default=1, help="batches per step (gradient_accumulation_steps)"
+    )
+    parser.add_argument(
+        "--save-every",
+        type=int,
+        default=0,
+        help="also save a Trainer checkpoint every this many steps",
+    )
     parser.add_argument("--resume", default=None, help="a Trainer checkpoint folder to resume from")
-    parser.add_argument("--output-dir", default="out", help="the Trainer's own output folder, for its checkpoints")
+    parser.add_argument(
+        "--output-dir", default="out", help="the Trainer's own output folder, for its checkpoints"
+    )
     args = parser.parse_args()
 
     set_seed(0)  # before the model is built: Trainer seeds only when it is created, after
-    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    config = GPT2Config(
+        vocab_size=64,
+        n_positions=16,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.1,
+        embd_pdrop=0.1,
+        attn_pdrop=0.1,
+    )
     training = TrainingArguments(
         output_dir=args.output_dir,
         max_steps=args.steps,

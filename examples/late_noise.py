@@ -31,7 +31,12 @@ def build(seed: int = 0, warmup: int = 37) -> Trainee:
     np.random.seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(512, 8, generator=data), torch.randn(512, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), Jitter(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     # The warm-up is counted by the scheduler, whose state checkpoints restore.

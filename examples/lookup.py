@@ -4,7 +4,7 @@ nondeterministic (``index_put_`` with accumulate). The same recipe ``bisect-repr
     bisect-repro record examples/lookup.py:build --out runs/a --steps 20 --every 5
     bisect-repro record examples/lookup.py:build --out runs/b --steps 20 --every 5
     bisect-repro compare runs/a runs/b
-    bisect-repro record examples/lookup.py:build --out runs/c --steps 20 --set deterministic=true   # the fix
+    bisect-repro record examples/lookup.py:build --out runs/c --steps 20 --set deterministic=true
 """
 
 from bisect_repro.demo import build

@@ -3,8 +3,9 @@ the mean of the whole batch, a reduction that ATen splits across the intra-op th
 rounding depends on the thread count. Recorded with one thread and with two, the runs differ by
 rounding only:
 
-    OMP_NUM_THREADS=1 bisect-repro record examples/rounding.py:build --out runs/r1 --steps 12 --every 1
-    OMP_NUM_THREADS=2 bisect-repro record examples/rounding.py:build --out runs/r2 --steps 12 --every 1
+    export STEPS="--steps 12 --every 1"
+    OMP_NUM_THREADS=1 bisect-repro record examples/rounding.py:build $STEPS --out runs/r1
+    OMP_NUM_THREADS=2 bisect-repro record examples/rounding.py:build $STEPS --out runs/r2
     bisect-repro compare runs/r1 runs/r2
 
 A departure that no recorded signal shows: with ``ROUNDING_EXAMPLE_BF16_FROM=N`` in the
@@ -16,8 +17,9 @@ counts alike.
 take over its own share of the batch) under DistributedDataParallel, with a global batch of 64
 whatever the world size; world size 1 and 2 differ by rounding only:
 
-    bisect-repro record examples/rounding.py:build_ddp --nproc-per-node 1 --out runs/d1 --steps 8 --every 1
-    bisect-repro record examples/rounding.py:build_ddp --nproc-per-node 2 --out runs/d2 --steps 8 --every 1
+    export STEPS="--steps 8 --every 1"
+    bisect-repro record examples/rounding.py:build_ddp --nproc-per-node 1 $STEPS --out runs/d1
+    bisect-repro record examples/rounding.py:build_ddp --nproc-per-node 2 $STEPS --out runs/d2
     bisect-repro compare runs/d1 runs/d2
 
 ``build_fsdp``: the same network and data under FSDP2 (``fully_shard`` on each Linear and on the
@@ -26,7 +28,7 @@ their sketches up by global index, and names DDP's ``module.0.weight`` as FSDP2'
 two ranks FSDP2 and DDP compute the same weights bit for bit (a sum of two gradients, halved, is
 the same in either order); DDP on one rank against FSDP2 on two differ by rounding only:
 
-    bisect-repro record examples/rounding.py:build_fsdp --nproc-per-node 2 --out runs/f2 --steps 8 --every 1
+    bisect-repro record examples/rounding.py:build_fsdp --nproc-per-node 2 $STEPS --out runs/f2
     bisect-repro compare runs/d2 runs/f2    # equal at every snapshot
     bisect-repro compare runs/d1 runs/f2    # rounding only
 """
@@ -77,14 +79,31 @@ class Planted(nn.Linear):
 def build(seed: int = 0, features: int = 1024, hidden: int = 32, samples: int = 512) -> Trainee:
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
-    inputs, targets = torch.randn(samples, features, generator=data), torch.randn(samples, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(seed))
-    model = nn.Sequential(Centre(), nn.Linear(features, hidden), nn.Tanh(), Planted(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+    inputs, targets = (
+        torch.randn(samples, features, generator=data),
+        torch.randn(samples, 1, generator=data),
+    )
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=64,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    model = nn.Sequential(
+        Centre(),
+        nn.Linear(features, hidden),
+        nn.Tanh(),
+        Planted(hidden, hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, 1),
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)
 
 
-def _replicated_parts(seed: int, features: int, hidden: int, samples: int, global_batch: int) -> tuple[nn.Sequential, DataLoader]:
+def _replicated_parts(
+    seed: int, features: int, hidden: int, samples: int, global_batch: int
+) -> tuple[nn.Sequential, DataLoader]:
     """The network and each rank's loader of ``build_ddp`` and ``build_fsdp``."""
     if not dist.is_initialized():
         dist.init_process_group("gloo")
@@ -92,22 +111,36 @@ def _replicated_parts(seed: int, features: int, hidden: int, samples: int, globa
     np.random.seed(seed)
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
-    inputs, targets = torch.randn(samples, features, generator=data), torch.randn(samples, 1, generator=data)
+    inputs, targets = (
+        torch.randn(samples, features, generator=data),
+        torch.randn(samples, 1, generator=data),
+    )
     dataset = TensorDataset(inputs, targets)
-    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)  # the same permutation on every world size, dealt out by rank
+    # the same permutation on every world size, dealt out by rank
+    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)
     loader = DataLoader(dataset, batch_size=global_batch // dist.get_world_size(), sampler=sampler)
-    network = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+    network = nn.Sequential(
+        nn.Linear(features, hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, 1),
+    )
     return network, loader
 
 
-def build_ddp(seed: int = 0, features: int = 256, hidden: int = 32, samples: int = 512, global_batch: int = 64) -> Trainee:
+def build_ddp(
+    seed: int = 0, features: int = 256, hidden: int = 32, samples: int = 512, global_batch: int = 64
+) -> Trainee:
     network, loader = _replicated_parts(seed, features, hidden, samples, global_batch)
     model = DistributedDataParallel(network)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)
 
 
-def build_fsdp(seed: int = 0, features: int = 256, hidden: int = 32, samples: int = 512, global_batch: int = 64) -> Trainee:
+def build_fsdp(
+    seed: int = 0, features: int = 256, hidden: int = 32, samples: int = 512, global_batch: int = 64
+) -> Trainee:
     network, loader = _replicated_parts(seed, features, hidden, samples, global_batch)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in network:

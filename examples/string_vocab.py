@@ -14,7 +14,24 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from bisect_repro import Trainee
 
-WORDS = ["the", "a", "cat", "dog", "sat", "ran", "on", "under", "mat", "log", "red", "blue", "big", "small", "quick", "slow"]
+WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "ran",
+    "on",
+    "under",
+    "mat",
+    "log",
+    "red",
+    "blue",
+    "big",
+    "small",
+    "quick",
+    "slow",
+]
 
 
 def build(seed: int = 0, sort_vocab: bool = False) -> Trainee:
@@ -27,7 +44,12 @@ def build(seed: int = 0, sort_vocab: bool = False) -> Trainee:
     ids = {word: index for index, word in enumerate(ordered)}
     tokens = torch.tensor([[ids[word] for word in sentence] for sentence in sentences])
     targets = torch.randn(256, generator=data)
-    loader = DataLoader(TensorDataset(tokens, targets), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(tokens, targets),
+        batch_size=32,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = nn.Sequential(nn.EmbeddingBag(len(ids), 8), nn.Linear(8, 1), nn.Flatten(0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)

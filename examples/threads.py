@@ -27,8 +27,16 @@ class Centre(nn.Module):
 def build(seed: int = 0, features: int = 4096) -> Trainee:
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
-    inputs, targets = torch.randn(1024, features, generator=data), torch.randn(1024, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=256, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    inputs, targets = (
+        torch.randn(1024, features, generator=data),
+        torch.randn(1024, 1, generator=data),
+    )
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=256,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = nn.Sequential(Centre(), nn.Linear(features, 16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)

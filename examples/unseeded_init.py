@@ -18,7 +18,12 @@ def build(seed: int | None = None) -> Trainee:
         torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(256, 8, generator=data), torch.randn(256, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=32,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)

@@ -21,6 +21,8 @@ def build(seed: int = 0, seeded_loader: bool = False) -> Trainee:
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(256, 8, generator=data), torch.randn(256, 1, generator=data)
     generator = torch.Generator().manual_seed(seed) if seeded_loader else None
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=32, shuffle=True, generator=generator)
+    loader = DataLoader(
+        TensorDataset(inputs, targets), batch_size=32, shuffle=True, generator=generator
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)

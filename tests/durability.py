@@ -25,7 +25,8 @@ class DiskModel:
     def __init__(self, monkeypatch: Any, root: Path) -> None:
         self.root = root
         self.data: dict[int, bytes] = {}  # inode -> bytes made durable by fsync
-        self.names: dict[Path, dict[str, int]] = {}  # folder -> its names made durable by fsync of the folder
+        # folder -> its names made durable by fsync of the folder
+        self.names: dict[Path, dict[str, int]] = {}
         self.events: list[tuple[str, str]] = []
         self.on_event: Callable[[], None] | None = None
         fsync, replace = os.fsync, os.replace
@@ -42,13 +43,23 @@ class DiskModel:
         def recording_replace(source: Any, target: Any, **folders: Any) -> None:
             replace(source, target, **folders)
             into = folders.get("dst_dir_fd")
-            self._event("rename", Path(os.readlink(f"/proc/self/fd/{into}")) / target if into is not None else Path(target))
+            self._event(
+                "rename",
+                Path(os.readlink(f"/proc/self/fd/{into}")) / target
+                if into is not None
+                else Path(target),
+            )
 
         monkeypatch.setattr(os, "fsync", recording_fsync)
         monkeypatch.setattr(os, "replace", recording_replace)
 
     def _event(self, kind: str, path: Path) -> None:
-        self.events.append((kind, str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)))
+        self.events.append(
+            (
+                kind,
+                str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path),
+            )
+        )
         if self.on_event is not None:
             self.on_event()
 
@@ -85,21 +96,31 @@ class DiskModel:
         return into
 
 
-def committed_files_are_durable(model: DiskModel, rank: Path, lines: list[dict[str, Any]], start: int = 0) -> None:
+def committed_files_are_durable(
+    model: DiskModel, rank: Path, lines: list[dict[str, Any]], start: int = 0
+) -> None:
     """Each index line about to be written names a file whose name and bytes are durable, and
-    the step lines from ``start`` to its step are durable too (the rule of ``bisect_repro.store.writer``)."""
+    the step lines from ``start`` to its step are durable too (the rule of
+    ``bisect_repro.store.writer``)."""
     steps = model.durable_bytes(rank / "steps.jsonl") or b""
     logged = {json.loads(line)["step"] for line in steps.splitlines() if line.strip()}
     for line in lines:
         if line.get("kind") != "end":
             durable = model.durable_bytes(rank / line["file"])
             assert durable is not None, f"index line for {line['file']} before its name is durable"
-            assert codec.checksum(durable) == line["checksum"], f"index line for {line['file']} before its bytes are durable"
+            assert codec.checksum(durable) == line["checksum"], (
+                f"index line for {line['file']} before its bytes are durable"
+            )
         covered = set(range(start, line["step"]))
-        assert covered <= logged, f"index line for step {line['step']} before step lines {sorted(covered - logged)} are durable"
+        assert covered <= logged, (
+            f"index line for step {line['step']} before step lines {sorted(covered - logged)} are "
+            "durable"
+        )
 
 
-def check_every_commit(monkeypatch: Any, model: DiskModel, start: int = 0) -> list[list[dict[str, Any]]]:
+def check_every_commit(
+    monkeypatch: Any, model: DiskModel, start: int = 0
+) -> list[list[dict[str, Any]]]:
     """Check :func:`committed_files_are_durable` at every write of index lines by the group commit;
     returns the groups of index lines written, in order."""
     from bisect_repro.store import commit

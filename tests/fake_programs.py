@@ -1,4 +1,5 @@
-"""Step functions and loaders for :class:`~tests.fake_replica.Program`, and runs recorded from a program.
+"""Step functions and loaders for :class:`~tests.fake_replica.Program`, and runs recorded from a
+program.
 
 A stream's state is a number: a draw adds one. :func:`one_layer` is the step of a one-layer model
 whose every part a test can perturb (what the forward depends on, a nondeterministic kernel, a
@@ -32,10 +33,15 @@ def shuffled(stream: str = "loader.generator") -> Callable[[int, Mapping[str, An
     return loader
 
 
-def reseed(call: Call, where: str = "train.py:12", *, stream: str = "torch") -> tuple[dict[str, Any], dict[str, Any]]:
-    """The streams after ``torch.seed()`` at ``where`` (from entropy, unless it is fixed), and the call."""
+def reseed(
+    call: Call, where: str = "train.py:12", *, stream: str = "torch"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The streams after ``torch.seed()`` at ``where`` (from entropy, unless it is fixed), and the
+    call."""
     seed = call.entropy if call.fixed_entropy is None else call.fixed_entropy
-    return {**call.streams, stream: seed}, SeedingCall(stream, "torch.seed()", True, where).to_json()
+    return {**call.streams, stream: seed}, SeedingCall(
+        stream, "torch.seed()", True, where
+    ).to_json()
 
 
 def reseeding(call: Call) -> Outcome:
@@ -61,10 +67,11 @@ def one_layer(
     seeding: Iterable[dict[str, Any]] = (),
 ) -> Outcome:
     """A step of a one-layer model ``fc`` with dropout: a matmul of its weight and the batch (and
-    ``forward``, whatever else it depends on), a dropout mask drawn from ``torch`` (from ``streams``,
-    the call's by default), a multiplication by ``scale`` (a Python argument), a gradient from an
-    ``index_add`` (whose output ``kernel`` also decides, when the kernel is nondeterministic), and
-    the weight after an SGD step with ``lr`` (the config's by default); ``branch``: an extra layer ``fc2`` runs."""
+    ``forward``, whatever else it depends on), a dropout mask drawn from ``torch`` (from
+    ``streams``, the call's by default), a multiplication by ``scale`` (a Python argument), a
+    gradient from an ``index_add`` (whose output ``kernel`` also decides, when the kernel is
+    nondeterministic), and the weight after an SGD step with ``lr`` (the config's by default);
+    ``branch``: an extra layer ``fc2`` runs."""
     streams = dict(call.streams if streams is None else streams)
     weight = call.state["fc.weight"]
     lr = (call.spec.config if call.spec else {}).get("lr", 0.1) if lr is None else lr
@@ -78,7 +85,10 @@ def one_layer(
     entries = [TraceEntry("forward", "fc", "fc.output", out)]
     if branch:
         entries.append(TraceEntry("forward", "fc2", "fc2.output", digest("fc2", out)))
-    entries += [TraceEntry("backward", "fc", "fc.weight.grad", grad), TraceEntry("optimizer", "fc", "fc.weight", new_weight)]
+    entries += [
+        TraceEntry("backward", "fc", "fc.weight.grad", grad),
+        TraceEntry("optimizer", "fc", "fc.weight", new_weight),
+    ]
     ops = [
         OpRecord("aten.mm.default", "fc", (weight, call.batch), (hidden,), "", "forward"),
         OpRecord("aten.bernoulli_.float", "fc", (hidden,), (mask,), "0.5", "forward"),
@@ -89,16 +99,27 @@ def one_layer(
 
 
 def record(
-    program: Program, path: Path, *, steps: int, every: int = 1, checkpoints: Iterable[int] = (0,), spec: LaunchSpec | None = None
+    program: Program,
+    path: Path,
+    *,
+    steps: int,
+    every: int = 1,
+    checkpoints: Iterable[int] = (0,),
+    spec: LaunchSpec | None = None,
 ) -> Run:
     """What ``program`` computes from step 0 to ``steps``, written as a run directory: each step's
-    line (loss, order, batch, the seeding calls from entropy), a snapshot of the state and the streams
-    every ``every`` steps and at the end, and the ``checkpoints``."""
-    process = FakeReplica(replace(program, reruns=True), "recording", spec)  # what a framework's loop computes alike
+    line (loss, order, batch, the seeding calls from entropy), a snapshot of the state and the
+    streams every ``every`` steps and at the end, and the ``checkpoints``."""
+    # what a framework's loop computes alike
+    process = FakeReplica(replace(program, reruns=True), "recording", spec)
     process.connect()
     lines, snapshots, saved = [], {}, {}
     for step in range(steps + 1):
-        now = {"hashes": process.hashes(), "streams": dict(process.rng), "data": dict(process.cursor)}
+        now = {
+            "hashes": process.hashes(),
+            "streams": dict(process.rng),
+            "data": dict(process.cursor),
+        }
         if step % every == 0 or step == steps:
             snapshots[step] = now
         if step in checkpoints:
@@ -108,7 +129,12 @@ def record(
         fetched = process.fetch()
         result = process.run(step, commit=True)
         order = fetched.order if program.reruns else None
-        line: dict[str, Any] = {"step": step, "loss": result.loss, "order": order, "batch": fetched.batch}
+        line: dict[str, Any] = {
+            "step": step,
+            "loss": result.loss,
+            "order": order,
+            "batch": fetched.batch,
+        }
         if entropy := [call for call in result.seeding if call.get("entropy")]:
             line["seeded"] = entropy
         lines.append(line)

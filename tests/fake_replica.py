@@ -1,4 +1,5 @@
-"""A replica without a process: a small deterministic simulation of a run's code, steered like a real one.
+"""A replica without a process: a small deterministic simulation of a run's code, steered like a
+real one.
 
 :class:`FakeReplica` has the interface of :class:`~bisect_repro.replay.replica.Replica` and the
 semantics the experiments rely on, those of :class:`~bisect_repro.serve.server.StepServer` (and,
@@ -50,7 +51,15 @@ from bisect_repro.replay.interface import ReplicaFactory, ReplicaLike
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.replica import ReplicaFailed
 from bisect_repro.replay.rewind import Rewinds
-from bisect_repro.serve.protocol import Description, Fetched, Hello, SkipResult, StepRecord, StepResult, StepStart
+from bisect_repro.serve.protocol import (
+    Description,
+    Fetched,
+    Hello,
+    SkipResult,
+    StepRecord,
+    StepResult,
+    StepStart,
+)
 from bisect_repro.serve.requests import Trace
 from bisect_repro.store.run import Run
 
@@ -107,7 +116,8 @@ class Outcome:
     """What one run of a step did."""
 
     entries: list[TraceEntry]
-    """The full trace after the batch: forward, backward, then the state after the step (``optimizer``)."""
+    """The full trace after the batch: forward, backward, then the state after the step
+    (``optimizer``)."""
     streams: Mapping[str, Any]
     """The streams after the step."""
     loss: float | None = None
@@ -147,14 +157,19 @@ class _Start:
 
 
 def _tensor(digest_: str) -> torch.Tensor:
-    """A small tensor that stands for the one a trace entry hashed (equal digests, equal tensors)."""
-    return torch.tensor(list(hashlib.blake2b(digest_.encode(), digest_size=4).digest()), dtype=torch.float32)
+    """A small tensor that stands for the one a trace entry hashed (equal digests, equal
+    tensors)."""
+    return torch.tensor(
+        list(hashlib.blake2b(digest_.encode(), digest_size=4).digest()), dtype=torch.float32
+    )
 
 
 class FakeReplica:
     """A replica of a :class:`Program` (see the module docstring)."""
 
-    def __init__(self, program: Program, label: str = "run A", spec: LaunchSpec | None = None) -> None:
+    def __init__(
+        self, program: Program, label: str = "run A", spec: LaunchSpec | None = None
+    ) -> None:
         self.program, self.label, self.spec = program, label, spec
         self.hello: Hello | None = None
         self.afresh = False
@@ -164,7 +179,8 @@ class FakeReplica:
         self.step: int | None = None
         self.closed = False
         self.processes = 0
-        """How many processes this replica has had (a framework's takes a fresh one to repeat a step)."""
+        """How many processes this replica has had (a framework's takes a fresh one to repeat a
+        step)."""
         self._restored: tuple[Path, int, dict[str, Any]] | None = None
         self.prefetched: list[int] = []
         """The steps a spare process was asked for (:meth:`prefetch`)."""
@@ -189,7 +205,8 @@ class FakeReplica:
         return (self.hello is None or self.hello.reruns) and not self.afresh
 
     def repeat_afresh(self, first: int) -> None:
-        """From now on each repeat of a step is a fresh process restored at checkpoint ``first`` and replayed to it."""
+        """From now on each repeat of a step is a fresh process restored at checkpoint ``first`` and
+        replayed to it."""
         assert self._restored is not None, "restore() first"
         path, _, environment = self._restored
         self._restored, self.afresh = (path, first, environment), True
@@ -220,9 +237,16 @@ class FakeReplica:
         return self.hello
 
     def restore(
-        self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False, kept_from: int | None = None
+        self,
+        run: Path,
+        step: int,
+        environment: dict[str, Any] | None = None,
+        *,
+        rebuilt: bool = False,
+        kept_from: int | None = None,
     ) -> None:
-        """Load the run directory's checkpoint (a framework's process keeps the state it was built with)."""
+        """Load the run directory's checkpoint (a framework's process keeps the state it was built
+        with)."""
         self._check()
         if not self.reruns and self._restored is not None:
             self._to_start_of(step)
@@ -234,14 +258,27 @@ class FakeReplica:
         self.settings.update({k: v for k, v in environment.items() if k in env.APPLICABLE})
         if self.program.reruns:  # a framework's process builds its own start
             checkpoint = Run.open(run).checkpoint(step)
-            self.state, self.rng, self.cursor = dict(checkpoint["hashes"]), dict(checkpoint["streams"]), dict(checkpoint["data"])
+            self.state, self.rng, self.cursor = (
+                dict(checkpoint["hashes"]),
+                dict(checkpoint["streams"]),
+                dict(checkpoint["data"]),
+            )
         elif step != 0:
-            raise ReplicaFailed(f"replay of {self.label}: a framework's run replays from its own start (step 0), not from step {step}")
+            raise ReplicaFailed(
+                f"replay of {self.label}: a framework's run replays from its own start (step 0), "
+                f"not from step {step}"
+            )
         self.position = self.step = step
         self.kept.clear()
 
-    def skip(self, until: int, hashes_at: list[int] | None = None, progress: Callable[[int], None] | None = None) -> SkipResult:
-        """Train untraced up to ``until``: what the recorder would have logged, the hashes at ``hashes_at``."""
+    def skip(
+        self,
+        until: int,
+        hashes_at: list[int] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> SkipResult:
+        """Train untraced up to ``until``: what the recorder would have logged, the hashes at
+        ``hashes_at``."""
         self._check()
         if not self.reruns and self.step is not None and self.step > until:
             self._to_start_of(until)
@@ -251,7 +288,14 @@ class FakeReplica:
             if self.position in (hashes_at or ()):
                 result.hashes[self.position] = dict(self.state)
             start, outcome = self._advance()
-            result.records.append(StepRecord(step=start.step, order=self._order(start.batch), batch=start.batch.content, loss=outcome.loss))
+            result.records.append(
+                StepRecord(
+                    step=start.step,
+                    order=self._order(start.batch),
+                    batch=start.batch.content,
+                    loss=outcome.loss,
+                )
+            )
         if self.position in (hashes_at or ()):
             result.hashes[self.position] = dict(self.state)
         self.kept.clear()
@@ -280,7 +324,9 @@ class FakeReplica:
     def _fetched(self, start: _Start, batch: Batch) -> Fetched:
         if not self.program.reruns:  # a framework's loop tells the batch only as the step runs
             return Fetched(step=start.step)
-        return Fetched(step=start.step, indices=batch.indices, order=self._order(batch), batch=batch.content)
+        return Fetched(
+            step=start.step, indices=batch.indices, order=self._order(batch), batch=batch.content
+        )
 
     def fetch(self, keep: list[int] | None = None) -> Fetched:
         """Take the next batch and keep the step's start (and forget those not in ``keep``)."""
@@ -291,14 +337,24 @@ class FakeReplica:
 
     def _kept(self, step: int) -> _Start:
         self._to_start_of(step)
-        if not self.reruns and step not in self.kept:  # the framework hands the step its batch as it reaches it
+        # the framework hands the step its batch as it reaches it
+        if not self.reruns and step not in self.kept:
             self.kept[step] = self._take()
         if step not in self.kept:
-            raise ReplicaFailed(f"replay of {self.label}: step {step} is not kept (kept: {sorted(self.kept)})")
+            raise ReplicaFailed(
+                f"replay of {self.label}: step {step} is not kept (kept: {sorted(self.kept)})"
+            )
         return self.kept[step]
 
-    def _execute(self, start: _Start, streams: dict[str, Any], settings: dict[str, Any], fixed_entropy: int | None) -> Outcome:
-        """Run the step's code from ``start`` under ``streams`` and ``settings``; the trainee is left as it ends."""
+    def _execute(
+        self,
+        start: _Start,
+        streams: dict[str, Any],
+        settings: dict[str, Any],
+        fixed_entropy: int | None,
+    ) -> Outcome:
+        """Run the step's code from ``start`` under ``streams`` and ``settings``; the trainee is
+        left as it ends."""
         call = Call(
             step=start.step,
             batch=start.batch.content,
@@ -346,7 +402,10 @@ class FakeReplica:
         streams = dict(start.streams if streams is None else streams)
         for name in advance:
             streams[name] += 1
-        settings = {**self.settings, **{k: v for k, v in (environment or {}).items() if k in env.APPLICABLE}}
+        settings = {
+            **self.settings,
+            **{k: v for k, v in (environment or {}).items() if k in env.APPLICABLE},
+        }
         outcome = self._execute(start, streams, settings, fixed_entropy)
         batch = start.batch
         order = self._order(batch)
@@ -375,21 +434,38 @@ class FakeReplica:
         )
 
     def streams(self, step: int) -> StepStart:
-        """The streams a kept step starts from, after its batch was fetched and before, and its data position."""
+        """The streams a kept step starts from, after its batch was fetched and before, and its data
+        position."""
         self._check()
         start = self._kept(step)
         if not self.program.reruns:  # a framework's hooks see the streams once the batch was drawn
-            return StepStart(streams=dict(start.streams), pre_streams=dict(start.streams), data=None)
-        return StepStart(streams=dict(start.streams), pre_streams=dict(start.pre_streams), data=dict(start.data))
+            return StepStart(
+                streams=dict(start.streams), pre_streams=dict(start.streams), data=None
+            )
+        return StepStart(
+            streams=dict(start.streams), pre_streams=dict(start.pre_streams), data=dict(start.data)
+        )
 
-    def data(self, step: int, *, pre_streams: dict[str, Any] | None = None, epoch_streams: dict[str, Any] | None = None) -> Fetched:
-        """A kept step's batch fetched again from its data position, under other streams (nothing else
-        changes); a fake loader has no epoch streams."""
+    def data(
+        self,
+        step: int,
+        *,
+        pre_streams: dict[str, Any] | None = None,
+        epoch_streams: dict[str, Any] | None = None,
+    ) -> Fetched:
+        """A kept step's batch fetched again from its data position, under other streams (nothing
+        else changes); a fake loader has no epoch streams."""
         self._check()
         if not self.program.reruns:
-            raise ReplicaFailed(f"replay of {self.label}: 'data' needs the batch fetched again, which a framework's loader does not allow")
+            raise ReplicaFailed(
+                f"replay of {self.label}: 'data' needs the batch fetched again, which a "
+                "framework's loader does not allow"
+            )
         start = self._kept(step)
-        return self._fetched(start, self.program.loader(start.data["position"], dict(pre_streams or start.pre_streams)))
+        return self._fetched(
+            start,
+            self.program.loader(start.data["position"], dict(pre_streams or start.pre_streams)),
+        )
 
     def hashes(self) -> dict[str, str]:
         self._check()
@@ -430,7 +506,8 @@ class FakeReplica:
 
 class Launcher:
     """Starts a fake replica for a spec, as :func:`~bisect_repro.replay.ranked.start_replica` starts
-    a process: the program is the one of the spec's ``path``; ``started`` lists each replica started."""
+    a process: the program is the one of the spec's ``path``; ``started`` lists each replica
+    started."""
 
     def __init__(self, programs: Mapping[str, Program]) -> None:
         self.programs = programs
@@ -442,6 +519,7 @@ class Launcher:
         return replica
 
 
-if TYPE_CHECKING:  # mypy checks the fake against the interface the replay and diagnose/ are typed against
+# mypy checks the fake against the interface the replay and diagnose/ are typed against
+if TYPE_CHECKING:
     _FAKE: type[ReplicaLike] = FakeReplica
     _LAUNCHER: Callable[[Mapping[str, Program]], ReplicaFactory] = Launcher

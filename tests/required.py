@@ -1,4 +1,5 @@
-"""Tools from outside the package that some tests need: Chromium for the browser test, Triton for its kernel's test.
+"""Tools from outside the package that some tests need: Chromium for the browser test, Triton for
+its kernel's test.
 
 On a developer's machine a missing tool skips the test that needs it, naming how to get it. In CI
 (``CI=true``, which ``.ci/run`` sets after installing both) a missing tool fails the test instead,
@@ -23,5 +24,10 @@ def in_ci() -> bool:
 def missing(tool: str, fix: str, *, module_level: bool = False) -> NoReturn:
     """Skip (locally) or fail (in CI) for ``tool`` not found; ``fix`` says how to install it."""
     if in_ci():
-        pytest.fail(f"{tool} is missing although CI installs it ({fix}): see .ci/run", pytrace=False)
-    pytest.skip(f"{tool} is missing: {fix} (CI installs it and fails without it)", allow_module_level=module_level)
+        pytest.fail(
+            f"{tool} is missing although CI installs it ({fix}): see .ci/run", pytrace=False
+        )
+    pytest.skip(
+        f"{tool} is missing: {fix} (CI installs it and fails without it)",
+        allow_module_level=module_level,
+    )

@@ -1,6 +1,6 @@
 """The property every comparison must have: its verdict satisfies its cause's precondition
-(:mod:`bisect_repro.diagnose.compare.rules`), read from the finished result alone (or its JSON), and no
-line of it prints ``None``.
+(:mod:`bisect_repro.diagnose.compare.rules`), read from the finished result alone (or its JSON), and
+no line of it prints ``None``.
 
 :func:`every_comparison_is_checked` (an autouse fixture in ``tests/conftest.py``) checks each
 comparison a test makes in its own process, through the API or the CLI alike; end-to-end tests
@@ -29,7 +29,9 @@ def rule_violations(result: CompareResult) -> list[str]:
         return []
     problem = violation(verdict, Signals.of_result(result))
     lines = [verdict.explanation, verdict.fix, *(e.detail for e in verdict.evidence)]
-    return [problem] * (problem is not None) + [f"prints None: {line}" for line in lines if re.search(r"\bNone\b", line)]
+    return [problem] * (problem is not None) + [
+        f"prints None: {line}" for line in lines if re.search(r"\bNone\b", line)
+    ]
 
 
 def assert_rules_hold(result: CompareResult | Mapping[str, Any]) -> None:

@@ -28,7 +28,16 @@ from bisect_repro.capture.rng import RandomStreams
 from bisect_repro.cli import app
 from bisect_repro.diagnose.compare.compare import compare
 from bisect_repro.errors import RecipeError
-from bisect_repro.replay.deadline import CEILING_S, FLOOR_S, SLOWER, Deadline, DeadlinePassed, allowance, guarded, step_seconds
+from bisect_repro.replay.deadline import (
+    CEILING_S,
+    FLOOR_S,
+    SLOWER,
+    Deadline,
+    DeadlinePassed,
+    allowance,
+    guarded,
+    step_seconds,
+)
 from bisect_repro.replay.launch import spec_for_run
 from bisect_repro.store import codec
 from bisect_repro.store.printable import html_text, printable
@@ -81,12 +90,22 @@ def cli(*args: str) -> Any:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two short runs of a recipe (checkpoints at 0, 2, 4), in ``a`` and ``b``, and the recipe in ``code``."""
+    """Two short runs of a recipe (checkpoints at 0, 2, 4), in ``a`` and ``b``, and the recipe in
+    ``code``."""
     folder = tmp_path_factory.mktemp("attacks")
     (folder / "code").mkdir()
     shutil.copy(EXAMPLES / "unseeded_init.py", folder / "code" / "recipe.py")
     for name in "ab":
-        result = runner.invoke(app, ["record", f"{folder / 'code' / 'recipe.py'}:build", "--out", str(folder / name), *RECORD])
+        result = runner.invoke(
+            app,
+            [
+                "record",
+                f"{folder / 'code' / 'recipe.py'}:build",
+                "--out",
+                str(folder / name),
+                *RECORD,
+            ],
+        )
         assert result.exit_code == 0, result.output
     return folder
 
@@ -105,7 +124,9 @@ def copy(recorded: Path, tmp_path: Path, name: str = "a", to: str = "run") -> Pa
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [".lock", ".run.json.tmp"])
-def test_a_link_in_a_prepared_folder_is_never_written_through(recorded, tmp_path, canary, name) -> None:
+def test_a_link_in_a_prepared_folder_is_never_written_through(
+    recorded, tmp_path, canary, name
+) -> None:
     prepared = tmp_path / "D"
     prepared.mkdir()
     (prepared / name).symlink_to(canary / "victim")
@@ -113,7 +134,9 @@ def test_a_link_in_a_prepared_folder_is_never_written_through(recorded, tmp_path
     assert result.exit_code in (0, 2), result.output
 
 
-def test_force_never_writes_through_a_rank_folder_lock_that_is_a_link(recorded, tmp_path, canary) -> None:
+def test_force_never_writes_through_a_rank_folder_lock_that_is_a_link(
+    recorded, tmp_path, canary
+) -> None:
     run = copy(recorded, tmp_path)
     (run / "rank0" / ".lock").unlink(missing_ok=True)
     (run / "rank0" / ".lock").symlink_to(canary / "victim")
@@ -125,17 +148,25 @@ def test_force_never_writes_through_a_rank_folder_lock_that_is_a_link(recorded, 
 
 
 def interrupted(run: Path, last: int) -> None:
-    """The run as a recorder killed after step ``last`` leaves it: index lines past it gone, files left."""
+    """The run as a recorder killed after step ``last`` leaves it: index lines past it gone, files
+    left."""
     index = run / "rank0" / "index.jsonl"
-    kept = [line for line in index.read_text().splitlines() if json.loads(line).get("kind") != "end" and json.loads(line)["step"] <= last]
+    kept = [
+        line
+        for line in index.read_text().splitlines()
+        if json.loads(line).get("kind") != "end" and json.loads(line)["step"] <= last
+    ]
     index.write_text("".join(line + "\n" for line in kept))
 
 
 @pytest.mark.parametrize("linked", ["snapshots", "superseded"])
-def test_resume_moves_deletes_and_writes_nothing_outside_the_run(recorded, tmp_path, canary, linked) -> None:
+def test_resume_moves_deletes_and_writes_nothing_outside_the_run(
+    recorded, tmp_path, canary, linked
+) -> None:
     run = copy(recorded, tmp_path)
     interrupted(run, 2)  # snapshots 3 and 4 are strays a resume moves to superseded/
-    if linked == "snapshots":  # the run's snapshots are elsewhere; the canary folder is linked in their place
+    # the run's snapshots are elsewhere; the canary folder is linked in their place
+    if linked == "snapshots":
         shutil.rmtree(run / "rank0" / "snapshots")
     (run / "rank0" / linked).symlink_to(canary / "folder")
     result = cli("record", recipe(recorded), "--out", str(run), "--resume", *RECORD)
@@ -183,7 +214,8 @@ def test_a_recipe_swapped_after_its_hash_was_shown_never_runs(recorded, tmp_path
 
     def consent(foreign: Any) -> bool:
         shown.extend(spec.sha256 for _, spec in foreign)
-        source.write_bytes(original + f"\nopen({str(ran)!r}, 'w').write('ran')\n".encode())  # swapped while the user reads
+        # swapped while the user reads
+        source.write_bytes(original + f"\nopen({str(ran)!r}, 'w').write('ran')\n".encode())
         return True
 
     try:
@@ -255,17 +287,22 @@ def add_steps(run: Path, *steps: int, loss: Any = 1.0) -> None:
             log.write(json.dumps({"step": step, "loss": loss, "order": "x", "batch": "y"}) + "\n")
 
 
-def run_cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+def run_cli(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
     """The CLI in a process of its own (a loop that never ends is a timeout, not a hung suite)."""
     command = [sys.executable, "-c", "from bisect_repro.cli import main; main()", *args]
-    found = subprocess.run(command, capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+    found = subprocess.run(
+        command, capture_output=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
     assert b"Traceback" not in found.stdout + found.stderr, found.stderr.decode(errors="replace")
     return found
 
 
 @pytest.mark.slow
 def test_step_numbers_from_a_run_drive_no_unbounded_loop(recorded, tmp_path) -> None:
-    a, b = copy(recorded, tmp_path, "a", "a"), copy(recorded, tmp_path, "a", "b")  # equal records up to the last step
+    # equal records up to the last step
+    a, b = copy(recorded, tmp_path, "a", "a"), copy(recorded, tmp_path, "a", "b")
     add_steps(a, 10**12)
     add_steps(b, 10**12, loss=2.0)
     found = run_cli("compare", str(a), str(b), "--no-replay", "--json", timeout=90)
@@ -287,7 +324,8 @@ HOSTILE = "\x1b[2K\x9b\udc9b\u200b\u200f\u061c\u2060\u2028"
 
 
 def hostile_pair(recorded: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """Two runs whose folder names hold the byte 0x9b and whose run.json holds every hidden character."""
+    """Two runs whose folder names hold the byte 0x9b and whose run.json holds every hidden
+    character."""
     folder = Path(os.fsdecode(bytes(tmp_path) + b"/runs\x9b"))
     folder.mkdir()
     pair = copy(recorded, folder, "a", "a"), copy(recorded, folder, "b", "b")
@@ -316,10 +354,16 @@ def test_html_reports_render_surrogates_and_hidden_characters_escaped(recorded, 
         page = tmp_path / "report.html"
         assert cli(*command, "--html", str(page)).exit_code in (0, 1)
         text = page.read_text(encoding="utf-8")  # strict: no surrogate was written
-        assert "\\udc9b" in text and not [c for c in text if unicodedata.category(c) in HIDDEN and c not in "\n"]
+        assert "\\udc9b" in text and not [
+            c for c in text if unicodedata.category(c) in HIDDEN and c not in "\n"
+        ]
 
 
-@given(st.text(st.characters(categories=["Cc", "Cs", "Cf", "Zl", "Zp", "Ll", "Lo", "Nd", "Zs"]), min_size=1))
+@given(
+    st.text(
+        st.characters(categories=["Cc", "Cs", "Cf", "Zl", "Zp", "Ll", "Lo", "Nd", "Zs"]), min_size=1
+    )
+)
 def test_printable_leaves_no_hidden_character(text: str) -> None:
     for shown in (printable(text), html_text(text)):
         assert not [c for c in shown if unicodedata.category(c) in HIDDEN]
@@ -374,7 +418,9 @@ def test_a_wait_on_a_replaying_process_ends_at_its_deadline() -> None:
     clock.now = 2 * seconds - 2
     wait()
     clock.now = 2 * seconds
-    with pytest.raises(DeadlinePassed, match=r"replay of A, 'skip': no answer within \d+ s") as caught:
+    with pytest.raises(
+        DeadlinePassed, match=r"replay of A, 'skip': no answer within \d+ s"
+    ) as caught:
         wait()
     assert "\n" not in str(caught.value)
 
@@ -382,4 +428,5 @@ def test_a_wait_on_a_replaying_process_ends_at_its_deadline() -> None:
 def test_the_recorded_step_time_bounds_the_allowance(recorded) -> None:
     seconds = step_seconds(Run.open(recorded / "a"))
     assert seconds is not None and seconds >= 0
-    assert FLOOR_S <= allowance(seconds, 10**15) <= CEILING_S  # a step count from a run cannot make a wait endless
+    # a step count from a run cannot make a wait endless
+    assert FLOOR_S <= allowance(seconds, 10**15) <= CEILING_S

@@ -14,7 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_benchmark_command_runs_and_writes_its_tables(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--device", "cpu", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.run",
+            "--quick",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -25,17 +34,31 @@ def test_the_benchmark_command_runs_and_writes_its_tables(tmp_path: Path) -> Non
     assert results["quick"] is True
     assert {"date", "torch", "device", "cpu"} <= set(results["machine"])
     hash_rows = results["hash"]["rows"]
-    assert hash_rows and all(row["bisect-repro hash GB/s"] > 0 and row["read ceiling x.sum() GB/s"] > 0 for row in hash_rows)
+    assert hash_rows and all(
+        row["bisect-repro hash GB/s"] > 0 and row["read ceiling x.sum() GB/s"] > 0
+        for row in hash_rows
+    )
     configurations = {row["configuration"]: row for row in results["overhead_mlp"]["rows"]}
     assert set(configurations) == {"no recorder", "every=10", "every=1"}
     assert configurations["no recorder"]["overhead"] == 1.0
-    for key in ("overhead_cnn2m", "overhead_gpt"):  # whole processes (the GPT's on the CPU in the quick run)
+    # whole processes (the GPT's on the CPU in the quick run)
+    for key in ("overhead_cnn2m", "overhead_gpt"):
         process = {row["configuration"]: row for row in results[key]["rows"]}
-        assert set(process) == {"plain loop", "every=10", "every=1"} and process["plain loop"]["loop overhead"] == 1.0
+        assert (
+            set(process) == {"plain loop", "every=10", "every=1"}
+            and process["plain loop"]["loop overhead"] == 1.0
+        )
     assert {row["file"] for row in results["storage"]["rows"]} >= {"snapshot", "checkpoint"}
     compare = results["compare"]
-    assert compare["found"] == [compare["diverges_at"], "forward", "6", "rng_state"]  # the Jitter layer
+    # the Jitter layer
+    assert compare["found"] == [compare["diverges_at"], "forward", "6", "rng_state"]
     assert compare["replayed steps"] >= 1 and compare["compare s"] > 0
     table = (tmp_path / "results.md").read_text()
-    for title in ("## Hash throughput", "## Recording overhead, MLP", "whole process", "## Storage", "## Compare cost"):
+    for title in (
+        "## Hash throughput",
+        "## Recording overhead, MLP",
+        "whole process",
+        "## Storage",
+        "## Compare cost",
+    ):
         assert title in table, title

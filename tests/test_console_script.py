@@ -11,7 +11,9 @@ from bisect_repro import cli
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["show", "/nonexistent/run"]])
-def test_the_objects_alive_when_a_command_ends_are_frozen_out_of_the_collector(monkeypatch, argv) -> None:
+def test_the_objects_alive_when_a_command_ends_are_frozen_out_of_the_collector(
+    monkeypatch, argv
+) -> None:
     frozen: list[int] = []
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(len(frozen)))
     monkeypatch.setattr(sys, "argv", ["bisect-repro", *argv])

@@ -18,7 +18,9 @@ def _documents() -> list[Path]:
 
 def test_the_readme_is_read_in_ten_minutes() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
-    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move details to docs/ (at most {README_MAX_LINES})"
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines; move details to docs/ (at most {README_MAX_LINES})"
+    )
 
 
 @pytest.mark.parametrize("document", _documents(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -28,6 +30,8 @@ def test_every_relative_link_resolves(document: Path) -> None:
     broken = [
         target
         for target in LINK.findall(document.read_text(encoding="utf-8"))
-        if "://" not in target and not target.startswith("mailto:") and not (document.parent / target).exists()
+        if "://" not in target
+        and not target.startswith("mailto:")
+        and not (document.parent / target).exists()
     ]
     assert broken == [], f"{document.relative_to(ROOT)} links to missing files: {broken}"

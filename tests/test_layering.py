@@ -1,4 +1,5 @@
-"""The package's imports run one way: capture, store, serve, record, replay, diagnose, report, then the CLI.
+"""The package's imports run one way: capture, store, serve, record, replay, diagnose, report, then
+the CLI.
 
 Every import inside ``bisect_repro`` is read from the source (nothing is imported): relative
 (``from .x``, ``from ..x``) and absolute (``import bisect_repro.x``, ``from bisect_repro.x``), at
@@ -19,9 +20,23 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bisect_repro"
 LAYERS = [
-    "version", "variables", "errors", "stateful", "trainee", "capture", "store", "serve", "record", "replay", "diagnose", "report",
-    "integrations", "demo", "cli", "__main__",
-]  # fmt: skip
+    "version",
+    "variables",
+    "errors",
+    "stateful",
+    "trainee",
+    "capture",
+    "store",
+    "serve",
+    "record",
+    "replay",
+    "diagnose",
+    "report",
+    "integrations",
+    "demo",
+    "cli",
+    "__main__",
+]
 
 
 def layer_of(parts: tuple[str, ...]) -> int:
@@ -60,7 +75,11 @@ def _module(package: Path, parts: tuple[str, ...]) -> str | None:
         if (package / f"{stem}.py").is_file():
             return f"{stem}.py"
         if (package / stem / "__init__.py").is_file():
-            return f"{stem}/__init__.py" if end == len(parts) or not (package / stem / f"{parts[end]}.py").is_file() else None
+            return (
+                f"{stem}/__init__.py"
+                if end == len(parts) or not (package / stem / f"{parts[end]}.py").is_file()
+                else None
+            )
     return None
 
 
@@ -156,9 +175,15 @@ def test_the_check_would_see_doctor_import_compare(tmp_path) -> None:
     package = tmp_path / "bisect_repro"
     for part in ("doctor", "compare", "show"):
         (package / "diagnose" / part).mkdir(parents=True)
-    (package / "diagnose" / "doctor" / "checks.py").write_text("from ..compare.records import Records\nfrom ..causes import Cause\n")
-    (package / "diagnose" / "compare" / "walk.py").write_text("from .records import Records\nfrom ..causes import Cause\n")
-    (package / "diagnose" / "causes.py").write_text("def f():\n    from bisect_repro.diagnose.show.summary import run_summary\n")
+    (package / "diagnose" / "doctor" / "checks.py").write_text(
+        "from ..compare.records import Records\nfrom ..causes import Cause\n"
+    )
+    (package / "diagnose" / "compare" / "walk.py").write_text(
+        "from .records import Records\nfrom ..causes import Cause\n"
+    )
+    (package / "diagnose" / "causes.py").write_text(
+        "def f():\n    from bisect_repro.diagnose.show.summary import run_summary\n"
+    )
     assert crossed_parts(package) == [
         "diagnose/causes.py:2 imports diagnose.show.summary.run_summary",
         "diagnose/doctor/checks.py:1 imports diagnose.compare.records.Records",
@@ -168,10 +193,16 @@ def test_the_check_would_see_doctor_import_compare(tmp_path) -> None:
 def test_the_check_would_see_an_upward_import(tmp_path) -> None:
     package = tmp_path / "bisect_repro"
     (package / "capture").mkdir(parents=True)
-    source = "from ..diagnose.compare import compare\nfrom .rng import RandomStreams\nfrom .. import errors\n"
+    source = (
+        "from ..diagnose.compare import compare\nfrom .rng import RandomStreams\nfrom .. "
+        "import errors\n"
+    )
     source += "def late():\n    import bisect_repro.report.text\n"
     (package / "capture" / "x.py").write_text(source)
-    assert upward_imports(package) == ["capture/x.py:1 imports diagnose.compare.compare", "capture/x.py:5 imports report.text"]
+    assert upward_imports(package) == [
+        "capture/x.py:1 imports diagnose.compare.compare",
+        "capture/x.py:5 imports report.text",
+    ]
 
 
 def test_the_check_would_see_a_cycle_through_a_function_level_import(tmp_path) -> None:

@@ -7,18 +7,28 @@ import pytest
 from bisect_repro.testing import assert_reproducible, assert_reproducible_script
 
 
-def test_a_seeded_recipe_passes_and_keeps_its_runs_under_tmp_path(reproducibility, examples, tmp_path) -> None:
-    result = reproducibility.recipe(f"{examples / 'mlp.py'}:build", steps=6, every=3, config={"hidden": 8, "lr": 0.002})
+def test_a_seeded_recipe_passes_and_keeps_its_runs_under_tmp_path(
+    reproducibility, examples, tmp_path
+) -> None:
+    result = reproducibility.recipe(
+        f"{examples / 'mlp.py'}:build", steps=6, every=3, config={"hidden": 8, "lr": 0.002}
+    )
     assert result.identical and result.verdict is None
     assert sorted(p.name for p in (tmp_path / "reproducibility-1").iterdir()) == ["a", "b"]
 
 
-def test_a_recipe_initialised_without_a_seed_fails_with_the_verdict_and_the_fix(examples, tmp_path) -> None:
+def test_a_recipe_initialised_without_a_seed_fails_with_the_verdict_and_the_fix(
+    examples, tmp_path
+) -> None:
     target = f"{examples / 'unseeded_init.py'}:build"
     with pytest.raises(pytest.fail.Exception) as failure:
         assert_reproducible(target, steps=4, every=2, out=tmp_path)
     lines = str(failure.value).splitlines()
-    assert lines[0] == f"{target} is not reproducible: the runs diverge at step 0, init, layer 0, tensor 0.weight."
+    assert (
+        lines[0]
+        == f"{target} is not reproducible: the runs diverge at step 0, init, layer 0, tensor "
+        "0.weight."
+    )
     assert lines[1] == "Cause: a random stream not seeded alike (torch), proven."
     assert lines[2].startswith("The runs start from different states (0.weight differs at step 0)")
     assert lines[3].startswith("Fix: ") and "torch.manual_seed(seed)" in lines[3]
@@ -29,10 +39,25 @@ def test_a_recipe_initialised_without_a_seed_fails_with_the_verdict_and_the_fix(
 def test_outside_a_pytest_test_it_is_an_assertion_error(examples, tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
     with pytest.raises(AssertionError) as failure:
-        assert_reproducible(f"{examples / 'unseeded_shuffle.py'}:build", steps=4, every=2, replay=False, out=tmp_path)
+        assert_reproducible(
+            f"{examples / 'unseeded_shuffle.py'}:build",
+            steps=4,
+            every=2,
+            replay=False,
+            out=tmp_path,
+        )
     message = str(failure.value)
-    assert "the runs diverge at step 0, data, tensor batch" in message and "Cause: the data order, inferred." in message
+    assert (
+        "the runs diverge at step 0, data, tensor batch" in message
+        and "Cause: the data order, inferred." in message
+    )
     assert "generator=torch.Generator().manual_seed(seed)" in message
+
+
+def line_of(path, text: str, occurrence: int = 1) -> int:
+    """The number of the line of ``path`` that is ``text`` (its ``occurrence``-th)."""
+    found = [n for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip() == text]
+    return found[occurrence - 1]
 
 
 def test_a_script_with_its_own_loop(reproducibility, examples) -> None:
@@ -41,9 +66,14 @@ def test_a_script_with_its_own_loop(reproducibility, examples) -> None:
     with pytest.raises(pytest.fail.Exception) as failure:
         reproducibility.script([*script, "--reseed-at", "4"])
     message = str(failure.value)
-    assert "is not reproducible: the runs diverge at step 4, forward pass, layer body.2" in message, message
+    assert (
+        "is not reproducible: the runs diverge at step 4, forward pass, layer body.2" in message
+    ), message
     assert "Cause: a random stream not seeded alike (torch), proven." in message, message
-    assert "Fix: remove the reseeding from entropy (torch.seed() at " in message and "own_loop.py:64" in message, message
+    assert (
+        "Fix: remove the reseeding from entropy (torch.seed() at " in message
+        and f"own_loop.py:{line_of(examples / 'own_loop.py', 'torch.seed()', 2)}" in message
+    ), message
 
 
 def test_a_script_must_say_where_its_run_goes() -> None:

@@ -40,7 +40,8 @@ import torch
 __all__ = ["CHUNK_WORDS", "LEVELS", "Kernel", "library_path", "load"]
 
 LEVELS = ("portable", "avx2", "avx512")  # the kernel's vector levels, by number
-CHUNK_WORDS = 1 << 16  # 256 KiB handed to a thread at a time: a few microseconds of work, so threads stay balanced
+# 256 KiB handed to a thread at a time: a few microseconds of work, so threads stay balanced
+CHUNK_WORDS = 1 << 16
 _NAME = "_hash_c"  # the extension's name, beside this file
 _NO_SKETCH = (1 << 64) - 1  # a buffer the fused call does not sketch
 
@@ -61,12 +62,20 @@ class Kernel:
             ctypes.c_int,  # threads
             ctypes.c_uint64,  # chunk_words
             ctypes.c_int,  # level, -1 for the best
-            ctypes.c_void_p,  # GOMP_parallel of torch's OpenMP runtime, or NULL for threads of its own
+            # GOMP_parallel of torch's OpenMP runtime, or NULL for threads of its own
+            ctypes.c_void_p,
         ]
-        self._fused = getattr(library, "br_hash_sketch", None)  # absent from a build older than the fused sketch
+        # absent from a build older than the fused sketch
+        self._fused = getattr(library, "br_hash_sketch", None)
         if self._fused is not None:
             self._fused.restype = ctypes.c_int
-            self._fused.argtypes = [*self._lanes.argtypes, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p]
+            self._fused.argtypes = [
+                *self._lanes.argtypes,
+                ctypes.c_void_p,
+                ctypes.c_uint64,
+                ctypes.c_uint64,
+                ctypes.c_void_p,
+            ]
         best = library.br_hash_best_level
         best.restype = ctypes.c_int
         best.argtypes = []
@@ -74,8 +83,10 @@ class Kernel:
         self.team: int | None = _torch_openmp_team()
 
     def lanes(self, tensors: Sequence[torch.Tensor], **options: int | bool | None) -> np.ndarray:
-        """Lane sums (uint32[k, 2]) of k dense, contiguous CPU tensors (options: :meth:`lanes_of_buffers`)."""
-        return self.lanes_of_buffers([t.data_ptr() for t in tensors], [t.nbytes for t in tensors], **options)  # type: ignore[arg-type]
+        """Lane sums (uint32[k, 2]) of k dense, contiguous CPU tensors (options:
+        :meth:`lanes_of_buffers`)."""
+        pointers, sizes = [t.data_ptr() for t in tensors], [t.nbytes for t in tensors]
+        return self.lanes_of_buffers(pointers, sizes, **options)  # type: ignore[arg-type]
 
     @property
     def sketches(self) -> bool:
@@ -97,7 +108,15 @@ class Kernel:
         ``threads`` defaults to torch's intra-op thread count; ``chunk_words``, ``level`` and
         ``use_team`` (torch's OpenMP threads where found, else threads of the kernel's own) exist
         for the tests: odd splits, each vector level, both kinds of threads."""
-        return self._call(pointers, sizes, None, threads=threads, chunk_words=chunk_words, level=level, use_team=use_team)[0]
+        return self._call(
+            pointers,
+            sizes,
+            None,
+            threads=threads,
+            chunk_words=chunk_words,
+            level=level,
+            use_team=use_team,
+        )[0]
 
     def lanes_and_sketches(
         self,
@@ -109,8 +128,8 @@ class Kernel:
         **options: int | bool | None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`lanes_of_buffers`, and in the same pass the linear sketches (float64[k, width],
-        :mod:`bisect_repro.capture.sketch`) of the buffers whose ``sketch_at`` is the global index of
-        their first element (float32 buffers only; zeros for those given ``None``)."""
+        :mod:`bisect_repro.capture.sketch`) of the buffers whose ``sketch_at`` is the global index
+        of their first element (float32 buffers only; zeros for those given ``None``)."""
         lanes, sketches = self._call(pointers, sizes, (sketch_at, width, seed), **options)  # type: ignore[arg-type]
         assert sketches is not None
         return lanes, sketches
@@ -129,7 +148,8 @@ class Kernel:
         count = len(pointers)
         if len(sizes) != count:
             raise ValueError(f"{count} pointers but {len(sizes)} sizes")
-        addresses, lengths = array.array("Q", pointers), array.array("Q", sizes)  # cheaper than numpy for a few items
+        # cheaper than numpy for a few items
+        addresses, lengths = array.array("Q", pointers), array.array("Q", sizes)
         out = array.array("I", bytes(8 * count))
         common = (
             count,
@@ -146,17 +166,26 @@ class Kernel:
             status = self._lanes(*common)
         else:
             if self._fused is None:
-                raise RuntimeError(f"{self.path} was built without the fused sketch: reinstall bisect-repro")
+                raise RuntimeError(
+                    f"{self.path} was built without the fused sketch: reinstall bisect-repro"
+                )
             where, width, seed = sketch
             if len(where) != count:
                 raise ValueError(f"{count} pointers but {len(where)} sketch offsets")
             starts = array.array("Q", [_NO_SKETCH if g is None else g for g in where])
             sketches = np.zeros((count, width), dtype=np.float64)
-            status = self._fused(*common, starts.buffer_info()[0], width, seed, sketches.ctypes.data)
+            status = self._fused(
+                *common, starts.buffer_info()[0], width, seed, sketches.ctypes.data
+            )
         if status == -1:
-            raise ValueError(f"vector level {level} is not supported by this CPU (best: {self.best_level})")
+            raise ValueError(
+                f"vector level {level} is not supported by this CPU (best: {self.best_level})"
+            )
         if status == -3:
-            raise ValueError(f"the sketch kernel refused width {sketch[1] if sketch else 0} or seed {sketch[2] if sketch else 0}")
+            raise ValueError(
+                f"the sketch kernel refused width {sketch[1] if sketch else 0} or seed "
+                f"{sketch[2] if sketch else 0}"
+            )
         if status != 0:
             raise MemoryError("the hash kernel could not allocate its work tables")
         return np.frombuffer(out, dtype=np.uint32).reshape(count, 2), sketches
@@ -175,14 +204,18 @@ def _torch_openmp_team() -> int | None:
     loaded = set()
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and re.fullmatch(r"lib(g|i5?)?omp[-.\w]*\.so[.\d]*", Path(fields[5]).name):
+        if len(fields) == 6 and re.fullmatch(
+            r"lib(g|i5?)?omp[-.\w]*\.so[.\d]*", Path(fields[5]).name
+        ):
             loaded.add(fields[5])
-    own = [path for path in loaded if Path(path).parent == Path(torch.__file__).parent / "lib"]  # the runtime a torch wheel bundles
+    # the runtime a torch wheel bundles
+    own = [path for path in loaded if Path(path).parent == Path(torch.__file__).parent / "lib"]
     candidates = own or sorted(loaded)
     if len(candidates) != 1:
         return None
     try:
-        runtime = ctypes.CDLL(candidates[0], mode=os.RTLD_NOLOAD | os.RTLD_NOW)  # already loaded by torch: loads nothing
+        # already loaded by torch: loads nothing
+        runtime = ctypes.CDLL(candidates[0], mode=os.RTLD_NOLOAD | os.RTLD_NOW)
         return ctypes.cast(runtime.GOMP_parallel, ctypes.c_void_p).value
     except (OSError, AttributeError):
         return None
@@ -200,5 +233,9 @@ def load() -> Kernel | None:
     try:
         return Kernel(path) if path.is_file() else None
     except (OSError, AttributeError) as error:  # built for another platform, or a stale build
-        warnings.warn(f"bisect-repro: the C hash kernel {path} does not load ({error}); hashing with torch ops", stacklevel=3)
+        warnings.warn(
+            f"bisect-repro: the C hash kernel {path} does not load ({error}); hashing with torch "
+            "ops",
+            stacklevel=3,
+        )
         return None

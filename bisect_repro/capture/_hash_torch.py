@@ -41,11 +41,14 @@ def _signed32(value: int) -> int:
 
 _LOCK = threading.Lock()  # the caches below may be filled from several threads
 _KEYS_CACHE: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
-_PACK_CACHE: dict[tuple[torch.device, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_PACK_CACHE: dict[
+    tuple[torch.device, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+] = {}
 
 
 def _position_keys(device: torch.device, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position keys ``p`` and ``p | 1`` of words ``0 .. count`` as wrapped int32, cached per device.
+    """Position keys ``p`` and ``p | 1`` of words ``0 .. count`` as wrapped int32, cached per
+    device.
 
     A chunk starting at word ``s`` adds ``s * STEP``; ``s`` is even, so ``p | 1`` is shifted the
     same way (the low bit of ``p`` depends only on ``i``'s parity)."""
@@ -71,7 +74,8 @@ def words_of(tensor: torch.Tensor, *, align: int = 4) -> torch.Tensor:
     if flat.layout != torch.strided:
         flat = flat.to_dense()
     flat = flat.contiguous().reshape(-1)
-    if flat.numel() <= 1 and flat.stride(0) != 1:  # "contiguous" with a stride: torch ignores the strides of size-1 and empty dims
+    # "contiguous" with a stride: torch ignores the strides of size-1 and empty dims
+    if flat.numel() <= 1 and flat.stride(0) != 1:
         flat = flat.new_empty(flat.shape).copy_(flat)
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
@@ -97,13 +101,17 @@ def _scratch(device: torch.device, size: int) -> tuple[torch.Tensor, torch.Tenso
         return x, torch.empty_like(x)
     kept: tuple[torch.Tensor, torch.Tensor] | None = getattr(_SCRATCH, "buffers", None)
     if kept is None or kept[0].numel() < size:
-        kept = (torch.empty(CHUNK_WORDS, dtype=torch.int32), torch.empty(CHUNK_WORDS, dtype=torch.int32))
+        kept = (
+            torch.empty(CHUNK_WORDS, dtype=torch.int32),
+            torch.empty(CHUNK_WORDS, dtype=torch.int32),
+        )
         _SCRATCH.buffers = kept
     return kept[0][:size], kept[1][:size]
 
 
 def _xorshift_right(x: torch.Tensor, shift: int, scratch: torch.Tensor) -> None:
-    """``x ^= x >>> shift`` in place on int32: torch's ``>>`` is arithmetic, so mask the sign copies."""
+    """``x ^= x >>> shift`` in place on int32: torch's ``>>`` is arithmetic, so mask the sign
+    copies."""
     torch.bitwise_right_shift(x, shift, out=scratch)
     scratch.bitwise_and_((1 << (32 - shift)) - 1)
     x.bitwise_xor_(scratch)
@@ -129,9 +137,9 @@ def _sum32(x: torch.Tensor) -> torch.Tensor:
 def lanes_of_large(words: torch.Tensor, *, host_sums: bool | None = None) -> torch.Tensor:
     """Lane sums (int64[2], on the device) of one flat int32 tensor, a chunk at a time.
 
-    A chunk at word ``s`` has position keys ``p = keys + s * STEP`` and ``p | 1 = odd_keys + s * STEP``,
-    so its lane 1 is ``sum(x * odd_keys) + s * STEP * sum(x)``: one op fewer than forming ``p | 1``.
-    (``p | 1 = odd_keys + s * STEP`` needs ``s * STEP`` even, that is ``s`` even.)
+    A chunk at word ``s`` has position keys ``p = keys + s * STEP`` and ``p | 1 = odd_keys + s *
+    STEP``, so its lane 1 is ``sum(x * odd_keys) + s * STEP * sum(x)``: one op fewer than forming
+    ``p | 1``. (``p | 1 = odd_keys + s * STEP`` needs ``s * STEP`` even, that is ``s`` even.)
     Every op but the first (the one read of the tensor) works in place on a cache-sized buffer.
     ``host_sums`` (default: on the CPU) accumulates in Python integers, else on the device.
     """
@@ -139,7 +147,8 @@ def lanes_of_large(words: torch.Tensor, *, host_sums: bool | None = None) -> tor
     on_cpu = device.type == "cpu" if host_sums is None else host_sums
     chunk_words = CHUNK_WORDS & ~1  # chunks must start at even words (see above)
     size = min(chunk_words, words.numel())
-    keys, odd_keys = _position_keys(device, chunk_words)  # one table per device, sliced for shorter tensors
+    # one table per device, sliced for shorter tensors
+    keys, odd_keys = _position_keys(device, chunk_words)
     x, scratch = _scratch(device, size)
     lane0 = lane1 = 0
     parts: list[torch.Tensor] = []
@@ -166,31 +175,42 @@ def lanes_of_large(words: torch.Tensor, *, host_sums: bool | None = None) -> tor
     return torch.stack(parts).sum(0) & MASK32
 
 
-def _pack_layout(device: torch.device, sizes: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Position keys ``p`` and ``p | 1`` within each packed tensor, and each segment's first word."""
+def _pack_layout(
+    device: torch.device, sizes: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Position keys ``p`` and ``p | 1`` within each packed tensor, and each segment's first
+    word."""
     key = (device, sizes)
     cached = _PACK_CACHE.get(key)
     if cached is None:
         lengths = torch.tensor(sizes, dtype=torch.int64)
         starts = torch.cumsum(lengths, 0) - lengths
-        index = torch.arange(int(lengths.sum()), dtype=torch.int64) - torch.repeat_interleave(starts, lengths)
+        index = torch.arange(int(lengths.sum()), dtype=torch.int64) - torch.repeat_interleave(
+            starts, lengths
+        )
         positions = ((index * POSITION_STEP + POSITION_SEED) & MASK32).to(torch.int32)
         cached = (positions.to(device), (positions | 1).to(device), starts.to(device))
         with _LOCK:
-            if len(_PACK_CACHE) >= 64:  # a model has a few layouts; a stream of new ones must not grow this
+            # a model has a few layouts; a stream of new ones must not grow this
+            if len(_PACK_CACHE) >= 64:
                 _PACK_CACHE.clear()
             _PACK_CACHE[key] = cached
     return cached
 
 
-def _segment_sums(terms: torch.Tensor, starts: torch.Tensor, *, numpy: bool | None = None) -> torch.Tensor:
+def _segment_sums(
+    terms: torch.Tensor, starts: torch.Tensor, *, numpy: bool | None = None
+) -> torch.Tensor:
     """Sums (int64, modulo 2**32) of the consecutive non-empty segments of int32 ``terms``.
 
     ``numpy`` (default: on the CPU) uses numpy's segmented sum, else a device cumsum."""
-    if terms.device.type == "cpu" if numpy is None else numpy:  # one pass, wrapping in uint32, no int64 copy
+    # one pass, wrapping in uint32, no int64 copy
+    if terms.device.type == "cpu" if numpy is None else numpy:
         sums = np.add.reduceat(terms.numpy().view(np.uint32), starts.numpy(), dtype=np.uint32)
         return torch.from_numpy(sums.astype(np.int64))
-    running = torch.cat([terms.new_zeros(1, dtype=torch.int64), torch.cumsum(terms, 0, dtype=torch.int64)])
+    running = torch.cat(
+        [terms.new_zeros(1, dtype=torch.int64), torch.cumsum(terms, 0, dtype=torch.int64)]
+    )
     ends = torch.cat([starts[1:], starts.new_tensor([terms.numel()])])
     return (running[ends] - running[starts]) & MASK32
 

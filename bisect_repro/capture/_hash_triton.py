@@ -44,7 +44,8 @@ _MASK32 = 0xFFFFFFFF
 
 _VECTOR = 1024  # words per loop iteration of a program: 8 words (32 bytes) per thread with 4 warps
 _ITERATIONS = 16
-_BLOCK_WORDS = _VECTOR * _ITERATIONS  # 64 KiB per program: enough work to hide the launch of a program
+# 64 KiB per program: enough work to hide the launch of a program
+_BLOCK_WORDS = _VECTOR * _ITERATIONS
 _ALIGN = 16  # bytes; full blocks start at multiples of this, so their loads can be 128-bit wide
 
 
@@ -54,7 +55,8 @@ def available() -> bool:
 
 
 def _mix(w, p):  # type: ignore[no-untyped-def]
-    """The definition's per-word term: the word keyed by its position, through murmur3's finaliser."""
+    """The definition's per-word term: the word keyed by its position, through murmur3's
+    finaliser."""
     x = w ^ p
     x ^= x >> 16
     x *= 0x85EBCA6B
@@ -64,7 +66,8 @@ def _mix(w, p):  # type: ignore[no-untyped-def]
     return x
 
 
-if triton is not None:  # the kernel calls it, so it must be a Triton function before the kernel compiles
+# the kernel calls it, so it must be a Triton function before the kernel compiles
+if triton is not None:
     _mix = triton.jit(_mix)
 
 
@@ -82,7 +85,8 @@ def _hash_blocks(table_ptr, out_ptr, VECTOR: tl.constexpr, ITERATIONS: tl.conste
     lanes = tl.arange(0, VECTOR)
     sum0 = tl.zeros([VECTOR], dtype=tl.uint32)
     sum1 = tl.zeros([VECTOR], dtype=tl.uint32)
-    if count == VECTOR * ITERATIONS:  # a full block, 16-byte aligned (see _table): no masks, 128-bit loads
+    # a full block, 16-byte aligned (see _table): no masks, 128-bit loads
+    if count == VECTOR * ITERATIONS:
         # address // 16 * 16 is address itself here. The hint sits on a pointer of this branch only,
         # so the masked branch, which may be unaligned, keeps its scalar loads.
         words = tl.multiple_of((address // 16 * 16).to(tl.pointer_type(tl.int32)), 16)
@@ -95,7 +99,8 @@ def _hash_blocks(table_ptr, out_ptr, VECTOR: tl.constexpr, ITERATIONS: tl.conste
             sum1 += x * (p | 1)
     else:  # a tensor's unaligned head or its last block: any 4-byte alignment
         words = address.to(tl.pointer_type(tl.int32))
-        for step in range(ITERATIONS):  # a constant trip count: count <= VECTOR * ITERATIONS, the rest is masked
+        # a constant trip count: count <= VECTOR * ITERATIONS, the rest is masked
+        for step in range(ITERATIONS):
             index = step * VECTOR + lanes
             inside = index < count
             w = tl.load(words + index, mask=inside, other=0).to(tl.uint32, bitcast=True)
@@ -106,7 +111,8 @@ def _hash_blocks(table_ptr, out_ptr, VECTOR: tl.constexpr, ITERATIONS: tl.conste
             sum1 += x * (p | 1)
     total0 = tl.sum(sum0, axis=0).to(tl.int32, bitcast=True)
     total1 = tl.sum(sum1, axis=0).to(tl.int32, bitcast=True)
-    tl.atomic_add(out_ptr + target * 2, total0, sem="relaxed")  # integer atomics: exact whatever the order
+    # integer atomics: exact whatever the order
+    tl.atomic_add(out_ptr + target * 2, total0, sem="relaxed")
     tl.atomic_add(out_ptr + target * 2 + 1, total1, sem="relaxed")
 
 
@@ -126,7 +132,8 @@ def _kernel() -> Any:
 def _table(words: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, int]:
     """Rows ``(address, count, output row, first position key)``, one per block, on the device."""
     addresses = np.array([w.data_ptr() for w in words], dtype=np.int64)
-    sizes = np.array([w.nbytes >> 2 for w in words], dtype=np.int64)  # words: the tensors' bytes are whole words
+    # words: the tensors' bytes are whole words
+    sizes = np.array([w.nbytes >> 2 for w in words], dtype=np.int64)
     cache_key = (device, _BLOCK_WORDS, addresses.tobytes(), sizes.tobytes())
     with _LOCK:
         cached = _TABLES.get(cache_key)
@@ -139,20 +146,33 @@ def _table(words: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.T
     blocks = has_head + -(-(sizes - head) // _BLOCK_WORDS)
     tensor_of_block = np.repeat(np.arange(len(words), dtype=np.int64), blocks)
     first_block = np.cumsum(blocks) - blocks
-    j = np.arange(int(blocks.sum()), dtype=np.int64) - np.repeat(first_block, blocks)  # block index within its tensor
+    # block index within its tensor
+    j = np.arange(int(blocks.sum()), dtype=np.int64) - np.repeat(first_block, blocks)
     is_head = (has_head[tensor_of_block] == 1) & (j == 0)
-    start = np.where(is_head, 0, head[tensor_of_block] + (j - has_head[tensor_of_block]) * _BLOCK_WORDS)
-    end = np.where(is_head, head[tensor_of_block], np.minimum(start + _BLOCK_WORDS, sizes[tensor_of_block]))
+    start = np.where(
+        is_head, 0, head[tensor_of_block] + (j - has_head[tensor_of_block]) * _BLOCK_WORDS
+    )
+    end = np.where(
+        is_head, head[tensor_of_block], np.minimum(start + _BLOCK_WORDS, sizes[tensor_of_block])
+    )
     rows = np.empty((start.size, 4), dtype=np.int64)
     rows[:, 0] = addresses[tensor_of_block] + 4 * start
     rows[:, 1] = end - start
     rows[:, 2] = tensor_of_block
     # start * STEP overflows for large tensors: uint64 arithmetic wraps modulo 2**64, which keeps
     # the low 32 bits, the only ones the key has.
-    rows[:, 3] = ((start.astype(np.uint64) * np.uint64(_POSITION_STEP) + np.uint64(_POSITION_SEED)) & np.uint64(_MASK32)).astype(np.int64)
+    rows[:, 3] = (
+        (start.astype(np.uint64) * np.uint64(_POSITION_STEP) + np.uint64(_POSITION_SEED))
+        & np.uint64(_MASK32)
+    ).astype(np.int64)
     host = torch.from_numpy(rows)
-    # Pinned and non_blocking on CUDA: the upload is queued on the stream and does not wait for the GPU.
-    table = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+    # Pinned and non_blocking on CUDA: the upload is queued on the stream and does not wait for the
+    # GPU.
+    table = (
+        host.pin_memory().to(device, non_blocking=True)
+        if device.type == "cuda"
+        else host.to(device)
+    )
     result = (table, int(start.size))
     with _LOCK:
         if len(_TABLES) >= 32:
@@ -167,14 +187,19 @@ def lanes(words: Sequence[torch.Tensor]) -> torch.Tensor:
     device op converts them, since each would be one more launch per snapshot.
 
     Every tensor must be contiguous, on the same device, with a data pointer aligned to 4 bytes and
-    a whole number of 4-byte words (``words_of`` makes any tensor so). Empty tensors give zero lanes.
+    a whole number of 4-byte words (``words_of`` makes any tensor so). Empty tensors give zero
+    lanes.
     """
     device = words[0].device
     out = torch.zeros((len(words), 2), dtype=torch.int32, device=device)
     table, programs = _table(words, device)  # an empty tensor has no blocks: its row stays zero
     if programs:
         # Triton launches on the current CUDA device: make it the tensors' one (cuda:1 and up).
-        elsewhere = device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device()
+        elsewhere = (
+            device.type == "cuda"
+            and device.index is not None
+            and device.index != torch.cuda.current_device()
+        )
         with torch.cuda.device(device) if elsewhere else contextlib.nullcontext():
             _kernel()[(programs,)](table, out, VECTOR=_VECTOR, ITERATIONS=_ITERATIONS, num_warps=4)
     return out

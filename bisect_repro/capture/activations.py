@@ -1,4 +1,5 @@
-"""Sketches of a model's activations during one step: where a difference enters, not only where it is felt.
+"""Sketches of a model's activations during one step: where a difference enters, not only where it
+is felt.
 
 :class:`ActivationSketches` puts a forward hook on every leaf module of a model at
 :meth:`~ActivationSketches.start` and removes them at :meth:`~ActivationSketches.take` (one
@@ -39,7 +40,8 @@ from .sketch import PendingSketches, queue_sketches
 __all__ = ["SAMPLE", "ActivationSketches"]
 
 SAMPLE = 1 << 14  # elements of each output sketched: the first sample or few of a batch
-_COMPILED = "_orig_mod"  # the module torch.compile wraps: what runs under it is compiled, where a hook does nothing
+# the module torch.compile wraps: what runs under it is compiled, where a hook does nothing
+_COMPILED = "_orig_mod"
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:
@@ -63,13 +65,14 @@ class ActivationSketches:
                 return
             tensor = _first_tensor(output)
             if tensor is not None:
-                self._found[name] = tensor.detach().reshape(-1)[:SAMPLE].clone()  # a later in-place op must not change it
+                # a later in-place op must not change it
+                self._found[name] = tensor.detach().reshape(-1)[:SAMPLE].clone()
 
         return hook
 
     def start(self) -> None:
-        """Put a hook on each leaf module of the model: take their outputs from now until :meth:`take`
-        (hooks left in place by ``take(keep=True)`` start taking anew)."""
+        """Put a hook on each leaf module of the model: take their outputs from now until
+        :meth:`take` (hooks left in place by ``take(keep=True)`` start taking anew)."""
         if self._handles:
             self._found = {}
             return
@@ -87,7 +90,8 @@ class ActivationSketches:
             self._found = {}
         else:
             self.remove()
-        return queue_sketches(found, private=True) if found else None  # its own copies: sketched at fetch
+        # its own copies: sketched at fetch
+        return queue_sketches(found, private=True) if found else None
 
     def remove(self) -> None:
         """Remove the hooks, if they are in place, and forget what they took."""

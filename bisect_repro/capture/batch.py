@@ -1,4 +1,5 @@
-"""A batch as tensors: the tensors in any nesting of tuples, lists and dicts, by path, and one digest for many.
+"""A batch as tensors: the tensors in any nesting of tuples, lists and dicts, by path, and one
+digest for many.
 
 ``batch_tensors(batch)`` names each tensor by its path (``batch[0]``, ``batch.image``) and keeps
 the other leaves as text, so that the recorder, the tracer and the experiments hash a batch the
@@ -18,7 +19,8 @@ __all__ = ["batch_tensors", "combine_digests"]
 
 
 def batch_tensors(batch: Any, prefix: str = "batch") -> tuple[dict[str, torch.Tensor], list[str]]:
-    """The tensors in a batch by path (``batch[0]``, ``batch.image``), and its other leaves as text."""
+    """The tensors in a batch by path (``batch[0]``, ``batch.image``), and its other leaves as
+    text."""
     tensors: dict[str, torch.Tensor] = {}
     others: list[str] = []
 

@@ -54,7 +54,13 @@ class CompileCall:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CompileCall:
-        return cls(str(data["target"]), str(data["backend"]), str(data["settings"]), bool(data["replayable"]), str(data.get("why_not", "")))
+        return cls(
+            str(data["target"]),
+            str(data["backend"]),
+            str(data["settings"]),
+            bool(data["replayable"]),
+            str(data.get("why_not", "")),
+        )
 
 
 @dataclass
@@ -80,9 +86,12 @@ def _compile(target: Any, kwargs: dict[str, Any]) -> Any:
     return _original(target, **kwargs)
 
 
-def _late_forward(module: torch._dynamo.eval_frame.OptimizedModule) -> Callable[[dict[str, Any]], None]:
+def _late_forward(
+    module: torch._dynamo.eval_frame.OptimizedModule,
+) -> Callable[[dict[str, Any]], None]:
     """Make ``module.forward`` look up its compiled forward at each call, so that a compilation made
-    while a call is under way (a framework's step starts in a forward hook) serves that very call."""
+    while a call is under way (a framework's step starts in a forward hook) serves that very
+    call."""
     current = {"forward": module.forward}
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -99,11 +108,17 @@ def _late_forward(module: torch._dynamo.eval_frame.OptimizedModule) -> Callable[
 
 
 def _again(target: Any, result: Any) -> Callable[[dict[str, Any]], None] | None:
-    """How to compile ``target`` again so that the object the code holds uses the new compilation."""
-    if isinstance(result, torch._dynamo.eval_frame.OptimizedModule) and not hasattr(result._orig_mod, "_initialize_hook"):
+    """How to compile ``target`` again so that the object the code holds uses the new
+    compilation."""
+    if isinstance(result, torch._dynamo.eval_frame.OptimizedModule) and not hasattr(
+        result._orig_mod, "_initialize_hook"
+    ):
         return _late_forward(result)
     owner = getattr(target, "__self__", None)
-    if isinstance(owner, torch.nn.Module) and getattr(target, "__func__", None) is torch.nn.Module._call_impl:
+    if (
+        isinstance(owner, torch.nn.Module)
+        and getattr(target, "__func__", None) is torch.nn.Module._call_impl
+    ):
         held_owner = weakref.ref(owner)
 
         def method_again(kwargs: dict[str, Any]) -> None:
@@ -128,9 +143,19 @@ def _note(target: Any, result: Any, kwargs: dict[str, Any]) -> None:
     backend = kwargs.get("backend", "inductor")
     named = isinstance(backend, str)
     again = _again(target, result) if named else None
-    why = "" if again is not None else ("a function compiled on its own" if named else "its backend is a callable")
+    why = (
+        ""
+        if again is not None
+        else ("a function compiled on its own" if named else "its backend is a callable")
+    )
     name = backend if named else str(getattr(backend, "__name__", type(backend).__name__))
-    _noted.append(_Noted(CompileCall(_name(target), name, _settings(kwargs), again is not None, why), again, kwargs))
+    _noted.append(
+        _Noted(
+            CompileCall(_name(target), name, _settings(kwargs), again is not None, why),
+            again,
+            kwargs,
+        )
+    )
 
 
 def watch_compile() -> None:

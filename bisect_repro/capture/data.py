@@ -67,7 +67,8 @@ class IndexTap:
         return getattr(self.inner, name)
 
     def pop_indices(self) -> list[int] | None:
-        """The sample indices of the oldest batch not yet asked for (``None`` when none is waiting)."""
+        """The sample indices of the oldest batch not yet asked for (``None`` when none is
+        waiting)."""
         if not self.pending:
             return None
         item = self.pending.popleft()
@@ -98,7 +99,10 @@ def loader_generators(loader: Iterable[Any]) -> dict[str, RandomSource]:
         return found
     if loader.generator is not None:
         found["loader.generator"] = loader.generator
-    for name, sampler in (("sampler", loader.sampler), ("batch_sampler", getattr(loader.batch_sampler, "sampler", None))):
+    for name, sampler in (
+        ("sampler", loader.sampler),
+        ("batch_sampler", getattr(loader.batch_sampler, "sampler", None)),
+    ):
         generator = getattr(sampler, "generator", None)
         if generator is not None and all(generator is not g for g in found.values()):
             found[f"{name}.generator"] = generator
@@ -148,7 +152,9 @@ class DataStream:
             except StopIteration:
                 empty_epochs = empty_epochs + 1 if self.batch_in_epoch == 0 else 0
                 if empty_epochs > 1:
-                    raise RecipeError("loader: yielded no batches in an epoch; give the recipe a non-empty loader") from None
+                    raise RecipeError(
+                        "loader: yielded no batches in an epoch; give the recipe a non-empty loader"
+                    ) from None
                 self._iterator = None
                 self.epoch += 1
                 self.batch_in_epoch = 0
@@ -180,11 +186,17 @@ class DataStream:
         self.streams.load_state_dict(state["epoch_streams"])
         length = _length(self.loader)
         if length is not None and target > length:
-            raise RecipeError(f"loader: the recorded position is batch {target} of an epoch of {length}; was the dataset changed?")
+            raise RecipeError(
+                f"loader: the recorded position is batch {target} of an epoch of {length}; was the "
+                "dataset changed?"
+            )
         for _ in range(target):  # bounded by one epoch: a position past its end stops at the end
             self.next_batch()
             if self.epoch != int(state["epoch"]):
-                raise RecipeError("loader: yields fewer batches than the recorded position; was the dataset changed?")
+                raise RecipeError(
+                    "loader: yields fewer batches than the recorded position; was the dataset "
+                    "changed?"
+                )
 
 
 def _length(loader: Any) -> int | None:
@@ -199,21 +211,30 @@ _SAMPLER_FIELDS = ("seed", "epoch", "rank", "num_replicas", "shuffle", "drop_las
 
 
 def sampler_state(sampler: Any) -> dict[str, Any] | None:
-    """A ``DistributedSampler``'s (or a sampler like it) seed, epoch, rank, num_replicas, shuffle and
-    drop_last; ``None`` for a sampler that does not split the data between ranks."""
+    """A ``DistributedSampler``'s (or a sampler like it) seed, epoch, rank, num_replicas, shuffle
+    and drop_last; ``None`` for a sampler that does not split the data between ranks."""
     sampler = getattr(sampler, "inner", sampler)
     if not all(hasattr(sampler, name) for name in ("rank", "num_replicas", "epoch")):
         return None
     found = {name: getattr(sampler, name, None) for name in _SAMPLER_FIELDS}
-    return {"type": type(sampler).__name__, **{k: v if isinstance(v, (int, bool, type(None))) else str(v) for k, v in found.items()}}
+    return {
+        "type": type(sampler).__name__,
+        **{k: v if isinstance(v, (int, bool, type(None))) else str(v) for k, v in found.items()},
+    }
 
 
 def describe_loader(loader: Any) -> dict[str, Any]:
-    """The loader's settings that decide the data: batch size, workers, sampler, whether it has a generator."""
+    """The loader's settings that decide the data: batch size, workers, sampler, whether it has a
+    generator."""
     if not isinstance(loader, DataLoader):
         return {"type": type(loader).__name__}
-    # a custom batch sampler (any iterable of index lists) may have no sampler of its own: it is described itself
-    sampler = getattr(loader.batch_sampler, "sampler", loader.batch_sampler) if loader.batch_sampler is not None else loader.sampler
+    # a custom batch sampler (any iterable of index lists) may have no sampler of its own: it is
+    # described itself
+    sampler = (
+        getattr(loader.batch_sampler, "sampler", loader.batch_sampler)
+        if loader.batch_sampler is not None
+        else loader.sampler
+    )
     return {
         "type": "DataLoader",
         "batch_size": loader.batch_size,
@@ -227,10 +248,13 @@ def describe_loader(loader: Any) -> dict[str, Any]:
 
 
 def next_micro_batches(data: DataStream, accumulate: int) -> tuple[Any, list[int] | None]:
-    """A step's batch: the next one, or with ``accumulate`` above 1 a list of that many micro-batches;
-    and the step's sample indices, all its micro-batches' in order (``None`` when any is unknown)."""
+    """A step's batch: the next one, or with ``accumulate`` above 1 a list of that many
+    micro-batches; and the step's sample indices, all its micro-batches' in order (``None`` when any
+    is unknown)."""
     if accumulate == 1:
         return data.next_batch()
     parts = [data.next_batch() for _ in range(accumulate)]
     known = [indices for _, indices in parts if indices is not None]
-    return [batch for batch, _ in parts], [i for indices in known for i in indices] if len(known) == len(parts) else None
+    return [batch for batch, _ in parts], [i for indices in known for i in indices] if len(
+        known
+    ) == len(parts) else None

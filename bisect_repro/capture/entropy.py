@@ -3,18 +3,19 @@
 A call that seeds a stream from the OS or the clock (see :mod:`bisect_repro.capture.seeding`)
 produces a value, recorded in the step log with the call (``value``):
 
-=========================  ===========================================  ==============================
-call                       value                                        given back in a replay by
-=========================  ===========================================  ==============================
-``torch.seed()``           the seed it returned (0 to 2**64 - 1)        ``torch.manual_seed(value)``
-``torch.cuda.seed()``,     ``torch.cuda.initial_seed()`` after it,      ``torch.cuda.manual_seed`` /
-``torch.cuda.seed_all()``  where CUDA is initialised                    ``manual_seed_all(value)``
-``random.seed()``,         the generator's state after it               ``setstate``
-``random.Random.seed()``   (:func:`mt_state`)
+=========================  ===========================================
+============================== call                       value
+given back in a replay by =========================  ===========================================
+============================== ``torch.seed()``           the seed it returned (0 to 2**64 - 1)
+``torch.manual_seed(value)`` ``torch.cuda.seed()``,     ``torch.cuda.initial_seed()`` after it,
+``torch.cuda.manual_seed`` / ``torch.cuda.seed_all()``  where CUDA is initialised
+``manual_seed_all(value)`` ``random.seed()``,         the generator's state after it
+``setstate`` ``random.Random.seed()``   (:func:`mt_state`)
 ``np.random.seed()``       the legacy generator's state after it        ``np.random.set_state``
 ``np.random.default_rng()``  the entropy of its ``SeedSequence``        ``default_rng(value)``
                            (0 to 2**128 - 1)
-=========================  ===========================================  ==============================
+=========================  ===========================================
+==============================
 
 :class:`EntropyFeed` holds, in a replaying process, the calls a run recorded from the step it was
 restored at on, in order. A call made while step ``s`` runs takes the first recorded call of step
@@ -48,7 +49,8 @@ _MT_HEX = _MT_WORDS * 8
 FEED_OUTCOMES = {
     "recorded": "given the value the run recorded",
     "beyond": "beyond what the run recorded: drew from entropy as usual",
-    "other": "the run recorded another call there (another kind or call site): drew from entropy as usual",
+    "other": "the run recorded another call there (another kind or call site): drew from entropy "
+    "as usual",
     "kept": "left its stream as it was (an experiment)",
 }
 """What a replay did with an entropy call (the call's ``replayed``), in words."""
@@ -56,7 +58,11 @@ FEED_OUTCOMES = {
 
 def mt_state(words: Any, pos: int, gauss: float | None) -> dict[str, Any]:
     """A Mersenne Twister's state as JSON: its 624 words as hex, its position, a cached Gaussian."""
-    return {"mt19937": np.asarray(words, dtype=">u4").tobytes().hex(), "pos": int(pos), "gauss": None if gauss is None else float(gauss)}
+    return {
+        "mt19937": np.asarray(words, dtype=">u4").tobytes().hex(),
+        "pos": int(pos),
+        "gauss": None if gauss is None else float(gauss),
+    }
 
 
 def _words(value: Mapping[str, Any]) -> list[int]:
@@ -69,7 +75,13 @@ def _python_state(value: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _numpy_state(value: Mapping[str, Any]) -> tuple[Any, ...]:
     gauss = value["gauss"]
-    return ("MT19937", np.array(_words(value), dtype=np.uint32), value["pos"], int(gauss is not None), gauss or 0.0)
+    return (
+        "MT19937",
+        np.array(_words(value), dtype=np.uint32),
+        value["pos"],
+        int(gauss is not None),
+        gauss or 0.0,
+    )
 
 
 def _of_python(generator: random.Random) -> dict[str, Any]:
@@ -132,7 +144,9 @@ def _is_mt(value: Any) -> bool:
         return False
     words, pos, gauss = value["mt19937"], value["pos"], value["gauss"]
     try:
-        hex_ok = isinstance(words, str) and len(words) == _MT_HEX and bytes.fromhex(words) is not None
+        hex_ok = (
+            isinstance(words, str) and len(words) == _MT_HEX and bytes.fromhex(words) is not None
+        )
     except ValueError:
         hex_ok = False
     gauss_ok = gauss is None or (isinstance(gauss, float) and abs(gauss) < float("inf"))
@@ -143,9 +157,21 @@ _VALID: dict[str, tuple[Callable[[Any], bool], str]] = {
     "torch.seed": (lambda v: _is_int(v, 64), "an integer from 0 to 2**64 - 1"),
     "torch.cuda.seed": (lambda v: _is_int(v, 64), "an integer from 0 to 2**64 - 1"),
     "torch.cuda.seed_all": (lambda v: _is_int(v, 64), "an integer from 0 to 2**64 - 1"),
-    "random.seed": (_is_mt, "a Mersenne Twister state (mt19937: 4992 hex digits, pos: 0 to 624, gauss: a number or null)"),
-    "random.Random.seed": (_is_mt, "a Mersenne Twister state (mt19937: 4992 hex digits, pos: 0 to 624, gauss: a number or null)"),
-    "np.random.seed": (_is_mt, "a Mersenne Twister state (mt19937: 4992 hex digits, pos: 0 to 624, gauss: a number or null)"),
+    "random.seed": (
+        _is_mt,
+        "a Mersenne Twister state (mt19937: 4992 hex digits, pos: 0 to 624, gauss: a number or "
+        "null)",
+    ),
+    "random.Random.seed": (
+        _is_mt,
+        "a Mersenne Twister state (mt19937: 4992 hex digits, pos: 0 to 624, gauss: a number or "
+        "null)",
+    ),
+    "np.random.seed": (
+        _is_mt,
+        "a Mersenne Twister state (mt19937: 4992 hex digits, pos: 0 to 624, gauss: a number or "
+        "null)",
+    ),
     "np.random.default_rng": (lambda v: _is_int(v, 128), "an integer from 0 to 2**128 - 1"),
 }
 
@@ -189,7 +215,12 @@ class EntropyFeed:
 
     @classmethod
     def of_steps(
-        cls, steps: Mapping[int, Mapping[str, Any]], start: int, step: Callable[[], int], *, kept_from: int | None = None
+        cls,
+        steps: Mapping[int, Mapping[str, Any]],
+        start: int,
+        step: Callable[[], int],
+        *,
+        kept_from: int | None = None,
     ) -> EntropyFeed:
         """The calls with a value in a run's step records (``steps.jsonl``) from ``start`` on."""
         recorded = [
@@ -202,11 +233,14 @@ class EntropyFeed:
         return cls(recorded, step, kept_from)
 
     def take(self, call: str, where: str | None) -> tuple[Any, str]:
-        """The recorded value for this call now, and what is done (a key of :data:`FEED_OUTCOMES`)."""
+        """The recorded value for this call now, and what is done (a key of
+        :data:`FEED_OUTCOMES`)."""
         now = self.step()
         if self.kept_from is not None and now >= self.kept_from:
             return None, "kept"
-        index = next((i for i, r in enumerate(self.recorded) if r.step == now and i not in self.given), None)
+        index = next(
+            (i for i, r in enumerate(self.recorded) if r.step == now and i not in self.given), None
+        )
         if index is None:
             return None, "beyond"
         found = self.recorded[index]

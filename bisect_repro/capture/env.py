@@ -76,7 +76,9 @@ def fingerprint() -> dict[str, Any]:
         "torch": torch.__version__,
         "numpy": np.__version__,
         "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None,
+        "cudnn": torch.backends.cudnn.version()
+        if cuda and torch.backends.cudnn.is_available()
+        else None,
         "platform": platform.platform(),
         "hostname": platform.node(),
         "cpu": _cpu_name(),
@@ -84,11 +86,15 @@ def fingerprint() -> dict[str, Any]:
         # The GPUs and cuDNN of a process that uses CUDA: asking for either initialises CUDA, which
         # a CPU-only run on a machine with a GPU must not pay for (nor get a CUDA generator among
         # its streams, reseeded by every torch.seed()).
-        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if cuda
+        else [],
         "torch.get_num_threads": torch.get_num_threads(),
         "torch.get_num_interop_threads": torch.get_num_interop_threads(),
         "torch.are_deterministic_algorithms_enabled": torch.are_deterministic_algorithms_enabled(),
-        "torch.is_deterministic_algorithms_warn_only_enabled": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "torch.is_deterministic_algorithms_warn_only_enabled": (
+            torch.is_deterministic_algorithms_warn_only_enabled()
+        ),
         "torch.backends.cudnn.benchmark": bool(torch.backends.cudnn.benchmark),
         "torch.backends.cudnn.deterministic": bool(torch.backends.cudnn.deterministic),
         "torch.backends.cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
@@ -101,7 +107,9 @@ def fingerprint() -> dict[str, Any]:
     return found
 
 
-def diff(a: Mapping[str, Any], b: Mapping[str, Any], *, informational: bool = False) -> dict[str, list[Any]]:
+def diff(
+    a: Mapping[str, Any], b: Mapping[str, Any], *, informational: bool = False
+) -> dict[str, list[Any]]:
     """Keys whose values differ, as ``{key: [a, b]}``; machine names are left out by default."""
     keys = [k for k in dict.fromkeys([*a, *b]) if informational or k not in INFORMATIONAL]
     return {k: [a.get(k), b.get(k)] for k in keys if a.get(k) != b.get(k)}
@@ -114,8 +122,12 @@ def apply(recorded: Mapping[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(int(threads))
     if (enabled := recorded.get("torch.are_deterministic_algorithms_enabled")) is not None:
         warn_only = bool(recorded.get("torch.is_deterministic_algorithms_warn_only_enabled", False))
-        current = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-        if current != (bool(enabled), warn_only):  # the first call costs an import of a second or so
+        current = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        # the first call costs an import of a second or so
+        if current != (bool(enabled), warn_only):
             torch.use_deterministic_algorithms(bool(enabled), warn_only=warn_only)
     if (value := recorded.get("torch.backends.cudnn.benchmark")) is not None:
         torch.backends.cudnn.benchmark = bool(value)

@@ -46,7 +46,16 @@ import hashlib
 import numpy as np
 import torch
 
-__all__ = ["MASK32", "MIX1", "MIX2", "POSITION_SEED", "POSITION_STEP", "Entry", "digest_of", "digests"]
+__all__ = [
+    "MASK32",
+    "MIX1",
+    "MIX2",
+    "POSITION_SEED",
+    "POSITION_STEP",
+    "Entry",
+    "digest_of",
+    "digests",
+]
 
 POSITION_STEP = 0x9E3779B1
 POSITION_SEED = 0x7F4A7C15
@@ -55,7 +64,9 @@ MIX2 = 0xC2B2AE35
 MASK32 = 0xFFFFFFFF
 
 
-def digest_of(dtype: torch.dtype | str, shape: tuple[int, ...] | list[int], lane0: int, lane1: int) -> str:
+def digest_of(
+    dtype: torch.dtype | str, shape: tuple[int, ...] | list[int], lane0: int, lane1: int
+) -> str:
     """Combine two lane sums with the dtype and shape into the 16-hex-digit digest."""
     name = str(dtype).removeprefix("torch.")
     text = f"{name}|{','.join(str(int(d)) for d in shape)}|{lane0:08x}{lane1:08x}"
@@ -80,7 +91,8 @@ def digests(entries: list[Entry], lanes: np.ndarray) -> list[str]:
     for k, (_, dtype, shape) in enumerate(entries):
         prefix = _PREFIXES.get((dtype, shape))
         if prefix is None:
-            prefix = f"{str(dtype).removeprefix('torch.')}|{','.join(str(int(d)) for d in shape)}|".encode()
+            dims = ",".join(str(int(d)) for d in shape)
+            prefix = f"{str(dtype).removeprefix('torch.')}|{dims}|".encode()
             if len(_PREFIXES) >= 4096:  # a stream of new shapes must not grow this without bound
                 _PREFIXES.clear()
             _PREFIXES[dtype, shape] = prefix

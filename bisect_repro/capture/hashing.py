@@ -14,8 +14,8 @@ Three ways to compute the same two lane sums, chosen per device, and a switch:
   (AVX-512 or AVX2, picked at run time), on torch's intra-op threads. Subclasses, quantized
   tensors and lazy conjugate or negative views take the torch-op path, as before.
 - CUDA with Triton importable (it ships with CUDA builds of torch): one fused kernel,
-  :mod:`bisect_repro.capture._hash_triton`, over every tensor of a call in one launch, reading each byte
-  once; lanes are combined per tensor with integer atomics, which are exact in any order.
+  :mod:`bisect_repro.capture._hash_triton`, over every tensor of a call in one launch, reading each
+  byte once; lanes are combined per tensor with integer atomics, which are exact in any order.
 - Otherwise (no compiler at install, other devices), torch integer ops on the tensor's own device
   (:mod:`bisect_repro.capture._hash_torch`) over cache-sized chunks. Tensors below ``_PACK_WORDS``
   words are packed together (``_PACK_CHUNK`` words at a time) and reduced with one segmented sum,
@@ -84,21 +84,28 @@ def _triton_module() -> _LanesKernel | None:
 
 
 def _native_kernel() -> _hash_cpu.Kernel | None:
-    """The C kernel for CPU tensors, or ``None`` for the torch-op path (the switch, or not built)."""
+    """The C kernel for CPU tensors, or ``None`` for the torch-op path (the switch, or not
+    built)."""
     if _BACKEND in ("torch", "triton"):
         return None
     kernel = _hash_cpu.load()
     if kernel is None and _BACKEND == "c":
         raise RuntimeError(
-            f"BISECT_REPRO_HASH_BACKEND=c, but the C hash kernel is not installed ({_hash_cpu.library_path()} is missing):"
-            " reinstall bisect-repro where a C compiler is available, or unset the variable to hash with torch ops"
+            "BISECT_REPRO_HASH_BACKEND=c, but the C hash kernel is not installed "
+            f"({_hash_cpu.library_path()} is missing):"
+            " reinstall bisect-repro where a C compiler is available, or unset the variable to "
+            "hash with torch ops"
         )
     return kernel
 
 
 _CPU = torch.device("cpu")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_QUANTIZED = frozenset(getattr(torch, name) for name in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4") if hasattr(torch, name))
+_QUANTIZED = frozenset(
+    getattr(torch, name)
+    for name in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+    if hasattr(torch, name)
+)
 _COMPLEX = frozenset((torch.complex32, torch.complex64, torch.complex128))
 _AWKWARD = _QUANTIZED | _COMPLEX  # dtypes that take the slower checks of _native_buffer
 
@@ -107,7 +114,12 @@ def _native_buffer(tensor: torch.Tensor) -> torch.Tensor | None:
     """The tensor as a dense, contiguous CPU tensor whose bytes the C kernel may read, or ``None``
     for a tensor that the torch-op path must take (a subclass, a quantized tensor, or a lazy
     conjugate or negative view, which it refuses as it always has)."""
-    if type(tensor) not in _PLAIN or tensor.is_neg() or tensor.dtype in _QUANTIZED or (tensor.dtype in _COMPLEX and tensor.is_conj()):
+    if (
+        type(tensor) not in _PLAIN
+        or tensor.is_neg()
+        or tensor.dtype in _QUANTIZED
+        or (tensor.dtype in _COMPLEX and tensor.is_conj())
+    ):
         return None
     if tensor.layout is not torch.strided:
         tensor = tensor.detach().to_dense()
@@ -159,10 +171,72 @@ def _fused_lanes(words: list[torch.Tensor]) -> torch.Tensor:
         except Exception as error:  # Triton raises many types; any of them means "use the fallback"
             if _BACKEND == "triton":
                 raise
-            warnings.warn(f"bisect-repro: the Triton hash kernel failed ({error}); hashing with torch ops instead", stacklevel=4)
+            warnings.warn(
+                f"bisect-repro: the Triton hash kernel failed ({error}); hashing with torch ops "
+                "instead",
+                stacklevel=4,
+            )
             _triton_failed = True
-    words = [_hash_torch.words_of(w) for w in words]  # the kernel may have been given tensors in place
-    return torch.cat([_hash_torch.lanes_of_large(w).unsqueeze(0) if w.numel() else w.new_zeros((1, 2), dtype=torch.int64) for w in words])
+    # the kernel may have been given tensors in place
+    words = [_hash_torch.words_of(w) for w in words]
+    return torch.cat(
+        [
+            _hash_torch.lanes_of_large(w).unsqueeze(0)
+            if w.numel()
+            else w.new_zeros((1, 2), dtype=torch.int64)
+            for w in words
+        ]
+    )
+
+
+class _NativeBatch:
+    """The CPU tensors of one :meth:`PendingHashes.add` for the C kernel, hashed in one call. The
+    per-tensor work is kept to a few attribute reads, since a model has hundreds of small tensors;
+    the kernel is looked up when the first CPU tensor comes."""
+
+    def __init__(self) -> None:
+        self.kernel: _hash_cpu.Kernel | None = None
+        self.looked_up = False
+        self.entries: list[Entry] = []
+        self.buffers: list[torch.Tensor] = []  # kept alive until the kernel returns
+        self.pointers: list[int] = []
+        self.sizes: list[int] = []
+        self.sketch_at: list[int | None] = []
+
+    def take(self, entry: Entry, tensor: torch.Tensor, sketch: Mapping[str, int] | None) -> bool:
+        """Whether the C kernel takes this CPU tensor (else the caller hashes it otherwise)."""
+        if not self.looked_up:
+            self.kernel, self.looked_up = _native_kernel(), True
+        if self.kernel is None:
+            return False
+        buffer = tensor if _in_place(tensor) else _native_buffer(tensor)
+        if buffer is None:
+            return False
+        self.entries.append(entry)
+        self.buffers.append(buffer)
+        self.pointers.append(buffer.data_ptr())
+        self.sizes.append(buffer.nbytes)
+        sketched = sketch is not None and entry[1] == torch.float32
+        self.sketch_at.append(sketch.get(entry[0]) if sketched and sketch else None)
+        return True
+
+    def lanes(self, sketches: dict[str, np.ndarray]) -> torch.Tensor:
+        """Every taken tensor's lanes (int64 ``[k, 2]``); the sketches asked for go into
+        ``sketches`` by name."""
+        assert self.kernel is not None
+        if self.kernel.sketches and any(at is not None for at in self.sketch_at):
+            lanes, rows = self.kernel.lanes_and_sketches(
+                self.pointers, self.sizes, self.sketch_at, _SKETCH_WIDTH, _SKETCH_SEED
+            )
+            sketches.update(
+                (entry[0], row)
+                for entry, at, row in zip(self.entries, self.sketch_at, rows, strict=True)
+                if at is not None
+            )
+        else:
+            lanes = self.kernel.lanes_of_buffers(self.pointers, self.sizes)
+        self.buffers.clear()
+        return torch.from_numpy(lanes.astype(np.int64))
 
 
 class PendingHashes:
@@ -181,39 +255,28 @@ class PendingHashes:
     def __len__(self) -> int:
         return len(self._order)
 
-    def add(self, tensors: Mapping[str, torch.Tensor | np.ndarray], sketch: Mapping[str, int] | None = None) -> None:
+    def add(
+        self,
+        tensors: Mapping[str, torch.Tensor | np.ndarray],
+        sketch: Mapping[str, int] | None = None,
+    ) -> None:
         """Hash ``tensors``; and the float32 CPU tensors named in ``sketch`` (by the global index of
         their first element) are sketched in the same pass where the C kernel takes them
         (:attr:`HostLanes.sketches`; the caller sketches the others itself)."""
         fused: dict[torch.device, list[tuple[Entry, torch.Tensor]]] = {}
         small: dict[torch.device, list[tuple[Entry, torch.Tensor]]] = {}
         empty: dict[torch.device, list[Entry]] = {}
-        # CPU tensors for the C kernel, all in one call: the per-tensor work here is kept to a few
-        # attribute reads, since a model has hundreds of small tensors.
-        native: _hash_cpu.Kernel | None = None
-        looked_up = False  # the kernel is not looked up until a CPU tensor comes
-        native_entries: list[Entry] = []
-        buffers: list[torch.Tensor] = []  # kept alive until the kernel returns
-        pointers: list[int] = []
-        sizes: list[int] = []
-        sketch_at: list[int | None] = []
+        native = _NativeBatch()
         for name, value in tensors.items():
-            tensor = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
-            dtype = tensor.dtype
-            entry = (name, dtype, tensor.shape)
+            tensor = (
+                torch.from_numpy(np.ascontiguousarray(value))
+                if isinstance(value, np.ndarray)
+                else value
+            )
+            entry = (name, tensor.dtype, tensor.shape)
             self._order.append(name)
-            if tensor.is_cpu:
-                if not looked_up:
-                    native, looked_up = _native_kernel(), True
-                if native is not None:
-                    buffer = tensor if _in_place(tensor) else _native_buffer(tensor)
-                    if buffer is not None:
-                        native_entries.append(entry)
-                        buffers.append(buffer)
-                        pointers.append(buffer.data_ptr())
-                        sizes.append(buffer.nbytes)
-                        sketch_at.append(sketch.get(name) if sketch and dtype == torch.float32 else None)
-                        continue
+            if tensor.is_cpu and native.take(entry, tensor, sketch):
+                continue
             device = tensor.device
             if _uses_kernel(device):  # every tensor of the device in one launch, below
                 fused.setdefault(device, []).append((entry, _kernel_words(tensor)))
@@ -225,30 +288,28 @@ class PendingHashes:
                 self._push(device, [entry], _hash_torch.lanes_of_large(words).unsqueeze(0))
             else:
                 small.setdefault(device, []).append((entry, words))
-        if native is not None and native_entries:
-            if native.sketches and any(at is not None for at in sketch_at):
-                lanes, rows = native.lanes_and_sketches(pointers, sizes, sketch_at, _SKETCH_WIDTH, _SKETCH_SEED)
-                self._sketches.update(
-                    (entry[0], row) for entry, at, row in zip(native_entries, sketch_at, rows, strict=True) if at is not None
-                )
-            else:
-                lanes = native.lanes_of_buffers(pointers, sizes)
-            del buffers
-            self._push(_CPU, native_entries, torch.from_numpy(lanes.astype(np.int64)))
+        if native.entries:
+            self._push(_CPU, native.entries, native.lanes(self._sketches))
         for device, items in fused.items():
             self._push(device, [e for e, _ in items], _fused_lanes([w for _, w in items]))
         for device, items in small.items():
-            batch: list[tuple[Entry, torch.Tensor]] = []
-            packed = 0
-            for item in [*items, None]:
-                if item is None or (batch and packed + item[1].numel() > _PACK_CHUNK):
-                    self._push(device, [e for e, _ in batch], _hash_torch.lanes_of_small([w for _, w in batch]))
-                    batch, packed = [], 0
-                if item is not None:
-                    batch.append(item)
-                    packed += item[1].numel()
+            self._push_packed(device, items)
         for device, entries in empty.items():
-            self._push(device, entries, torch.zeros((len(entries), 2), dtype=torch.int64, device=device))
+            zeros = torch.zeros((len(entries), 2), dtype=torch.int64, device=device)
+            self._push(device, entries, zeros)
+
+    def _push_packed(self, device: torch.device, items: list[tuple[Entry, torch.Tensor]]) -> None:
+        """Small tensors' lanes, ``_PACK_CHUNK`` words at a time by one segmented sum each."""
+        batch: list[tuple[Entry, torch.Tensor]] = []
+        packed = 0
+        for item in [*items, None]:
+            if item is None or (batch and packed + item[1].numel() > _PACK_CHUNK):
+                lanes = _hash_torch.lanes_of_small([w for _, w in batch])
+                self._push(device, [e for e, _ in batch], lanes)
+                batch, packed = [], 0
+            if item is not None:
+                batch.append(item)
+                packed += item[1].numel()
 
     def _push(self, device: torch.device, entries: list[Entry], lanes: torch.Tensor) -> None:
         self._entries.setdefault(device, []).extend(entries)
@@ -266,7 +327,9 @@ class PendingHashes:
             lanes = self._lanes[device]
             # The Triton kernel's lanes are int32 bit patterns, the other paths' int64 in range:
             # both read as unsigned 32-bit sums here.
-            host = (lanes[0] if len(lanes) == 1 else torch.cat(lanes)).cpu().numpy().astype(np.int64) & MASK32
+            host = (lanes[0] if len(lanes) == 1 else torch.cat(lanes)).cpu().numpy().astype(
+                np.int64
+            ) & MASK32
             if host.shape != (len(entries), 2):
                 raise AssertionError(f"{host.shape[0]} lane pairs for {len(entries)} tensors")
             parts.append((entries, host))
@@ -278,11 +341,15 @@ class HostLanes:
     into digests (pure host work, a BLAKE2b per tensor, on whichever thread calls it)."""
 
     def __init__(
-        self, parts: list[tuple[list[Entry], np.ndarray]], order: list[str], sketches: dict[str, np.ndarray] | None = None
+        self,
+        parts: list[tuple[list[Entry], np.ndarray]],
+        order: list[str],
+        sketches: dict[str, np.ndarray] | None = None,
     ) -> None:
         self._parts, self._order = parts, order
         self.sketches: dict[str, np.ndarray] = sketches or {}
-        """The sketches (float64[WIDTH]) taken in the hash's pass, by name (:meth:`PendingHashes.add`)."""
+        """The sketches (float64[WIDTH]) taken in the hash's pass, by name
+        (:meth:`PendingHashes.add`)."""
 
     def digests(self) -> dict[str, str]:
         """Digests by name, in the order they were added."""

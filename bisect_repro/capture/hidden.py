@@ -26,17 +26,24 @@ __all__ = ["find_streams", "hidden_streams", "recipe_streams", "stream_kind"]
 
 _SOURCES = (torch.Generator, np.random.Generator, np.random.RandomState, random.Random)
 _LEAVES = (str, bytes, int, float, bool, type(None), torch.Tensor, np.ndarray, torch.nn.Module)
-_MAX_ITEMS = 32  # of a list or dict looked into: enough for a few augmentations, not a dataset's samples
+# of a list or dict looked into: enough for a few augmentations, not a dataset's samples
+_MAX_ITEMS = 32
 
 
 def stream_kind(source: RandomSource) -> str:
     """``numpy.random.Generator``, ``torch.Generator``, ...: the class as users write it."""
     kind = type(source)
-    module = "numpy.random" if kind.__module__.startswith("numpy") else kind.__module__.replace("torch._C", "torch")
+    module = (
+        "numpy.random"
+        if kind.__module__.startswith("numpy")
+        else kind.__module__.replace("torch._C", "torch")
+    )
     return f"{module}.{kind.__name__}"
 
 
-def find_streams(loader: Any, *, depth: int = 3, known: Iterable[RandomSource] = ()) -> dict[str, RandomSource]:
+def find_streams(
+    loader: Any, *, depth: int = 3, known: Iterable[RandomSource] = ()
+) -> dict[str, RandomSource]:
     """Random streams held inside a DataLoader's dataset and samplers, by attribute path.
 
     Looks ``depth`` attributes deep (lists, tuples and dicts count as one level each), so that
@@ -56,11 +63,17 @@ def find_streams(loader: Any, *, depth: int = 3, known: Iterable[RandomSource] =
             return
         seen.add(id(value))
         if isinstance(value, Mapping):
-            items: Iterable[tuple[str, Any]] = ((f"{path}[{key!r}]", item) for key, item in list(value.items())[:_MAX_ITEMS])
+            items: Iterable[tuple[str, Any]] = (
+                (f"{path}[{key!r}]", item) for key, item in list(value.items())[:_MAX_ITEMS]
+            )
         elif isinstance(value, (list, tuple)):
             items = ((f"{path}[{index}]", item) for index, item in enumerate(value[:_MAX_ITEMS]))
         elif hasattr(value, "__dict__") and not isinstance(value, type):
-            items = ((f"{path}.{name}", item) for name, item in vars(value).items() if not name.startswith("__"))
+            items = (
+                (f"{path}.{name}", item)
+                for name, item in vars(value).items()
+                if not name.startswith("__")
+            )
         else:
             return
         for item_path, item in items:
@@ -75,11 +88,17 @@ def find_streams(loader: Any, *, depth: int = 3, known: Iterable[RandomSource] =
 
 
 def hidden_streams(trainee: Trainee) -> dict[str, RandomSource]:
-    """The streams inside a trainee's dataset and samplers that its ``TrainingState`` does not know."""
+    """The streams inside a trainee's dataset and samplers that its ``TrainingState`` does not
+    know."""
     known = [*loader_generators(trainee.source).values(), *(trainee.generators or {}).values()]
     return find_streams(trainee.loader, known=known)
 
 
 def recipe_streams(trainee: Trainee) -> dict[str, RandomSource]:
-    """Every stream a trainee owns by name: the loader's, its ``generators``, those hidden in the dataset."""
-    return {**loader_generators(trainee.source), **dict(trainee.generators or {}), **hidden_streams(trainee)}
+    """Every stream a trainee owns by name: the loader's, its ``generators``, those hidden in the
+    dataset."""
+    return {
+        **loader_generators(trainee.source),
+        **dict(trainee.generators or {}),
+        **hidden_streams(trainee),
+    }

@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 import torch
 
 if TYPE_CHECKING:
-    from torch.distributed.tensor import DTensor  # for annotations only: never imported here (see _dtensor_class)
+    # for annotations only: never imported here (see _dtensor_class)
+    from torch.distributed.tensor import DTensor
 
 from ..errors import RecordingError
 
@@ -89,18 +90,23 @@ def rank_info() -> RankInfo | None:
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
         local_rank = _env_int("LOCAL_RANK")
-        return RankInfo(rank, world, rank if local_rank is None else local_rank, str(dist.get_backend()))
+        return RankInfo(
+            rank, world, rank if local_rank is None else local_rank, str(dist.get_backend())
+        )
     world_size = _env_int("WORLD_SIZE")
     if world_size is not None and world_size > 1:
         raise RecordingError(
-            f"Recorder: this process is rank {os.environ.get('RANK', '?')} of {world_size} (RANK and WORLD_SIZE are set) but "
-            "torch.distributed is not initialised; call torch.distributed.init_process_group() before creating the Recorder"
+            f"Recorder: this process is rank {os.environ.get('RANK', '?')} of {world_size} (RANK "
+            "and WORLD_SIZE are set) but "
+            "torch.distributed is not initialised; call torch.distributed.init_process_group() "
+            "before creating the Recorder"
         )
     return None
 
 
 def _dtensor_class() -> type[DTensor] | None:
-    """``DTensor`` once something imported it (a model that holds DTensors did); never imported here."""
+    """``DTensor`` once something imported it (a model that holds DTensors did); never imported
+    here."""
     module = sys.modules.get("torch.distributed.tensor")
     return getattr(module, "DTensor", None)
 
@@ -112,10 +118,13 @@ def is_dtensor(value: Any) -> TypeGuard[DTensor]:
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """What this rank holds of a tensor: a DTensor's local shard, any other tensor as it is."""
-    return cast("DTensor", tensor.detach()).to_local() if is_dtensor(tensor) else tensor  # torch types detach() as Tensor
+    # torch types detach() as Tensor
+    return cast("DTensor", tensor.detach()).to_local() if is_dtensor(tensor) else tensor
 
 
-def locals_and_placements(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def locals_and_placements(
+    tensors: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """:func:`local` of each tensor, and their :func:`placements`: the tensors as they are, and no
     placements, without a check per tensor where nothing has imported ``DTensor`` (a snapshot of
     every step walks hundreds of tensors)."""
@@ -143,21 +152,34 @@ def _like(shard: torch.Tensor, reference: Any) -> torch.Tensor:
     assert dtensor is not None
     shard = shard.to(device=reference.to_local().device, dtype=reference.dtype)
     return dtensor.from_local(
-        shard, reference.device_mesh, reference.placements, run_check=False, shape=reference.shape, stride=reference.stride()
+        shard,
+        reference.device_mesh,
+        reference.placements,
+        run_check=False,
+        shape=reference.shape,
+        stride=reference.stride(),
     )
 
 
 def distribute_like(state: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:
-    """A state dict of local shards made DTensors wherever ``reference`` (the model's own) holds one."""
+    """A state dict of local shards made DTensors wherever ``reference`` (the model's own) holds
+    one."""
     found = dict(state)
     for name, value in found.items():
-        if isinstance(value, torch.Tensor) and not is_dtensor(value) and is_dtensor(reference.get(name)):
+        if (
+            isinstance(value, torch.Tensor)
+            and not is_dtensor(value)
+            and is_dtensor(reference.get(name))
+        ):
             found[name] = _like(value, reference[name])
     return found
 
 
-def distribute_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """An optimizer state dict of local shards made DTensors for DTensor parameters (non-scalar state only)."""
+def distribute_optimizer_state(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """An optimizer state dict of local shards made DTensors for DTensor parameters (non-scalar
+    state only)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     ids = [i for group in state.get("param_groups", []) for i in group.get("params", [])]
     by_id = dict(zip(ids, params, strict=False))
@@ -168,7 +190,10 @@ def distribute_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Opt
             per_param[key] = values
             continue
         per_param[key] = {
-            k: _like(v, param) if isinstance(v, torch.Tensor) and not is_dtensor(v) and v.dim() > 0 else v for k, v in values.items()
+            k: _like(v, param)
+            if isinstance(v, torch.Tensor) and not is_dtensor(v) and v.dim() > 0
+            else v
+            for k, v in values.items()
         }
     return {**state, "state": per_param}
 
@@ -208,9 +233,9 @@ def _mesh(mesh: Any) -> dict[str, Any]:
 
 
 def placements(tensors: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{"dtensors": {name: {"placements": ["S(0)"], "mesh": "0"}}, "meshes": {"0": {...}}}`` for the
-    DTensors among ``tensors`` (a mesh: device type, shape, dimension names and the global rank at
-    each coordinate); ``{}`` when there are none."""
+    """``{"dtensors": {name: {"placements": ["S(0)"], "mesh": "0"}}, "meshes": {"0": {...}}}`` for
+    the DTensors among ``tensors`` (a mesh: device type, shape, dimension names and the global rank
+    at each coordinate); ``{}`` when there are none."""
     dtensors: dict[str, Any] = {}
     meshes: dict[str, dict[str, Any]] = {}
     seen: dict[int, str] = {}
@@ -220,7 +245,9 @@ def placements(tensors: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         mesh = tensor.device_mesh
         if id(mesh) not in seen:
             described = _mesh(mesh)
-            seen[id(mesh)] = next((k for k, m in meshes.items() if m == described), str(len(meshes)))
+            seen[id(mesh)] = next(
+                (k for k, m in meshes.items() if m == described), str(len(meshes))
+            )
             meshes[seen[id(mesh)]] = described
         dtensors[name] = {"placements": [str(p) for p in tensor.placements], "mesh": seen[id(mesh)]}
     return {"dtensors": dtensors, "meshes": meshes} if dtensors else {}
@@ -232,18 +259,27 @@ def model_placements(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
 
 
 def _rank_local_buffers(model: torch.nn.Module, wrapper: Any) -> list[str]:
-    if wrapper is not None and not getattr(wrapper, "forward_sync_buffers", getattr(wrapper, "broadcast_buffers", True)):
+    if wrapper is not None and not getattr(
+        wrapper, "forward_sync_buffers", getattr(wrapper, "broadcast_buffers", True)
+    ):
         return [name for name, _ in model.named_buffers()]
     found = []
     for prefix, module in model.named_modules():
-        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(module, torch.nn.SyncBatchNorm):
-            names = [name for name in ("running_mean", "running_var") if getattr(module, name) is not None]
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(
+            module, torch.nn.SyncBatchNorm
+        ):
+            names = [
+                name
+                for name in ("running_mean", "running_var")
+                if getattr(module, name) is not None
+            ]
             found += [f"{prefix}.{name}" if prefix else name for name in names]
     return found
 
 
 def describe(model: torch.nn.Module, info: RankInfo) -> dict[str, Any]:
-    """``run.json``'s ``distributed``: world size, backend, layout, mesh, what is replicated, the launcher."""
+    """``run.json``'s ``distributed``: world size, backend, layout, mesh, what is replicated, the
+    launcher."""
     kind, wrapper = _wrapped(model)
     placements = model_placements(model)
     meshes = list(placements.get("meshes", {}).values())
@@ -260,7 +296,9 @@ def describe(model: torch.nn.Module, info: RankInfo) -> dict[str, Any]:
         "launcher": {
             "torchrun": "TORCHELASTIC_RUN_ID" in os.environ,
             "nproc_per_node": local_world,
-            "nnodes": nodes if nodes is not None else (info.world_size // local_world if local_world else None),
+            "nnodes": nodes
+            if nodes is not None
+            else (info.world_size // local_world if local_world else None),
             "run_id": uuid.uuid4().hex,
         },
     }
@@ -278,8 +316,13 @@ def _replica_group(model: torch.nn.Module) -> list[int] | None:
 
 
 def rank_identity(model: torch.nn.Module, info: RankInfo) -> dict[str, Any]:
-    """``rank{r}/rank.json`` (less the environment, which the recorder adds): who this rank is and where it ran."""
-    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+    """``rank{r}/rank.json`` (less the environment, which the recorder adds): who this rank is and
+    where it ran."""
+    device = (
+        f"cuda:{torch.cuda.current_device()}"
+        if torch.cuda.is_available() and torch.cuda.is_initialized()
+        else "cpu"
+    )
     return {
         "rank": info.rank,
         "world_size": info.world_size,

@@ -1,4 +1,5 @@
-"""The small Python state a training step reads outside the trainee: counters in module globals and closures.
+"""The small Python state a training step reads outside the trainee: counters in module globals and
+closures.
 
 Real loops keep counters of their own: a module global (``iter_num += 1``), a dict in a closure
 (``count["n"] += 1``), a flag a helper sets. A step that decides something by such a counter (a
@@ -48,7 +49,8 @@ _SCALARS = (bool, int, float)
 
 @dataclass(frozen=True)
 class Scope:
-    """Where a loop's counters live: its module's globals, and functions it holds (whose closures count)."""
+    """Where a loop's counters live: its module's globals, and functions it holds (whose closures
+    count)."""
 
     namespace: dict[str, Any] | None = None
     functions: tuple[types.FunctionType, ...] = ()
@@ -59,11 +61,18 @@ def caller_scope() -> Scope:
     Recorder (a script's ``main``, a library's trainer): its module's globals, and the functions
     among its local variables (a helper made by a factory, whose closure keeps a counter)."""
     frame: types.FrameType | None = sys._getframe(1)
-    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] == __name__.split(".")[0]:
+    while (
+        frame is not None
+        and str(frame.f_globals.get("__name__", "")).split(".")[0] == __name__.split(".")[0]
+    ):
         frame = frame.f_back
     if frame is None:
         return Scope()
-    local = () if frame.f_locals is frame.f_globals else tuple(v for v in frame.f_locals.values() if isinstance(v, types.FunctionType))
+    local = (
+        ()
+        if frame.f_locals is frame.f_globals
+        else tuple(v for v in frame.f_locals.values() if isinstance(v, types.FunctionType))
+    )
     return Scope(frame.f_globals, local)
 
 
@@ -109,7 +118,11 @@ class PythonState:
         """The functions whose closures count: those held, and those the module defines."""
         namespace = self._namespace or {}
         module = namespace.get("__name__")
-        defined = (v for v in namespace.values() if isinstance(v, types.FunctionType) and v.__module__ == module)
+        defined = (
+            v
+            for v in namespace.values()
+            if isinstance(v, types.FunctionType) and v.__module__ == module
+        )
         found: dict[str, types.FunctionType] = {}
         for function in (*self._held, *defined):
             if function.__closure__:
@@ -119,7 +132,9 @@ class PythonState:
     def _cells(self) -> dict[str, types.CellType]:
         cells: dict[str, types.CellType] = {}
         for qualname, function in self._functions().items():
-            for variable, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=False):
+            for variable, cell in zip(
+                function.__code__.co_freevars, function.__closure__ or (), strict=False
+            ):
                 try:
                     contents = cell.cell_contents
                 except ValueError:  # an empty cell: bound later
@@ -130,17 +145,24 @@ class PythonState:
 
     def _globals(self) -> dict[str, Any]:
         namespace = self._namespace or {}
-        return {name: value for name, value in namespace.items() if not name.startswith("__") and is_small(value)}
+        return {
+            name: value
+            for name, value in namespace.items()
+            if not name.startswith("__") and is_small(value)
+        }
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
         """Copies of every counter found now: ``{"globals": {...}, "cells": {...}}``."""
         return {
             "globals": copy.deepcopy(self._globals()),
-            "cells": {name: copy.deepcopy(cell.cell_contents) for name, cell in self._cells().items()},
+            "cells": {
+                name: copy.deepcopy(cell.cell_contents) for name, cell in self._cells().items()
+            },
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
-        """Put saved counters back (only names found here, of the same type: see the module docstring)."""
+        """Put saved counters back (only names found here, of the same type: see the module
+        docstring)."""
         if not isinstance(state, Mapping):
             return
         namespace, saved_globals = self._namespace, state.get("globals")

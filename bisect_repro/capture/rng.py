@@ -15,11 +15,12 @@ Design decisions:
 - CUDA streams are captured only when CUDA is already initialised, so recording never creates a
   CUDA context in a CPU-only recipe; in a distributed run, only the rank's current device's.
 - A stream's name says what it is (:func:`stream_role`): the global streams and ``cuda:<i>`` are
-  named here, a loader's and its samplers' generators by :func:`~bisect_repro.capture.data.loader_generators`
-  (``loader.generator``, ``sampler.generator``, ``batch_sampler.generator``), the streams found
-  inside a loader by attribute path by :func:`~bisect_repro.capture.hidden.find_streams`
-  (``loader.dataset.rng``, ``loader.sampler.generator``; a framework's second loader adds ``#1``),
-  and the recipe's own by the names it gives them.
+  named here, a loader's and its samplers' generators by
+  :func:`~bisect_repro.capture.data.loader_generators` (``loader.generator``, ``sampler.generator``,
+  ``batch_sampler.generator``), the streams found inside a loader by attribute path by
+  :func:`~bisect_repro.capture.hidden.find_streams` (``loader.dataset.rng``,
+  ``loader.sampler.generator``; a framework's second loader adds ``#1``), and the recipe's own by
+  the names it gives them.
 """
 
 from __future__ import annotations
@@ -38,7 +39,16 @@ import torch
 from ..errors import BisectReproError
 from ..trainee import RandomSource
 
-__all__ = ["GLOBAL_STREAMS", "RandomSource", "RandomStreams", "StreamRole", "draw_once", "loader_draws_from", "stream_role", "tree_digest"]
+__all__ = [
+    "GLOBAL_STREAMS",
+    "RandomSource",
+    "RandomStreams",
+    "StreamRole",
+    "draw_once",
+    "loader_draws_from",
+    "stream_role",
+    "tree_digest",
+]
 
 
 GLOBAL_STREAMS = ("python", "numpy", "torch")
@@ -48,7 +58,8 @@ class StreamRole(str, Enum):
     """What a random stream is to a training process, told by its name (:func:`stream_role`)."""
 
     GLOBAL = "global"
-    """One of :data:`GLOBAL_STREAMS`: Python's ``random``, NumPy's global ``RandomState``, torch's CPU generator."""
+    """One of :data:`GLOBAL_STREAMS`: Python's ``random``, NumPy's global ``RandomState``, torch's
+    CPU generator."""
     CUDA = "cuda"
     """A CUDA device's generator: ``cuda:0``."""
     LOADER = "loader"
@@ -57,7 +68,8 @@ class StreamRole(str, Enum):
     """A sampler's generator (``sampler.generator``, ``batch_sampler.generator``), or a stream found
     inside a sampler (``loader.sampler.generator``, ``loader.batch_sampler.sampler.rng``)."""
     DATASET = "dataset"
-    """A stream found inside the dataset, such as an augmentation's: ``loader.dataset.transforms[0].rng``."""
+    """A stream found inside the dataset, such as an augmentation's:
+    ``loader.dataset.transforms[0].rng``."""
     RECIPE = "recipe"
     """One of the recipe's own ``generators``, under the name the recipe gave it."""
 
@@ -72,7 +84,8 @@ def _inside(name: str, root: str) -> bool:
 
 
 def stream_role(name: str) -> StreamRole:
-    """The role of the stream named ``name``, by how the names are made (see the module docstring)."""
+    """The role of the stream named ``name``, by how the names are made (see the module
+    docstring)."""
     base = _LOADER_COPY.sub("", name)
     if name in GLOBAL_STREAMS:
         return StreamRole.GLOBAL
@@ -80,7 +93,11 @@ def stream_role(name: str) -> StreamRole:
         return StreamRole.CUDA
     if base == "loader.generator":
         return StreamRole.LOADER
-    if base in _SAMPLER_GENERATORS or _inside(base, "loader.sampler") or _inside(base, "loader.batch_sampler"):
+    if (
+        base in _SAMPLER_GENERATORS
+        or _inside(base, "loader.sampler")
+        or _inside(base, "loader.batch_sampler")
+    ):
         return StreamRole.SAMPLER
     if _inside(base, "loader.dataset"):
         return StreamRole.DATASET
@@ -95,7 +112,11 @@ def loader_draws_from(name: str) -> bool:
 
 def _capture(source: RandomSource) -> dict[str, Any]:
     if isinstance(source, torch.Generator):
-        return {"kind": "torch.Generator", "device": str(source.device), "state": source.get_state()}
+        return {
+            "kind": "torch.Generator",
+            "device": str(source.device),
+            "state": source.get_state(),
+        }
     if isinstance(source, np.random.Generator):
         return {"kind": "numpy.Generator", "state": _numpy_bitgen_state(source.bit_generator.state)}
     if isinstance(source, np.random.RandomState):
@@ -121,8 +142,14 @@ def _restore(source: RandomSource, state: Mapping[str, Any]) -> None:
 
 def _python(state: tuple[Any, ...], kind: str = "python") -> dict[str, Any]:
     version, internal, gauss_next = state
-    words = np.fromiter(internal, dtype=np.int64, count=len(internal))  # 3x faster than torch.tensor(tuple)
-    return {"kind": kind, "version": version, "state": torch.from_numpy(words), "gauss_next": gauss_next}
+    # 3x faster than torch.tensor(tuple)
+    words = np.fromiter(internal, dtype=np.int64, count=len(internal))
+    return {
+        "kind": kind,
+        "version": version,
+        "state": torch.from_numpy(words),
+        "gauss_next": gauss_next,
+    }
 
 
 def _python_tuple(state: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -130,11 +157,14 @@ def _python_tuple(state: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def _numpy_legacy(state: dict[str, Any] | tuple[Any, ...], kind: str = "numpy") -> dict[str, Any]:
-    if isinstance(state, dict):  # get_state(legacy=True) of a RandomState over another bit generator than MT19937
+    # get_state(legacy=True) of a RandomState over another bit generator than MT19937
+    if isinstance(state, dict):
         generator = state.get("bit_generator")
         raise BisectReproError(
-            f"{kind}: a RandomState drawing from {generator}, not MT19937, cannot be captured (bisect-repro saves a "
-            f"RandomState's MT19937 state); draw from numpy.random.Generator({generator}()) instead, or keep MT19937"
+            f"{kind}: a RandomState drawing from {generator}, not MT19937, cannot be captured "
+            "(bisect-repro saves a "
+            f"RandomState's MT19937 state); draw from numpy.random.Generator({generator}()) "
+            "instead, or keep MT19937"
         )
     name, key, pos, has_gauss, cached = state
     return {
@@ -174,12 +204,14 @@ def _cuda_devices() -> list[int]:
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return []
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return [torch.cuda.current_device()]  # a rank's own device: another rank's would get a context here
+        # a rank's own device: another rank's would get a context here
+        return [torch.cuda.current_device()]
     return list(range(torch.cuda.device_count()))
 
 
 def tree_digest(state: Mapping[str, Any]) -> str:
-    """A short digest of a state tree (a stream's state, a ``state_dict``), for telling whether two are equal."""
+    """A short digest of a state tree (a stream's state, a ``state_dict``), for telling whether two
+    are equal."""
 
     digest = hashlib.blake2b(digest_size=8)
 
@@ -234,7 +266,9 @@ class RandomStreams:
             states[name] = _capture(source)
         return states
 
-    def load_state_dict(self, state: Mapping[str, Mapping[str, Any]], only: Iterable[str] | None = None) -> None:
+    def load_state_dict(
+        self, state: Mapping[str, Mapping[str, Any]], only: Iterable[str] | None = None
+    ) -> None:
         wanted = set(state) if only is None else set(only) & set(state)
         for name in wanted:
             value = state[name]
@@ -246,14 +280,17 @@ class RandomStreams:
                 torch.set_rng_state(value["state"])
             elif name.startswith("cuda:"):
                 index = int(name.split(":", 1)[1])
-                if index in _cuda_devices() or (torch.cuda.is_available() and index < torch.cuda.device_count()):
+                if index in _cuda_devices() or (
+                    torch.cuda.is_available() and index < torch.cuda.device_count()
+                ):
                     torch.cuda.set_rng_state(value["state"], index)
             elif name in self._extra:
                 _restore(self._extra[name], value)
 
 
 def draw_once(name: str, sources: Mapping[str, RandomSource]) -> None:
-    """Advance the stream ``name`` by one draw: a global stream in this process, or one of ``sources``."""
+    """Advance the stream ``name`` by one draw: a global stream in this process, or one of
+    ``sources``."""
     if name == "python":
         random.random()
     elif name == "numpy":

@@ -6,9 +6,9 @@ created (autograd runs nodes, not modules, so the module has to be written onto 
 both (the optimizer, the step function) the phase is ``step`` and there is no module.
 
 Two ``TorchDispatchMode`` s use it, both for ``doctor``: :class:`ScopedOps`, an
-:class:`~bisect_repro.capture.trace.OpTracer` that attributes backward ops too and can leave one pass
-untraced; and :class:`DeterminismAlerts`, which catches each op that has no deterministic kernel
-under ``torch.use_deterministic_algorithms(True)``, notes it and runs it anyway.
+:class:`~bisect_repro.capture.trace.OpTracer` that attributes backward ops too and can leave one
+pass untraced; and :class:`DeterminismAlerts`, which catches each op that has no deterministic
+kernel under ``torch.use_deterministic_algorithms(True)``, notes it and runs it anyway.
 
 Where guarantees stop: the backward side reads ``torch._C._current_autograd_node``, a private
 function (where it is missing, backward ops read as phase ``step`` with no module); a node that
@@ -95,7 +95,12 @@ def _tag_graph(outputs: Any, inputs: Any, name: str) -> None:
     pending: list[Node | None] = [t.grad_fn for t in _tensors(outputs) if t.grad_fn is not None]
     while pending:
         node = pending.pop()
-        if node is None or id(node) in seen or id(node) in stop or type(node).__name__ == "AccumulateGrad":
+        if (
+            node is None
+            or id(node) in seen
+            or id(node) in stop
+            or type(node).__name__ == "AccumulateGrad"
+        ):
             continue
         seen[id(node)] = node
         node.metadata.setdefault(_TAG, name)  # type: ignore[attr-defined]  # torch declares metadata a method; it is a dict property
@@ -111,7 +116,13 @@ class ScopedOps(OpTracer):
         self.scope = ModuleScope(model)
         self.skip = skip
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         if self.skip is not None and self.scope.where()[0] == self.skip:
             return func(*args, **(kwargs or {}))
         return super().__torch_dispatch__(func, types, args, kwargs)
@@ -140,11 +151,18 @@ class DeterminismAlerts(TorchDispatchMode):
         with self.scope, self:
             yield self
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         try:
             return func(*args, **kwargs)
-        except RuntimeError as error:  # refused by the deterministic switch, or failed for another reason
+        # refused by the deterministic switch, or failed for another reason
+        except RuntimeError as error:
             if not torch.are_deterministic_algorithms_enabled():
                 raise
             torch.use_deterministic_algorithms(False)
@@ -155,5 +173,12 @@ class DeterminismAlerts(TorchDispatchMode):
             finally:
                 torch.use_deterministic_algorithms(True)
             phase, layer = self.scope.where()  # runs only without the switch: the switch refused it
-            self.alerts.append({"op": str(func), "layer": layer, "phase": phase, "message": str(error).split("\n")[0]})
+            self.alerts.append(
+                {
+                    "op": str(func),
+                    "layer": layer,
+                    "phase": phase,
+                    "message": str(error).split("\n")[0],
+                }
+            )
             return result

@@ -1,10 +1,12 @@
-"""Who seeds a random stream, from where, and whether from entropy: a watch on the seeding functions.
+"""Who seeds a random stream, from where, and whether from entropy: a watch on the seeding
+functions.
 
 :class:`SeedingWatch` wraps, while it is installed, the functions that (re)seed a stream:
 ``torch.seed``/``torch.manual_seed`` (and ``torch.random``'s and ``torch.cuda``'s), ``random.seed``
 (the module's and ``random.Random.seed``), ``numpy.random.seed`` and ``numpy.random.default_rng``.
 Each call is noted with the stream it seeds, whether its seed came from entropy (no seed given:
-the OS or the clock decides), and the call site: the first frame outside torch, NumPy, ``random`` and bisect-repro, as ``file:line``.
+the OS or the clock decides), and the call site: the first frame outside torch, NumPy, ``random``
+and bisect-repro, as ``file:line``.
 
 ``fixed=N`` turns every call that would seed from entropy into one seeded with ``N``: the
 experiment that proves a reseed is what makes a step differ from itself (with it fixed, the step
@@ -50,8 +52,12 @@ _SKIPPED = (
     os.path.abspath(random.__file__),
 )
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
-_COMPILER = tuple(os.path.join(os.path.dirname(torch.__file__ or ""), part) + os.sep for part in ("_dynamo", "_inductor"))
-"""torch's compiler, which makes private ``random.Random()`` instances while it traces: never a training stream."""
+_COMPILER = tuple(
+    os.path.join(os.path.dirname(torch.__file__ or ""), part) + os.sep
+    for part in ("_dynamo", "_inductor")
+)
+"""torch's compiler, which makes private ``random.Random()`` instances while it traces: never a
+training stream."""
 
 
 def _in_stdlib(name: str) -> bool:
@@ -63,14 +69,15 @@ class SeedingCall:
     """One call that seeded a stream."""
 
     stream: str
-    """The stream it seeds: ``torch``, ``cuda``, ``python``, ``numpy``, or ``new numpy Generator`` / ``new RandomState``."""
+    """The stream it seeds: ``torch``, ``cuda``, ``python``, ``numpy``, or ``new numpy Generator`` /
+    ``new RandomState``."""
     call: str
     """The call as written: ``torch.seed()``, ``random.seed(3)``, ``np.random.default_rng()``."""
     entropy: bool
     """No seed was given: the OS or the clock chose it."""
     where: str | None
-    """``file:line`` of the caller, the first frame outside torch, NumPy, ``random`` and bisect-repro;
-    ``None`` when no frame is, as for code given to ``python -c``."""
+    """``file:line`` of the caller, the first frame outside torch, NumPy, ``random`` and
+    bisect-repro; ``None`` when no frame is, as for code given to ``python -c``."""
     value: Any = None
     """What a call from entropy produced (see :mod:`bisect_repro.capture.entropy`); only a step
     log holds it (:meth:`to_record`)."""
@@ -94,8 +101,9 @@ class SeedingCall:
 
     @classmethod
     def from_json(cls, found: Mapping[str, Any]) -> SeedingCall:
-        """A call as :meth:`to_json` wrote it, in a step log (``seeded``) or a verdict (``reseeded``);
-        a field that is missing or not text reads as unknown (``""``, or ``None`` for ``where``)."""
+        """A call as :meth:`to_json` wrote it, in a step log (``seeded``) or a verdict
+        (``reseeded``); a field that is missing or not text reads as unknown (``""``, or ``None``
+        for ``where``)."""
 
         def text(key: str) -> str:
             value = found.get(key)
@@ -113,7 +121,8 @@ class SeedingCall:
     def describe(self, mark: Callable[[str], str] = str) -> str:
         """``torch.seed() at train.py:9``, or ``torch.seed()`` alone where the call site is unknown.
 
-        ``mark`` wraps the call and the call site each (a report's ``<code>``, with its escaping)."""
+        ``mark`` wraps the call and the call site each (a report's ``<code>``, with its
+        escaping)."""
         return f"{mark(self.call)} at {mark(self.where)}" if self.where else mark(self.call)
 
     def __str__(self) -> str:
@@ -132,16 +141,18 @@ def _call_site() -> str | None:
 
 
 def _a_librarys_own() -> bool:
-    """Whether the seeding call (past ``random.Random.__init__``) comes from torch's compiler, or from
-    an installed library's module-level code as it is imported: a private generator made once per
-    process (a compile that imports setuptools makes one), never a training stream."""
+    """Whether the seeding call (past ``random.Random.__init__``) comes from torch's compiler, or
+    from an installed library's module-level code as it is imported: a private generator made once
+    per process (a compile that imports setuptools makes one), never a training stream."""
     frame: FrameType | None = sys._getframe(2)
     while frame is not None and os.path.abspath(frame.f_code.co_filename) == _SKIPPED[-1]:
         frame = frame.f_back
     if frame is None:
         return False
     name = os.path.abspath(frame.f_code.co_filename)
-    return name.startswith(_COMPILER) or (frame.f_code.co_name == "<module>" and "-packages" + os.sep in name)
+    return name.startswith(_COMPILER) or (
+        frame.f_code.co_name == "<module>" and "-packages" + os.sep in name
+    )
 
 
 def _shown(value: Any) -> str:
@@ -157,7 +168,9 @@ class SeedingWatch:
     them applies.
     """
 
-    def __init__(self, fixed: int | None = None, *, on_call: Callable[[SeedingCall], None] | None = None) -> None:
+    def __init__(
+        self, fixed: int | None = None, *, on_call: Callable[[SeedingCall], None] | None = None
+    ) -> None:
         self.fixed = fixed
         self.feed: EntropyFeed | None = None
         self.calls: list[SeedingCall] = []
@@ -197,16 +210,26 @@ _watches: list[SeedingWatch] = []
 _undo: list[Callable[[], None]] = []
 
 
-def _wrap(owner: Any, name: str, stream: str, label: str, seed_of: Callable[..., Any], seeded: Callable[..., Any]) -> None:
+def _wrap(
+    owner: Any,
+    name: str,
+    stream: str,
+    label: str,
+    seed_of: Callable[..., Any],
+    seeded: Callable[..., Any],
+) -> None:
     original = getattr(owner, name)
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         where = _call_site()
-        if (where is not None and _in_stdlib(where)) or _a_librarys_own():  # a library's private Random()
+        # a library's private Random()
+        if (where is not None and _in_stdlib(where)) or _a_librarys_own():
             return original(*args, **kwargs)
         seed = seed_of(*args, **kwargs)
-        call = SeedingCall(stream, f"{label}({'' if seed is None else _shown(seed)})", seed is None, where)
+        call = SeedingCall(
+            stream, f"{label}({'' if seed is None else _shown(seed)})", seed is None, where
+        )
         if seed is not None:
             _seen(call)
             return original(*args, **kwargs)
@@ -222,7 +245,12 @@ def _seen(call: SeedingCall) -> None:
 
 
 def _from_entropy(
-    call: SeedingCall, label: str, original: Callable[..., Any], seeded: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    call: SeedingCall,
+    label: str,
+    original: Callable[..., Any],
+    seeded: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
     """A call with no seed: fixed, kept, given its recorded value, or drawn (its value noted)."""
     fixed = next((w.fixed for w in reversed(_watches) if w.fixed is not None), None)
@@ -233,7 +261,8 @@ def _from_entropy(
     if feed is not None:
         value, how = feed.take(call.call, call.where)
         call = dataclasses.replace(call, replayed=how)
-        if how == "kept" and label != "np.random.default_rng":  # a new generator is made from entropy all the same
+        # a new generator is made from entropy all the same
+        if how == "kept" and label != "np.random.default_rng":
             _seen(call)
             return torch.initial_seed() if label == "torch.seed" else None
         if value is not None:
@@ -255,7 +284,8 @@ def _patch_all() -> None:
         return None
 
     def torch_fixed(original: Any, fixed: int, *args: Any, **kwargs: Any) -> Any:
-        torch.random.manual_seed(fixed)  # not the watched name: the fixed seed is not a call of the code's
+        # not the watched name: the fixed seed is not a call of the code's
+        torch.random.manual_seed(fixed)
         return fixed
 
     def cuda_fixed(original: Any, fixed: int, *args: Any, **kwargs: Any) -> Any:
@@ -273,6 +303,10 @@ def _patch_all() -> None:
     _wrap(torch.cuda, "seed", "cuda", "torch.cuda.seed", entropy_only, cuda_fixed)
     _wrap(torch.cuda, "seed_all", "cuda", "torch.cuda.seed_all", entropy_only, cuda_fixed)
     _wrap(random, "seed", "python", "random.seed", first, with_seed)
-    _wrap(random.Random, "seed", "random.Random", "random.Random.seed", method_first, method_with_seed)
+    _wrap(
+        random.Random, "seed", "random.Random", "random.Random.seed", method_first, method_with_seed
+    )
     _wrap(np.random, "seed", "numpy", "np.random.seed", first, with_seed)
-    _wrap(np.random, "default_rng", "new numpy Generator", "np.random.default_rng", first, with_seed)
+    _wrap(
+        np.random, "default_rng", "new numpy Generator", "np.random.default_rng", first, with_seed
+    )

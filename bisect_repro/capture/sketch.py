@@ -104,7 +104,10 @@ def signs(indices: torch.Tensor) -> torch.Tensor:
 def sketch_flat(values: torch.Tensor, offset: int = 0) -> torch.Tensor:
     """The sketch (float64[WIDTH], on the values' device) of a tensor whose element i (flat,
     row-major) has the global index ``offset + i``, by torch ops."""
-    return sketch_indexed(values, torch.arange(offset, offset + values.numel(), device=values.device, dtype=torch.int64))
+    return sketch_indexed(
+        values,
+        torch.arange(offset, offset + values.numel(), device=values.device, dtype=torch.int64),
+    )
 
 
 def sketch_indexed(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -113,8 +116,11 @@ def sketch_indexed(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return values.new_zeros(WIDTH).index_add_(0, indices % WIDTH, values * signs(indices))
 
 
-def _global_indices(shape: list[int], local_shape: list[int], offsets: list[int], device: torch.device) -> torch.Tensor:
-    """The global flat index of every element of a local block (row-major) of a tensor of ``shape``."""
+def _global_indices(
+    shape: list[int], local_shape: list[int], offsets: list[int], device: torch.device
+) -> torch.Tensor:
+    """The global flat index of every element of a local block (row-major) of a tensor of
+    ``shape``."""
     index = torch.zeros((), dtype=torch.int64, device=device)
     stride = 1
     for size, local, start in reversed(list(zip(shape, local_shape, offsets, strict=True))):
@@ -135,7 +141,9 @@ def _local_block(tensor: torch.Tensor) -> tuple[torch.Tensor, int | None, torch.
     local = to_local()
     shape = list(tensor.shape)
     mesh, placed = tensor.device_mesh, tensor.placements  # type: ignore[attr-defined]
-    local_shape, offsets = (list(v) for v in compute_local_shape_and_global_offset(tensor.shape, mesh, placed))
+    local_shape, offsets = (
+        list(v) for v in compute_local_shape_and_global_offset(tensor.shape, mesh, placed)
+    )
     if local_shape[1:] == shape[1:] and all(o == 0 for o in offsets[1:]):
         return local, offsets[0] * math.prod(shape[1:]), None
     return local, None, _global_indices(shape, local_shape, offsets, local.device)
@@ -145,7 +153,11 @@ def _local_block(tensor: torch.Tensor) -> tuple[torch.Tensor, int | None, torch.
 def _kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     """``br_sketch_f32`` of the C kernel, or ``None`` (not built, or built before it had one)."""
     kernel = _hash_cpu.load()
-    function = getattr(ctypes.CDLL(str(kernel.path)), "br_sketch_f32", None) if kernel is not None else None
+    function = (
+        getattr(ctypes.CDLL(str(kernel.path)), "br_sketch_f32", None)
+        if kernel is not None
+        else None
+    )
     if function is not None:
         function.restype = ctypes.c_int
         pointer, count = ctypes.c_void_p, ctypes.c_uint64
@@ -154,12 +166,24 @@ def _kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
 
 
 def _native(items: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
-    """Sketches (float64[len(items), WIDTH]) of dense float32 CPU tensors at global offsets, by the C kernel."""
+    """Sketches (float64[len(items), WIDTH]) of dense float32 CPU tensors at global offsets, by the
+    C kernel."""
     out = torch.zeros((len(items), WIDTH), dtype=torch.float64)
-    pointers, sizes, offsets = (array.array("Q", v) for v in zip(*[(t.data_ptr(), t.numel(), o) for t, o in items], strict=True))
+    pointers, sizes, offsets = (
+        array.array("Q", v)
+        for v in zip(*[(t.data_ptr(), t.numel(), o) for t, o in items], strict=True)
+    )
     kernel = _kernel()
     assert kernel is not None
-    status = kernel(len(items), pointers.buffer_info()[0], sizes.buffer_info()[0], offsets.buffer_info()[0], WIDTH, SEED, out.data_ptr())
+    status = kernel(
+        len(items),
+        pointers.buffer_info()[0],
+        sizes.buffer_info()[0],
+        offsets.buffer_info()[0],
+        WIDTH,
+        SEED,
+        out.data_ptr(),
+    )
     if status != 0:
         raise AssertionError(f"the sketch kernel returned {status}")
     return out
@@ -189,12 +213,16 @@ class PendingSketches:
         (by the C kernel, on the calling thread: the recorder's writer)."""
         self.transfer()
         if self.later:
-            self.host[[row for row, _, _ in self.later]] = _native([(t, o) for _, t, o in self.later])
+            self.host[[row for row, _, _ in self.later]] = _native(
+                [(t, o) for _, t, o in self.later]
+            )
             self.later.clear()
         return self.host
 
 
-def fusable(tensors: Mapping[str, torch.Tensor], hashed: Mapping[str, torch.Tensor]) -> dict[str, int]:
+def fusable(
+    tensors: Mapping[str, torch.Tensor], hashed: Mapping[str, torch.Tensor]
+) -> dict[str, int]:
     """The tensors among ``tensors`` that the hash's C kernel can sketch in its pass over ``hashed``
     (:meth:`~bisect_repro.capture.hashing.PendingHashes.add`): plain float32 CPU tensors, dense and
     contiguous, hashed as they are (the same tensor under the same name); each at global index 0."""
@@ -210,7 +238,9 @@ def fusable(tensors: Mapping[str, torch.Tensor], hashed: Mapping[str, torch.Tens
 
 
 def queue_sketches(
-    tensors: Mapping[str, torch.Tensor], computed: Mapping[str, np.ndarray] | None = None, private: bool = False
+    tensors: Mapping[str, torch.Tensor],
+    computed: Mapping[str, np.ndarray] | None = None,
+    private: bool = False,
 ) -> PendingSketches:
     """The sketches of the floating-point tensors among ``tensors``, each computed where the tensor
     lives (a DTensor's from its local shard at its global indices), fetched later; ``computed``:
@@ -230,24 +260,43 @@ def queue_sketches(
             done.append((row, computed[name]))
             continue
         local, offset, indices = _local_block(tensor.detach())
-        plain = local.dtype == torch.float32 and local.is_cpu and local.is_contiguous() and type(local) in _PLAIN
+        plain = (
+            local.dtype == torch.float32
+            and local.is_cpu
+            and local.is_contiguous()
+            and type(local) in _PLAIN
+        )
         if plain and offset is not None and _kernel() is not None:
             native.append((row, local, offset))
         else:
-            others.append((row, sketch_indexed(local, indices) if indices is not None else sketch_flat(local, offset or 0)))
+            others.append(
+                (
+                    row,
+                    sketch_indexed(local, indices)
+                    if indices is not None
+                    else sketch_flat(local, offset or 0),
+                )
+            )
     host = torch.zeros((len(names), WIDTH), dtype=torch.float64)
     if done:
-        host[[row for row, _ in done]] = torch.as_tensor(np.stack([values for _, values in done]), dtype=torch.float64)
+        host[[row for row, _ in done]] = torch.as_tensor(
+            np.stack([values for _, values in done]), dtype=torch.float64
+        )
     if native and not private:
         host[[row for row, _, _ in native]] = _native([(t, o) for _, t, o in native])
     by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for row, values in others:
         by_device.setdefault(values.device, []).append((row, values))
-    queued = [([row for row, _ in items], torch.stack([values for _, values in items])) for items in by_device.values()]
+    queued = [
+        ([row for row, _ in items], torch.stack([values for _, values in items]))
+        for items in by_device.values()
+    ]
     return PendingSketches(names, host, queued, native if private else [])
 
 
-def sketch_tensors(tensors: Mapping[str, torch.Tensor], computed: Mapping[str, np.ndarray] | None = None) -> tuple[list[str], torch.Tensor]:
+def sketch_tensors(
+    tensors: Mapping[str, torch.Tensor], computed: Mapping[str, np.ndarray] | None = None
+) -> tuple[list[str], torch.Tensor]:
     """The names of the floating-point tensors among ``tensors`` and their sketches
     (float64[n, WIDTH] on the CPU): :func:`queue_sketches`, fetched at once."""
     pending = queue_sketches(tensors, computed)

@@ -9,8 +9,9 @@ Two views of the same state:
   :meth:`TrainingState.extra_digests` gives the digests of the ``state`` objects for snapshots.
 
 The random streams are the global ones, the loader's generators, the trainee's ``generators`` and
-the generators held inside the dataset and samplers (:func:`~bisect_repro.capture.hidden.recipe_streams`:
-an augmentation's ``self.rng``), so that a snapshot holds every stream the data draws from.
+the generators held inside the dataset and samplers
+(:func:`~bisect_repro.capture.hidden.recipe_streams`: an augmentation's ``self.rng``), so that a
+snapshot holds every stream the data draws from.
 
 :meth:`TrainingState.load_state_dict` restores in the one order that is exact: tensors, then the
 data position (whose fast-forward draws from the streams), then the streams of the resumed step.
@@ -26,7 +27,15 @@ import torch
 from ..trainee import Trainee, optimizer_prefix
 from .data import DataStream
 from .hidden import recipe_streams
-from .parallel import distribute_like, distribute_optimizer_state, local, localize, locals_and_placements, model_placements, placements
+from .parallel import (
+    distribute_like,
+    distribute_optimizer_state,
+    local,
+    localize,
+    locals_and_placements,
+    model_placements,
+    placements,
+)
 from .pystate import PythonState, Scope
 from .rng import RandomStreams, tree_digest
 
@@ -82,8 +91,11 @@ class TrainingState:
         self.trainee = trainee
         self.streams = RandomStreams(recipe_streams(trainee))
         step = trainee.step
-        if isinstance(step, types.FunctionType) and not str(step.__module__).startswith(__name__.split(".")[0] + "."):
-            scope = Scope(step.__globals__, (step,))  # a recipe's own step function: its module and closure
+        if isinstance(step, types.FunctionType) and not str(step.__module__).startswith(
+            __name__.split(".")[0] + "."
+        ):
+            # a recipe's own step function: its module and closure
+            scope = Scope(step.__globals__, (step,))
         self.python = PythonState(scope or Scope())
         self.data = DataStream(trainee.source, self.streams)
         self._names = parameter_names(trainee.model, *trainee.optimizers)
@@ -105,11 +117,13 @@ class TrainingState:
         return found
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Every parameter, buffer and optimizer-state tensor this rank holds (a DTensor's local shard)."""
+        """Every parameter, buffer and optimizer-state tensor this rank holds (a DTensor's local
+        shard)."""
         return {name: local(tensor) for name, tensor in self._named_tensors().items()}
 
     def parameters(self) -> dict[str, torch.Tensor]:
-        """The model's parameters by name, as the model holds them (a DTensor whole, for its global indices)."""
+        """The model's parameters by name, as the model holds them (a DTensor whole, for its global
+        indices)."""
         return dict(self.trainee.model.named_parameters())
 
     def placements(self) -> dict[str, Any]:
@@ -124,7 +138,10 @@ class TrainingState:
         scheduler = self.trainee.scheduler
         return {
             "model": localize(self.trainee.model.state_dict()),
-            **{prefix: localize(optimizer.state_dict()) for prefix, optimizer in self.trainee.named_optimizers},
+            **{
+                prefix: localize(optimizer.state_dict())
+                for prefix, optimizer in self.trainee.named_optimizers
+            },
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "data": self.data.state_dict(),
             "streams": self.streams.state_dict(),
@@ -152,16 +169,21 @@ class TrainingState:
 
     def extra_digests(self) -> dict[str, str]:
         """A digest of each ``Trainee.state`` object's state, by ``state.<name>``."""
-        return {f"state.{name}": tree_digest(value.state_dict()) for name, value in self.extra.items()}
+        return {
+            f"state.{name}": tree_digest(value.state_dict()) for name, value in self.extra.items()
+        }
 
-    def load_state_dict(self, state: dict[str, Any], *, streams: bool = True, python: bool = True) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], *, streams: bool = True, python: bool = True
+    ) -> None:
         """Restore a checkpoint; ``streams=False`` leaves the random streams as they are,
         ``python=False`` the code's counters. Local shards are made DTensors again where the model
         holds DTensors."""
         model = self.trainee.model
         model.load_state_dict(distribute_like(state["model"], model.state_dict()))
         for prefix, optimizer in self.trainee.named_optimizers:
-            if prefix in state:  # a checkpoint holds every optimizer the trainee had when it was saved
+            # a checkpoint holds every optimizer the trainee had when it was saved
+            if prefix in state:
                 optimizer.load_state_dict(distribute_optimizer_state(state[prefix], optimizer))
         if self.trainee.scheduler is not None and state.get("scheduler") is not None:
             self.trainee.scheduler.load_state_dict(state["scheduler"])

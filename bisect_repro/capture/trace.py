@@ -11,7 +11,8 @@ the order they happen:
   parameter's ``.grad`` once accumulated;
 - optimizer: every parameter and optimizer-state tensor after each ``optimizer.step()``, of every
   optimizer, in the order they step (in a step that
-  calls no optimizer, a loop that updates the weights itself: every parameter as the step leaves it).
+  calls no optimizer, a loop that updates the weights itself: every parameter as the step leaves
+  it).
 
 Two traces of the same code line up entry by entry, so the first entry whose hash differs names
 the phase, the layer and the tensor where two runs part ways.
@@ -78,7 +79,8 @@ class StepTracer:
     keep: set[int] = field(default_factory=set)
     """Entry indices whose tensors are also copied to the host (to measure a difference)."""
     full: bool = True
-    """Trace forward and backward too; ``False`` traces only the batch and the state after the step."""
+    """Trace forward and backward too; ``False`` traces only the batch and the state after the
+    step."""
     entries: list[TraceEntry] = field(default_factory=list)
     kept: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -92,7 +94,8 @@ class StepTracer:
         index = len(self.entries)
         self.entries.append(TraceEntry(phase, layer, name))
         # Hooks fire inside an OpTracer when both run: the hashing itself must stay untraced.
-        tensor = local(tensor)  # a DTensor (FSDP2's parameters and gradients): the shard this rank holds
+        # a DTensor (FSDP2's parameters and gradients): the shard this rank holds
+        tensor = local(tensor)
         with _disable_current_modes():
             self._pending.add({str(index): tensor.detach()})
             if index in self.keep:
@@ -111,7 +114,9 @@ class StepTracer:
                 self._handles.append(module.register_forward_hook(self._forward_hook(name)))
             for name, parameter in self.model.named_parameters():
                 if parameter.requires_grad:
-                    self._handles.append(parameter.register_post_accumulate_grad_hook(self._grad_hook(name)))
+                    self._handles.append(
+                        parameter.register_post_accumulate_grad_hook(self._grad_hook(name))
+                    )
         for prefix, optimizer in self.optimizers:
             self._handles.append(optimizer.register_step_post_hook(self._optimizer_hook(prefix)))
         return self
@@ -120,11 +125,13 @@ class StepTracer:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        if kind is None and not self._stepped:  # no optimizer step: the loop updated the weights itself
+        # no optimizer step: the loop updated the weights itself
+        if kind is None and not self._stepped:
             for parameter in self.model.parameters():
                 name = self.parameter_names.get(id(parameter), "?")
                 self._note("optimizer", _layer_of(name), name, parameter)
-        if kind is None:  # buffers (running statistics) change in the forward pass, outside any hook
+        # buffers (running statistics) change in the forward pass, outside any hook
+        if kind is None:
             for name, buffer in self.model.named_buffers():
                 self._note("optimizer", _layer_of(name), name, buffer)
 
@@ -168,14 +175,19 @@ class StepTracer:
                     self._note("optimizer", _layer_of(name), name, parameter)
                     for key, value in optimizer.state.get(parameter, {}).items():
                         if isinstance(value, torch.Tensor):
-                            self._note("optimizer", _layer_of(name), f"{prefix}.{name}.{key}", value)
+                            self._note(
+                                "optimizer", _layer_of(name), f"{prefix}.{name}.{key}", value
+                            )
 
         return hook
 
     def result(self) -> list[TraceEntry]:
         """The entries with their digests (one host transfer)."""
         digests = list(self._pending.fetch().values())
-        return [TraceEntry(e.phase, e.layer, e.tensor, d) for e, d in zip(self.entries, digests, strict=True)]
+        return [
+            TraceEntry(e.phase, e.layer, e.tensor, d)
+            for e, d in zip(self.entries, digests, strict=True)
+        ]
 
 
 def first_difference(a: list[TraceEntry], b: list[TraceEntry]) -> int | None:
@@ -208,7 +220,16 @@ class OpRecord:
         return self.inputs == other.inputs and self.arguments == other.arguments
 
 
-UNINITIALISED = ("empty", "new_empty", "empty_like", "empty_strided", "empty_permuted", "resize_", "resize_as_", "set_")
+UNINITIALISED = (
+    "empty",
+    "new_empty",
+    "empty_like",
+    "empty_strided",
+    "empty_permuted",
+    "resize_",
+    "resize_as_",
+    "set_",
+)
 
 
 PARTLY_WRITTEN = ("fsdp.all_gather_copy_in.",)
@@ -224,7 +245,11 @@ def uninitialised(op: str) -> bool:
 
 def _dense(values: Any) -> list[torch.Tensor]:
     flat, _ = tree_flatten(values)
-    return [v for v in flat if isinstance(v, torch.Tensor) and v.layout == torch.strided and v.device.type != "meta"]
+    return [
+        v
+        for v in flat
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided and v.device.type != "meta"
+    ]
 
 
 def _wait(output: Any) -> None:
@@ -236,12 +261,22 @@ def _wait(output: Any) -> None:
             value.wait()
 
 
-_OPAQUE = "<opaque>"  # a ScriptObject (a process group, a work handle): its repr is an address in one process
+# a ScriptObject (a process group, a work handle): its repr is an address in one process
+_OPAQUE = "<opaque>"
 
 
 def _arguments(values: Any) -> str:
     flat, _ = tree_flatten(values)
-    return repr([None if isinstance(v, torch.Tensor) else _OPAQUE if isinstance(v, torch.ScriptObject) else v for v in flat])
+    return repr(
+        [
+            None
+            if isinstance(v, torch.Tensor)
+            else _OPAQUE
+            if isinstance(v, torch.ScriptObject)
+            else v
+            for v in flat
+        ]
+    )
 
 
 class OpTracer(TorchDispatchMode):
@@ -250,11 +285,13 @@ class OpTracer(TorchDispatchMode):
     def __init__(self, model: torch.nn.Module | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ is unannotated
         self._pending = PendingHashes()
-        self._ops: list[tuple[str, str | None, str, list[str], list[str], str]] = []  # op, layer, phase, inputs, outputs, arguments
+        # op, layer, phase, inputs, outputs, arguments
+        self._ops: list[tuple[str, str | None, str, list[str], list[str], str]] = []
         self._layers: list[str] = []
         self._model = model
         self._handles: list[Any] = []
-        self._unwritten: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}  # outputs of empty*, not yet written
+        # outputs of empty*, not yet written
+        self._unwritten: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
 
     @contextlib.contextmanager
     def tracing(self) -> Iterator[OpTracer]:
@@ -288,7 +325,11 @@ class OpTracer(TorchDispatchMode):
         keys = []
         for tensor in tensors:
             unwritten = self._unwritten.get(id(tensor))
-            if unwritten is not None and unwritten[0]() is tensor and unwritten[1] == tensor._version:
+            if (
+                unwritten is not None
+                and unwritten[0]() is tensor
+                and unwritten[1] == tensor._version
+            ):
                 keys.append("")  # still uninitialised memory: its bytes mean nothing
                 continue
             key = str(len(self._pending))
@@ -296,7 +337,13 @@ class OpTracer(TorchDispatchMode):
             keys.append(key)
         return keys
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         name = str(func)
         inputs = self._hash(_dense((args, kwargs)))
@@ -309,7 +356,8 @@ class OpTracer(TorchDispatchMode):
                 self._unwritten[id(tensor)] = (weakref.ref(tensor), tensor._version)
         else:
             written = _dense(output)
-            for tensor in written:  # an in-place op returns what it wrote (its version counter moves only later)
+            # an in-place op returns what it wrote (its version counter moves only later)
+            for tensor in written:
                 self._unwritten.pop(id(tensor), None)
             outputs = self._hash(written)
         layer, phase = self._where()
@@ -324,7 +372,14 @@ class OpTracer(TorchDispatchMode):
     def result(self) -> list[OpRecord]:
         digests = {**self._pending.fetch(), "": "uninitialised"}
         return [
-            OpRecord(op, layer, tuple(digests[k] for k in inputs), tuple(digests[k] for k in outputs), arguments, phase)
+            OpRecord(
+                op,
+                layer,
+                tuple(digests[k] for k in inputs),
+                tuple(digests[k] for k in outputs),
+                arguments,
+                phase,
+            )
             for op, layer, phase, inputs, outputs, arguments in self._ops
         ]
 

@@ -41,7 +41,8 @@ settled: int = 0
 
 
 def settle() -> int:
-    """Make this process's first vector-math call now, on every intra-op thread; the elements used."""
+    """Make this process's first vector-math call now, on every intra-op thread; the elements
+    used."""
     global settled
     if settled or not torch.backends.mkl.is_available() or os.environ.get(DEFER_VARIABLE):
         return settled

@@ -6,7 +6,8 @@
   against an envelope measured by experiment.
 - ``doctor/``: one recipe or script audited for every known source of irreproducibility
   (entry: :func:`bisect_repro.diagnose.doctor.doctor.doctor`).
-- ``show/``: what one run directory holds (entry: :func:`bisect_repro.diagnose.show.summary.run_summary`).
+- ``show/``: what one run directory holds (entry:
+  :func:`bisect_repro.diagnose.show.summary.run_summary`).
 
 Shared by them, here: the one table of causes and fixes (``causes``), whether a step repeats from
 the same state (``selfcheck``), how large a tensor's difference is (``difference``) and the

@@ -18,11 +18,14 @@ __all__ = ["ReadBack", "known_fields", "plain_fields"]
 
 
 def plain_fields(obj: object, *names: str) -> dict[str, Any]:
-    """The named attributes of ``obj``, in that order: a JSON form's fields that need no conversion."""
+    """The named attributes of ``obj``, in that order: a JSON form's fields that need no
+    conversion."""
     return {name: getattr(obj, name) for name in names}
 
 
-def known_fields(cls: type, found: Mapping[str, Any], *, but: tuple[str, ...] = ()) -> dict[str, Any]:
+def known_fields(
+    cls: type, found: Mapping[str, Any], *, but: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The items of ``found`` that are fields of the dataclass ``cls`` (less ``but``)."""
     names = {f.name for f in fields(cls)} - set(but)
     return {key: value for key, value in found.items() if key in names}

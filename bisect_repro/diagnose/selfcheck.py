@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture.seeding import SeedingCall
-from ..capture.trace import OpRecord, first_difference, first_divergent_op, same_sequence, uninitialised
+from ..capture.trace import (
+    OpRecord,
+    first_difference,
+    first_divergent_op,
+    same_sequence,
+    uninitialised,
+)
 from ..replay.interface import ReplicaLike
 from ..serve.protocol import StepResult
 from ..serve.requests import Trace
@@ -63,7 +69,9 @@ class OpContext(ReadBack):
     outputs_equal: bool
 
     def to_json(self) -> dict[str, Any]:
-        return plain_fields(self, "index", "op", "layer", "phase", "first", "inputs_equal", "outputs_equal")
+        return plain_fields(
+            self, "index", "op", "layer", "phase", "first", "inputs_equal", "outputs_equal"
+        )
 
 
 @dataclass
@@ -107,8 +115,11 @@ def _same(a: StepResult, b: StepResult, traced: bool) -> bool:
     return first_difference(a.entries, b.entries) is None if traced else a.outcome == b.outcome
 
 
-def check_repeats(replica: ReplicaLike, step: int, base: StepResult | None = None, *, trace: Trace = "full") -> Repeatability:
-    """Re-run ``step`` (kept in ``replica``) against ``base`` (its first run, or a run now) and classify.
+def check_repeats(
+    replica: ReplicaLike, step: int, base: StepResult | None = None, *, trace: Trace = "full"
+) -> Repeatability:
+    """Re-run ``step`` (kept in ``replica``) against ``base`` (its first run, or a run now) and
+    classify.
 
     The re-runs are compared with each other as well as with ``base``: a stream that ends in
     another state in each re-run is reseeded from entropy; re-runs that agree with each other and
@@ -116,30 +127,61 @@ def check_repeats(replica: ReplicaLike, step: int, base: StepResult | None = Non
     trainee, such as a count of its calls).
     """
     traced = trace != "none"
-    fresh = not replica.reruns  # each run in its own process: no run follows another, one re-run suffices
+    # each run in its own process: no run follows another, one re-run suffices
+    fresh = not replica.reruns
     base = base or replica.run(step, trace=trace)
     again = [replica.run(step, trace=trace) for _ in range(1 if fresh else _AGAIN)]
     found = Repeatability(step, trace=base)
     compared = (base, again[0]) if fresh else again
-    found.streams = sorted({n for r in compared[1:] for n, d in r.streams_after.items() if compared[0].streams_after.get(n) != d})
-    found.repeats = not found.streams and all(_same(base, r, traced) and base.streams_after == r.streams_after for r in again)
+    found.streams = sorted(
+        {
+            n
+            for r in compared[1:]
+            for n, d in r.streams_after.items()
+            if compared[0].streams_after.get(n) != d
+        }
+    )
+    found.repeats = not found.streams and all(
+        _same(base, r, traced) and base.streams_after == r.streams_after for r in again
+    )
     if found.repeats:
         return found
     if traced:
-        found.first = next((i for r in again if (i := first_difference(base.entries, r.entries)) is not None), None)
+        found.first = next(
+            (i for r in again if (i := first_difference(base.entries, r.entries)) is not None), None
+        )
     if found.streams:
-        seen = [c for r in (base, *again) for c in r.seeding if c.get("entropy") and seeds_one_of(c, found.streams)]
+        seen = [
+            c
+            for r in (base, *again)
+            for c in r.seeding
+            if c.get("entropy") and seeds_one_of(c, found.streams)
+        ]
         fixed = [replica.run(step, trace=trace, fixed_entropy=_FIXED_ENTROPY) for _ in range(2)]
-        found.reseed_proven = _same(fixed[0], fixed[1], traced) and fixed[0].streams_after == fixed[1].streams_after
-        seen += [c for r in fixed for c in r.seeding if c.get("entropy") and seeds_one_of(c, found.streams)]
-        found.reseeds = list({(c["call"], c.get("where")): SeedingCall.from_json(c) for c in seen}.values())
+        found.reseed_proven = (
+            _same(fixed[0], fixed[1], traced) and fixed[0].streams_after == fixed[1].streams_after
+        )
+        seen += [
+            c
+            for r in fixed
+            for c in r.seeding
+            if c.get("entropy") and seeds_one_of(c, found.streams)
+        ]
+        found.reseeds = list(
+            {(c["call"], c.get("where")): SeedingCall.from_json(c) for c in seen}.values()
+        )
         return found
     third = again[0] if fresh else replica.run(step, trace=trace)
-    if not fresh and all(_same(again[0], r, traced) and again[0].streams_after == r.streams_after for r in (again[1], third)):
-        _locate_op(replica, step, "all", found)  # a kernel that agreed with itself in the re-runs but not always?
+    if not fresh and all(
+        _same(again[0], r, traced) and again[0].streams_after == r.streams_after
+        for r in (again[1], third)
+    ):
+        # a kernel that agreed with itself in the re-runs but not always?
+        _locate_op(replica, step, "all", found)
         if found.op is None and found.hidden is None:
             found.hidden = (
-                f"step {step} run again from the same state computes the same each time, but not what its first run computed: "
+                f"step {step} run again from the same state computes the same each time, but not "
+                "what its first run computed: "
                 "it behaves differently once it has run"
             )
             found.first_run_only = True
@@ -150,7 +192,9 @@ def check_repeats(replica: ReplicaLike, step: int, base: StepResult | None = Non
         found.trace = base
     differing = [r for r in again if first_difference(base.entries, r.entries) is not None]
     if any([e.tensor for e in r.entries] != [e.tensor for e in base.entries] for r in again):
-        found.hidden = f"re-run from the same state, step {step} traced other tensors: it took another branch"
+        found.hidden = (
+            f"re-run from the same state, step {step} traced other tensors: it took another branch"
+        )
         return found
     found.first = first_difference(base.entries, differing[0].entries) if differing else None
     phase = base.entries[found.first].phase if found.first is not None else "all"
@@ -164,7 +208,9 @@ def _locate_op(replica: ReplicaLike, step: int, phase: str, found: Repeatability
     for _ in range(RERUNS + 1):
         one, two = (replica.run(step, trace="none", ops=phase).ops or [] for _ in range(2))
         if not same_sequence(one, two):
-            found.hidden = f"re-run from the same state, step {step} ran other ops: it took another branch"
+            found.hidden = (
+                f"re-run from the same state, step {step} ran other ops: it took another branch"
+            )
             return
         where = first_divergent_op(one, two)
         if where is None:
@@ -172,8 +218,10 @@ def _locate_op(replica: ReplicaLike, step: int, phase: str, found: Repeatability
         i, inputs_equal = where
         if not inputs_equal and one[i].inputs == two[i].inputs:
             found.hidden = (
-                f"re-run from the same state, {one[i].op} received other Python arguments in step {step} "
-                f"({one[i].arguments[:60]} vs {two[i].arguments[:60]}): a value from outside the restored state"
+                f"re-run from the same state, {one[i].op} received other Python arguments in step "
+                f"{step} "
+                f"({one[i].arguments[:60]} vs {two[i].arguments[:60]}): a value from outside the "
+                "restored state"
             )
             return
         if inputs_equal and not uninitialised(one[i].op):
@@ -188,16 +236,27 @@ def _locate_op(replica: ReplicaLike, step: int, phase: str, found: Repeatability
         found.op = records[key]
 
 
-def ops_context(a: list[OpRecord], b: list[OpRecord], index: int, around: int = 4) -> list[OpContext]:
-    """The ops around ``index`` in ``a``'s order, each marked by whether its inputs and outputs matched ``b``'s."""
+def ops_context(
+    a: list[OpRecord], b: list[OpRecord], index: int, around: int = 4
+) -> list[OpContext]:
+    """The ops around ``index`` in ``a``'s order, each marked by whether its inputs and outputs
+    matched ``b``'s."""
     rows = []
     for i in range(max(0, index - around), min(len(a), index + around + 1)):
         other = b[i] if i < len(b) else None
-        rows.append(OpContext(
-            index=i, op=a[i].op, layer=a[i].layer, phase=a[i].phase or "step", first=i == index,
-            inputs_equal=other is not None and a[i].same_inputs(other),
-            outputs_equal=other is not None and a[i].op == other.op and a[i].outputs == other.outputs,
-        ))  # fmt: skip
+        rows.append(
+            OpContext(
+                index=i,
+                op=a[i].op,
+                layer=a[i].layer,
+                phase=a[i].phase or "step",
+                first=i == index,
+                inputs_equal=other is not None and a[i].same_inputs(other),
+                outputs_equal=other is not None
+                and a[i].op == other.op
+                and a[i].outputs == other.outputs,
+            )
+        )
     return rows
 
 

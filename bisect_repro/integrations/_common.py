@@ -39,7 +39,9 @@ def loader_streams(loaders: Iterable[Any]) -> dict[str, RandomSource]:
         for path, source in find_streams(loader, depth=5).items():
             found[path if index == 0 else f"{path}#{index}"] = source
         generator = getattr(loader, "generator", None)
-        if isinstance(generator, torch.Generator) and all(generator is not g for g in found.values()):
+        if isinstance(generator, torch.Generator) and all(
+            generator is not g for g in found.values()
+        ):
             found[f"loader.generator{'' if index == 0 else f'#{index}'}"] = generator
     return found
 
@@ -59,7 +61,15 @@ def start_recorder(
 ) -> FrameworkRecorder:
     """A recorder for a loop a framework drives: it snapshots at the framework's optimizer steps.
 
-    ``options`` are the callback's; ``steps`` is how many the framework will run (``None``: not known)."""
+    ``options`` are the callback's; ``steps`` is how many the framework will run (``None``: not
+    known)."""
     trainee = Trainee(model, optimizer, (), scheduler=scheduler, generators=dict(streams))
     options = replace(options, steps=steps)
-    return FrameworkRecorder(out, trainee, options, config=json_safe(config), start_step=start_step, environment=environment)
+    return FrameworkRecorder(
+        out,
+        trainee,
+        options,
+        config=json_safe(config),
+        start_step=start_step,
+        environment=environment,
+    )

@@ -2,7 +2,8 @@
 
     from bisect_repro.integrations.lightning import BisectRepro
 
-    trainer = lightning.Trainer(..., callbacks=[BisectRepro("runs/a", every=10, checkpoint_every=50)])
+    recorder = BisectRepro("runs/a", every=10, checkpoint_every=50)
+    trainer = lightning.Trainer(..., callbacks=[recorder])
 
 A step is one optimizer update (``trainer.global_step``): with ``accumulate_grad_batches=k`` it
 spans k batches, each noted, and its loss is the last one ``training_step`` returned. The
@@ -18,9 +19,9 @@ from its resume and compared with the uninterrupted one. Its repeats of a step r
 with the fit loop's counters put back (:mod:`bisect_repro.serve.framework_rewind`).
 
 Where the guarantees stop: one optimizer and one scheduler are captured; a rewound step's first
-batch is handed the next batch's ``batch_idx`` (a step that reads it is repeated in fresh processes); a run resumed from a
-Lightning checkpoint replays only while that checkpoint file is where it was; the data order is
-known by the batches' contents, not by sample indices.
+batch is handed the next batch's ``batch_idx`` (a step that reads it is repeated in fresh
+processes); a run resumed from a Lightning checkpoint replays only while that checkpoint file is
+where it was; the data order is known by the batches' contents, not by sample indices.
 """
 
 from __future__ import annotations
@@ -76,9 +77,17 @@ class _LoopCounters:
 
 
 class BisectRepro(Callback):
-    """Records a ``lightning.Trainer`` fit into a bisect-repro run directory (see the module docstring)."""
+    """Records a ``lightning.Trainer`` fit into a bisect-repro run directory (see the module
+    docstring)."""
 
-    def __init__(self, out: str | Path, *, every: int = 10, checkpoint_every: int | None = 100, force: bool = True) -> None:
+    def __init__(
+        self,
+        out: str | Path,
+        *,
+        every: int = 10,
+        checkpoint_every: int | None = 100,
+        force: bool = True,
+    ) -> None:
         super().__init__()
         self.out = Path(out)
         self.options = RecordOptions(every=every, checkpoint_every=checkpoint_every, force=force)
@@ -87,14 +96,19 @@ class BisectRepro(Callback):
 
     @property
     def state_key(self) -> str:
-        return f"BisectRepro[{self.out}]"  # unique per run directory: two callbacks never share checkpoint state
+        # unique per run directory: two callbacks never share checkpoint state
+        return f"BisectRepro[{self.out}]"
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         optimizer = trainer.optimizers[0]
         schedulers = trainer.lr_scheduler_configs
         loaders = trainer.train_dataloader
         loaders = (
-            list(loaders.values()) if isinstance(loaders, dict) else list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+            list(loaders.values())
+            if isinstance(loaders, dict)
+            else list(loaders)
+            if isinstance(loaders, (list, tuple))
+            else [loaders]
         )
         config = {
             **dict(getattr(pl_module, "hparams", {}) or {}),
@@ -124,7 +138,9 @@ class BisectRepro(Callback):
         )
         self.recorder.follow_loop(_LoopCounters(trainer))
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.recorder is None:
             return
         if not self._step_open:
@@ -132,7 +148,9 @@ class BisectRepro(Callback):
             self._step_open = True
         self.recorder.note_batch(batch)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.recorder is None:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs

@@ -1,8 +1,10 @@
-"""Hugging Face ``transformers``: record a ``Trainer`` run with one callback, and replay it with ``compare``.
+"""Hugging Face ``transformers``: record a ``Trainer`` run with one callback, and replay it with
+``compare``.
 
     from bisect_repro.integrations.transformers import BisectRepro
 
-    trainer = transformers.Trainer(..., callbacks=[BisectRepro("runs/a", every=10, checkpoint_every=50)])
+    recorder = BisectRepro("runs/a", every=10, checkpoint_every=50)
+    trainer = transformers.Trainer(..., callbacks=[recorder])
 
 A step is one optimizer update (``state.global_step``): with ``gradient_accumulation_steps=k``
 it spans k batches, each noted, and its loss is the last one the model returned. The callback
@@ -40,9 +42,10 @@ __all__ = ["BisectRepro"]
 
 
 class _LoopCounters:
-    """The counters of a ``Trainer``'s state a step reads or moves (``global_step``, ``epoch``), kept
-    and put back by a replay's rewind (:mod:`bisect_repro.serve.framework_rewind`). The loop's
-    ``epoch`` moves with a count of its own: where it stands is the step count and the epochs begun."""
+    """The counters of a ``Trainer``'s state a step reads or moves (``global_step``, ``epoch``),
+    kept and put back by a replay's rewind (:mod:`bisect_repro.serve.framework_rewind`). The loop's
+    ``epoch`` moves with a count of its own: where it stands is the step count and the epochs
+    begun."""
 
     draws_during_step = False  # the Trainer draws a step's micro-batches before the step begins
 
@@ -62,9 +65,17 @@ class _LoopCounters:
 
 
 class BisectRepro(TrainerCallback):
-    """Records a ``transformers.Trainer`` run into a bisect-repro run directory (see the module docstring)."""
+    """Records a ``transformers.Trainer`` run into a bisect-repro run directory (see the module
+    docstring)."""
 
-    def __init__(self, out: str | Path, *, every: int = 10, checkpoint_every: int | None = 100, force: bool = True) -> None:
+    def __init__(
+        self,
+        out: str | Path,
+        *,
+        every: int = 10,
+        checkpoint_every: int | None = 100,
+        force: bool = True,
+    ) -> None:
         self.out = Path(out)
         self.options = RecordOptions(every=every, checkpoint_every=checkpoint_every, force=force)
         self.recorder: FrameworkRecorder | None = None
@@ -110,7 +121,9 @@ class BisectRepro(TrainerCallback):
             model.register_forward_hook(self._outputs),
         ]
 
-    def _inputs(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _inputs(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         if self.recorder is not None and module.training:
             self.recorder.note_batch({**dict(enumerate(args)), **kwargs} if args else kwargs)
 

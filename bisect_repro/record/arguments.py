@@ -26,9 +26,18 @@ import shlex
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
-__all__ = ["argv_flags", "capture_arguments", "is_secret", "redacted", "shown_command", "shown_value"]
+__all__ = [
+    "argv_flags",
+    "capture_arguments",
+    "is_secret",
+    "redacted",
+    "shown_command",
+    "shown_value",
+]
 
-_SECRET = re.compile(r"token|passw|secret|api[-_]?key|access[-_]?key|credential|auth", re.IGNORECASE)
+_SECRET = re.compile(
+    r"token|passw|secret|api[-_]?key|access[-_]?key|credential|auth", re.IGNORECASE
+)
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -38,7 +47,8 @@ def is_secret(name: str) -> bool:
 
 
 def shown_value(name: str, value: Any) -> Any:
-    """A value as the config keeps it: JSON-able, and a secret redacted (see the module docstring)."""
+    """A value as the config keeps it: JSON-able, and a secret redacted (see the module
+    docstring)."""
     if isinstance(value, (list, tuple)):
         value = [v if isinstance(v, _SCALARS) else repr(v) for v in value]
     elif not isinstance(value, _SCALARS):
@@ -57,7 +67,10 @@ def parsed_values(parser: argparse.ArgumentParser, namespace: argparse.Namespace
     """Every argument of ``parser`` with its value in ``namespace`` (see the module docstring)."""
     found = {}
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)) or action.dest is argparse.SUPPRESS:
+        if (
+            isinstance(action, (argparse._HelpAction, argparse._VersionAction))
+            or action.dest is argparse.SUPPRESS
+        ):
             continue
         if hasattr(namespace, action.dest):
             key = _key(action)
@@ -66,10 +79,13 @@ def parsed_values(parser: argparse.ArgumentParser, namespace: argparse.Namespace
 
 
 def capture_arguments(into: MutableMapping[str, Any]) -> Callable[[], None]:
-    """Fill ``into`` from the first parse of ``sys.argv`` from now on; the function that undoes it."""
+    """Fill ``into`` from the first parse of ``sys.argv`` from now on; the function that undoes
+    it."""
     original = argparse.ArgumentParser.parse_known_args
 
-    def parse_known_args(parser: argparse.ArgumentParser, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+    def parse_known_args(
+        parser: argparse.ArgumentParser, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> Any:
         result = original(parser, args, namespace)
         if args is None and not into:
             try:
@@ -120,7 +136,8 @@ def _number(word: str) -> bool:
 
 
 def redacted(words: Sequence[str]) -> list[str]:
-    """Command-line words with the value of each secret's flag (``--api-token X``, ``--password=X``) replaced by ``REDACTED``."""
+    """Command-line words with the value of each secret's flag (``--api-token X``, ``--password=X``)
+    replaced by ``REDACTED``."""
     shown, hide = [], False
     for word in words:
         name, given, _ = word.partition("=")

@@ -1,4 +1,5 @@
-"""Recording a script that knows nothing of bisect-repro: the steps, the model and the data, from torch's own hooks.
+"""Recording a script that knows nothing of bisect-repro: the steps, the model and the data, from
+torch's own hooks.
 
 ``bisect-repro record --out DIR -- python train.py ...`` runs the script unchanged under
 :class:`AutoHooks` (see :mod:`bisect_repro.record.script`), and ``compare`` replays it the same
@@ -38,15 +39,16 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   start, and each batch a ``DataLoader`` yields passes through the replay server, which feeds a
   rewound step its kept batches instead of the loader's next ones;
 - **the config**: :attr:`AutoHooks.config`, filled by whoever records the script (the values its
-  ``argparse`` parser read, see :mod:`bisect_repro.record.arguments`) before the model's first forward.
+  ``argparse`` parser read, see :mod:`bisect_repro.record.arguments`) before the model's first
+  forward.
 
 The state at step 0 is taken at the model's first forward call, after the first batch was
 drawn; the state at step s > 0 right after the optimizer step of step s - 1.
 
 Where the guarantees stop: an optimizer made after the model's first forward is not followed (a
 one-line note on stderr says so when it is made); an
-optimizer that never steps, beside others that do, makes the whole run one step; inputs passed only as
-keyword arguments are hashed only when a ``DataLoader`` yields them; a loader's own generator, a
+optimizer that never steps, beside others that do, makes the whole run one step; inputs passed only
+as keyword arguments are hashed only when a ``DataLoader`` yields them; a loader's own generator, a
 dataset's generators and the script's counters are not captured (the replay runs the script from
 its start, so they are reproduced anyway; a rewound step that reads one is caught, and repeated in
 fresh processes); a batch a loop prefetches from a ``DataLoader`` before
@@ -78,34 +80,47 @@ __all__ = ["AutoHooks"]
 
 
 class AutoHooks:
-    """The hooks of a recording (or a replay) of an unchanged script; :meth:`install`, then :meth:`close`."""
+    """The hooks of a recording (or a replay) of an unchanged script; :meth:`install`, then
+    :meth:`close`."""
 
     def __init__(self, out: Path | str, options: RecordOptions) -> None:
         self.out, self.options = out, options
-        self.optimizers: list[torch.optim.Optimizer] = []  # those made before the model's first forward, in order
-        self.schedulers: list[Any] = []  # the learning-rate schedulers made, in order (a replay's rewind puts them back)
+        # those made before the model's first forward, in order
+        self.optimizers: list[torch.optim.Optimizer] = []
+        # the learning-rate schedulers made, in order (a replay's rewind puts them back)
+        self.schedulers: list[Any] = []
         self.model: torch.nn.Module | None = None
-        self._parts: set[int] = set()  # the modules whose forward is the model's (several optimizers: each part)
+        # the modules whose forward is the model's (several optimizers: each part)
+        self._parts: set[int] = set()
         self._stepped_now: set[int] = set()  # the optimizers that stepped since the step began
         self._losses: list[torch.Tensor] = []  # what backward() was called on since the step began
-        self._made: set[int] = set()  # storage of the parts' outputs this step: a part's input made by another is no batch
+        # storage of the parts' outputs this step: a part's input made by another is no batch
+        self._made: set[int] = set()
         self.recorder: FrameworkRecorder | None = None
         self.config: dict[str, Any] = {}
-        """The run's config: the script's parsed arguments (:mod:`bisect_repro.record.arguments`), filled as it runs."""
+        """The run's config: the script's parsed arguments (:mod:`bisect_repro.record.arguments`),
+        filled as it runs."""
         self._undo: list[Callable[[], None]] = []
         self._backwards = 0  # backward() calls since the step began (a loop with no optimizer)
-        self._taps: dict[int, tuple[DataLoader[Any], IndexTap | None]] = {}  # each loader iterated, by id
-        self._early: list[tuple[Any, list[int] | None]] = []  # loader batches drawn before the recorder exists
-        self._drawn_ids: set[int] = set()  # the tensors of the loader batches this step drew: not hashed again at the forward
+        # each loader iterated, by id
+        self._taps: dict[int, tuple[DataLoader[Any], IndexTap | None]] = {}
+        # loader batches drawn before the recorder exists
+        self._early: list[tuple[Any, list[int] | None]] = []
+        # the tensors of the loader batches this step drew: not hashed again at the forward
+        self._drawn_ids: set[int] = set()
 
     def install(self) -> AutoHooks:
         original = torch.optim.Optimizer.__init__
         backward = torch.autograd.backward
         hooks = self
 
-        def counted(*args: Any, **kwargs: Any) -> Any:  # Tensor.backward calls torch.autograd.backward
+        # Tensor.backward calls torch.autograd.backward
+        def counted(*args: Any, **kwargs: Any) -> Any:
             hooks._backwards += 1
-            hooks._note_loss(args[0] if args else kwargs.get("tensors"), args[1] if len(args) > 1 else kwargs.get("grad_tensors"))
+            hooks._note_loss(
+                args[0] if args else kwargs.get("tensors"),
+                args[1] if len(args) > 1 else kwargs.get("grad_tensors"),
+            )
             return backward(*args, **kwargs)
 
         torch.autograd.backward = counted
@@ -137,7 +152,9 @@ class AutoHooks:
             hooks.schedulers.append(made_scheduler)
 
         torch.optim.lr_scheduler.LRScheduler.__init__ = made  # type: ignore[method-assign,assignment]
-        self._undo.append(lambda: setattr(torch.optim.lr_scheduler.LRScheduler, "__init__", scheduler))
+        self._undo.append(
+            lambda: setattr(torch.optim.lr_scheduler.LRScheduler, "__init__", scheduler)
+        )
         forward = torch.nn.modules.module.register_module_forward_pre_hook(self._forward)
         outputs = torch.nn.modules.module.register_module_forward_hook(self._output)
         stepped = register_optimizer_step_post_hook(self._stepped)
@@ -150,8 +167,10 @@ class AutoHooks:
             self.optimizers.append(optimizer)
             return
         print(
-            f"bisect-repro: note: an optimizer ({type(optimizer).__name__}) was made after the first step began; it is not followed "
-            "(its state is not recorded, and a difference in it shows only through the model); make it before the training loop",
+            f"bisect-repro: note: an optimizer ({type(optimizer).__name__}) was made after the "
+            "first step began; it is not followed "
+            "(its state is not recorded, and a difference in it shows only through the model); "
+            "make it before the training loop",
             file=sys.stderr,
         )
 
@@ -174,7 +193,9 @@ class AutoHooks:
     def _output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if id(module) in self._parts and len(self._parts) > 1 and torch.is_grad_enabled():
             outputs, _ = batch_tensors(output)
-            self._made.update(t.untyped_storage().data_ptr() for t in outputs.values() if t.device.type != "meta")
+            self._made.update(
+                t.untyped_storage().data_ptr() for t in outputs.values() if t.device.type != "meta"
+            )
 
     def _next(self, batches: Any, tap: IndexTap | None, source: int) -> Draw | None:
         """The loader's next batch with its indices (``None``: exhausted); in a rewound step of a
@@ -210,24 +231,46 @@ class AutoHooks:
         self._taps.clear()
 
     def _forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        # Inside a frame torch.compile traces (a compiled model's layers) the model was found already,
-        # at the compiled model's own call, which runs outside it.
+        # Inside a frame torch.compile traces (a compiled model's layers) the model was found
+        # already, at the compiled model's own call, which runs outside it.
         if torch.compiler.is_compiling() or not torch.is_grad_enabled():
             return
         if self.model is None:
             if self.optimizers:
-                held = {id(p) for optimizer in self.optimizers for group in optimizer.param_groups for p in group["params"]}
+                held = {
+                    id(p)
+                    for optimizer in self.optimizers
+                    for group in optimizer.param_groups
+                    for p in group["params"]
+                }
                 if not any(id(p) in held for p in module.parameters()):
                     return
             elif not any(p.requires_grad for p in module.parameters()):
                 return
             # with no optimizer: the first module with trainable parameters a forward reaches
-            self.model = module if len(self.optimizers) < 2 else model_of(self.optimizers, module, sys._getframe(1))
-            self._parts = {id(m) for m in self.model.children()} if isinstance(self.model, Parts) else {id(self.model)}
+            self.model = (
+                module
+                if len(self.optimizers) < 2
+                else model_of(self.optimizers, module, sys._getframe(1))
+            )
+            self._parts = (
+                {id(m) for m in self.model.children()}
+                if isinstance(self.model, Parts)
+                else {id(self.model)}
+            )
             trainee = Trainee(self.model, list(self.optimizers) or None, ())
-            self.recorder = FrameworkRecorder(self.out, trainee, self.options, config=self.config, environment={}, start_step=0, auto=True)
+            self.recorder = FrameworkRecorder(
+                self.out,
+                trainee,
+                self.options,
+                config=self.config,
+                environment={},
+                start_step=0,
+                auto=True,
+            )
             if self.recorder.rewinder is not None:
-                self.recorder.rewinder.schedulers = self.schedulers  # the list itself: one made later is kept too
+                # the list itself: one made later is kept too
+                self.recorder.rewinder.schedulers = self.schedulers
             self._backwards = 0
             self.recorder.begin_step()
             for batch, indices in self._early:
@@ -237,9 +280,14 @@ class AutoHooks:
             self._after_backward()
         if id(module) in self._parts and self.recorder is not None:
             inputs, _ = batch_tensors(list(args))
-            if any(t.device.type != "meta" and t.untyped_storage().data_ptr() in self._made for t in inputs.values()):
-                return  # another part's output (a GAN's fake images): computed by the step, not drawn
-            if not inputs or any(id(t) not in self._drawn_ids for t in inputs.values()):  # not the loader's batch as drawn
+            if any(
+                t.device.type != "meta" and t.untyped_storage().data_ptr() in self._made
+                for t in inputs.values()
+            ):
+                # another part's output (a GAN's fake images): computed by the step, not drawn
+                return
+            # not the loader's batch as drawn
+            if not inputs or any(id(t) not in self._drawn_ids for t in inputs.values()):
                 self.recorder.note_batch(list(args))
 
     def _after_backward(self) -> None:
@@ -258,8 +306,13 @@ class AutoHooks:
         self.recorder.begin_step()
 
     def _stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        """An optimizer stepped: the step ends once every optimizer followed has (see the module docstring)."""
-        if self.recorder is None or self.model is None or not any(optimizer is o for o in self.optimizers):
+        """An optimizer stepped: the step ends once every optimizer followed has (see the module
+        docstring)."""
+        if (
+            self.recorder is None
+            or self.model is None
+            or not any(optimizer is o for o in self.optimizers)
+        ):
             return
         self._stepped_now.add(id(optimizer))
         if len(self._stepped_now) == len(self.optimizers):
@@ -276,5 +329,6 @@ class AutoHooks:
         if failed:
             self.recorder.__exit__(RuntimeError, None, None)
         else:
-            self._after_backward()  # no optimizer: the last step ended with its backward (and the update after it)
+            # no optimizer: the last step ended with its backward (and the update after it)
+            self._after_backward()
             self.recorder.close()

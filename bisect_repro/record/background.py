@@ -1,8 +1,9 @@
 """One background thread that commits snapshots in order, several at a time, with a bounded number
 pending; the first failure stops it.
 
-The recorder hands it each snapshot as a job that makes its :class:`~bisect_repro.store.commit.Commit`
-(see :mod:`bisect_repro.record.session` for the guarantees this gives). Design decisions:
+The recorder hands it each snapshot as a job that makes its
+:class:`~bisect_repro.store.commit.Commit` (see :mod:`bisect_repro.record.session` for the
+guarantees this gives). Design decisions:
 
 - One thread, first in first out: the on-disk order of a synchronous writer.
 - The bound: at most ``depth + 1`` snapshots are accepted and not yet committed (one slot each,
@@ -43,7 +44,14 @@ class BackgroundWriter:
     """Commits snapshots in order on one thread, in groups, with at most ``depth + 1`` pending; the
     first failure stops it."""
 
-    def __init__(self, name: str, depth: int, commit: Callable[[list[Commit]], None], *, linger: float = LINGER) -> None:
+    def __init__(
+        self,
+        name: str,
+        depth: int,
+        commit: Callable[[list[Commit]], None],
+        *,
+        linger: float = LINGER,
+    ) -> None:
         self.error: BaseException | None = None
         self.failed_at: int | None = None
         self.committed: int | None = None
@@ -94,7 +102,8 @@ class BackgroundWriter:
             self.failed_at, self.error = failed
 
     def _take(self) -> list[_Job]:
-        """The next group: the first snapshot waiting (waiting for one), then more, for up to ``linger`` seconds."""
+        """The next group: the first snapshot waiting (waiting for one), then more, for up to
+        ``linger`` seconds."""
         assert self._queue is not None
         group: list[_Job] = []
         deadline: float | None = None

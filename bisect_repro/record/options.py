@@ -24,7 +24,8 @@ class RecordOptions:
     every: int = 10
     """Snapshot every this many steps (and always at the first and the last step)."""
     checkpoint_every: int | None = 100
-    """Full checkpoint every this many steps, and at the first step; ``None``: at the first step only."""
+    """Full checkpoint every this many steps, and at the first step; ``None``: at the first step
+    only."""
     force: bool = False
     """Overwrite an existing run directory."""
     on_error: Literal["raise", "warn"] = "raise"
@@ -39,7 +40,9 @@ class RecordOptions:
         if self.every < 1:
             raise BisectReproError(f"--every {self.every}: must be at least 1")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise BisectReproError(f"--checkpoint-every {self.checkpoint_every}: must be at least 1")
+            raise BisectReproError(
+                f"--checkpoint-every {self.checkpoint_every}: must be at least 1"
+            )
         if self.accumulate < 1:
             raise BisectReproError(f"accumulate {self.accumulate}: must be at least 1")
         if self.on_error not in ("raise", "warn"):

@@ -1,4 +1,5 @@
-"""The model of a script with several optimizers: the modules they update, each named by the script's own variable.
+"""The model of a script with several optimizers: the modules they update, each named by the
+script's own variable.
 
 A GAN makes two models and two optimizers (``netD``, ``netG``) and never puts the models in one
 module. :func:`model_of` finds, for each optimizer, the module among the script's variables that
@@ -30,16 +31,21 @@ from ..trainee import optimizer_prefix
 
 __all__ = ["Parts", "model_of", "script_variables"]
 
-_SKIPPED = tuple(str(Path(module.__file__ or "").parent) for module in (torch, sys.modules[__name__.split(".")[0]]))
+_SKIPPED = tuple(
+    str(Path(module.__file__ or "").parent)
+    for module in (torch, sys.modules[__name__.split(".")[0]])
+)
 """The folders whose frames are not the script's: torch's and this package's."""
 
 
 class Parts(torch.nn.Module):
-    """Modules that are trained together without a module of their own holding them; never called."""
+    """Modules that are trained together without a module of their own holding them; never
+    called."""
 
 
 def script_variables(frame: FrameType | None) -> list[tuple[str, torch.nn.Module]]:
-    """The modules bound to the script's variables, each once, by the first name found (see the module docstring)."""
+    """The modules bound to the script's variables, each once, by the first name found (see the
+    module docstring)."""
     found: dict[int, tuple[str, torch.nn.Module]] = {}
     scopes = []
     while frame is not None:
@@ -50,9 +56,20 @@ def script_variables(frame: FrameType | None) -> list[tuple[str, torch.nn.Module
     scopes.append(vars(main) if main is not None else {})
     for scope in scopes:
         owner = scope.get("self")
-        attributes = vars(owner) if owner is not None and not isinstance(owner, torch.nn.Module) and hasattr(owner, "__dict__") else {}
+        attributes = (
+            vars(owner)
+            if owner is not None
+            and not isinstance(owner, torch.nn.Module)
+            and hasattr(owner, "__dict__")
+            else {}
+        )
         for name, value in [*scope.items(), *attributes.items()]:
-            if isinstance(value, torch.nn.Module) and not isinstance(value, Parts) and name != "self" and id(value) not in found:
+            if (
+                isinstance(value, torch.nn.Module)
+                and not isinstance(value, Parts)
+                and name != "self"
+                and id(value) not in found
+            ):
                 found[id(value)] = (name, value)
     return list(found.values())
 
@@ -71,10 +88,15 @@ def _holder(optimizer: torch.optim.Optimizer, ids: set[int]) -> torch.nn.Module:
     return holder
 
 
-def model_of(optimizers: list[torch.optim.Optimizer], first: torch.nn.Module, frame: FrameType | None) -> torch.nn.Module:
+def model_of(
+    optimizers: list[torch.optim.Optimizer], first: torch.nn.Module, frame: FrameType | None
+) -> torch.nn.Module:
     """The model the optimizers train: one module holding all their parameters, or their
     :class:`Parts` (``first``: the module whose forward is running, one of them)."""
-    held = [{id(p) for group in optimizer.param_groups for p in group["params"]} for optimizer in optimizers]
+    held = [
+        {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for optimizer in optimizers
+    ]
     every = set().union(*held)
     variables = script_variables(frame)
     candidates = [*variables, *([] if any(m is first for _, m in variables) else [("", first)])]

@@ -44,20 +44,23 @@ def pin(path: str | Path, sha256: str) -> None:
 
 
 def _verified(path: Path) -> bytes | None:
-    """The bytes of a pinned file, read once and checked against its hash; ``None`` if not pinned."""
+    """The bytes of a pinned file, read once and checked against its hash; ``None`` if not
+    pinned."""
     expected = _PINS.get(path.resolve())
     if expected is None:
         return None
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != expected:
         raise PinnedCodeChanged(
-            f"{path}: changed after its SHA-256 {expected[:16]}... was checked and shown; nothing of it was run; run compare again"
+            f"{path}: changed after its SHA-256 {expected[:16]}... was checked and shown; nothing "
+            "of it was run; run compare again"
         )
     return data
 
 
 def code(path: str | Path) -> CodeType | None:
-    """The code object of a pinned file, compiled from its verified bytes; ``None`` if not pinned."""
+    """The code object of a pinned file, compiled from its verified bytes; ``None`` if not
+    pinned."""
     data = _verified(Path(path))
     return None if data is None else compile(data, str(path), "exec", dont_inherit=True)
 
@@ -73,7 +76,8 @@ class PinnedLoader(importlib.machinery.SourceFileLoader):
 
 
 def loader(name: str, path: str | Path) -> PinnedLoader | None:
-    """A loader of ``path`` under ``name`` when the file is pinned, else ``None`` (the default loader)."""
+    """A loader of ``path`` under ``name`` when the file is pinned, else ``None`` (the default
+    loader)."""
     return PinnedLoader(name, str(path)) if Path(path).resolve() in _PINS else None
 
 

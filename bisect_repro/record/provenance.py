@@ -4,8 +4,8 @@ A run records, in ``run.json`` under ``launch``: the interpreter, ``sys.argv``, 
 directory, and the code that was run with its SHA-256: the recipe file of a TARGET, or the main
 script (``python train.py``) or module (``python -m pkg.train``) of a loop recorded with the
 :class:`~bisect_repro.record.recorder.Recorder`. ``compare`` replays a run only when that code is
-on this machine with the same content hash (:mod:`bisect_repro.replay.launch`), so that what runs is what was
-recorded, and never runs anything from inside a run directory. A recipe named by module
+on this machine with the same content hash (:mod:`bisect_repro.replay.launch`), so that what runs is
+what was recorded, and never runs anything from inside a run directory. A recipe named by module
 (``package.module:function``) records the module's file, so that it too is checked by its hash.
 
 Where the guarantees stop: only the main file (or the recipe file) is hashed, not the modules it
@@ -31,7 +31,15 @@ from .recipe import module_file, recipe_file
 
 __all__ = ["NOT_REPLAYABLE", "file_digest", "launch_info", "now", "run_meta"]
 
-NOT_REPLAYABLE = ("pytest", "_pytest", "ipykernel_launcher", "IPython", "unittest", "pdb", "bisect_repro")
+NOT_REPLAYABLE = (
+    "pytest",
+    "_pytest",
+    "ipykernel_launcher",
+    "IPython",
+    "unittest",
+    "pdb",
+    "bisect_repro",
+)
 
 
 def file_digest(path: Path) -> str | None:
@@ -61,7 +69,11 @@ def _main() -> dict[str, Any] | None:
 
 def launch_info(target: str | None) -> dict[str, Any]:
     """What this process is running, as ``run.json`` records it (see the module docstring)."""
-    info: dict[str, Any] = {"executable": sys.executable, "argv": list(sys.argv), "cwd": os.getcwd()}
+    info: dict[str, Any] = {
+        "executable": sys.executable,
+        "argv": list(sys.argv),
+        "cwd": os.getcwd(),
+    }
     if target:
         path = recipe_file(target) or module_file(target.rpartition(":")[0])
         info["code"] = {
@@ -80,9 +92,12 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def run_meta(plan: SessionPlan, options: RecordOptions, start_step: int, streams: list[str]) -> dict[str, Any]:
+def run_meta(
+    plan: SessionPlan, options: RecordOptions, start_step: int, streams: list[str]
+) -> dict[str, Any]:
     """``run.json`` of a new run: what ran (target, config, launch), how it was recorded, and where
-    (the environment's fingerprint), the model's structure, the loader's settings and the streams."""
+    (the environment's fingerprint), the model's structure, the loader's settings and the
+    streams."""
     resumed_from = plan.resume_from
     return {
         "target": plan.target,

@@ -48,7 +48,9 @@ def parse_settings(items: Iterable[str]) -> dict[str, Any]:
 def _split(target: str) -> tuple[str, str]:
     where, sep, name = target.rpartition(":")
     if not sep or not where or not name.isidentifier():
-        raise RecipeError(f"{target}: expected TARGET as path/to/file.py:function or package.module:function")
+        raise RecipeError(
+            f"{target}: expected TARGET as path/to/file.py:function or package.module:function"
+        )
     return where, name
 
 
@@ -65,10 +67,14 @@ def _load_module(target: str) -> ModuleType:
         try:
             return importlib.import_module(where)
         except ImportError as error:
-            raise RecipeError(f"{target}: cannot import {where} ({error}); check the module name and that it is installed") from None
+            raise RecipeError(
+                f"{target}: cannot import {where} ({error}); check the module name and that it is "
+                "installed"
+            ) from None
     if not path.is_file():
         raise RecipeError(f"{path}: no such recipe file; check the TARGET path")
-    name = f"_bisect_repro_recipe_{path.stem}_{hashlib.blake2b(str(path).encode(), digest_size=4).hexdigest()}"
+    digest = hashlib.blake2b(str(path).encode(), digest_size=4).hexdigest()
+    name = f"_bisect_repro_recipe_{path.stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     folder = str(path.parent)
@@ -83,7 +89,9 @@ def _load_module(target: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as error:
         del sys.modules[name]
-        raise RecipeError(f"{path}: failed while importing ({type(error).__name__}: {error})") from error
+        raise RecipeError(
+            f"{path}: failed while importing ({type(error).__name__}: {error})"
+        ) from error
     return module
 
 
@@ -94,17 +102,27 @@ def module_file(name: str) -> Path | None:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
-    return Path(spec.origin).resolve() if spec is not None and spec.origin and spec.has_location else None
+    return (
+        Path(spec.origin).resolve()
+        if spec is not None and spec.origin and spec.has_location
+        else None
+    )
 
 
 def _from_file(module: ModuleType, function: Any, expected: Path) -> bool:
-    """Whether ``module`` was loaded from ``expected`` and ``function`` is a Python function (one the
-    file defines or imports: the file decides), not a builtin or a class."""
+    """Whether ``module`` was loaded from ``expected`` and ``function`` is a Python function (one
+    the file defines or imports: the file decides), not a builtin or a class."""
     loaded = getattr(module, "__file__", None)
-    return loaded is not None and Path(loaded).resolve() == expected and inspect.isfunction(inspect.unwrap(function))
+    return (
+        loaded is not None
+        and Path(loaded).resolve() == expected
+        and inspect.isfunction(inspect.unwrap(function))
+    )
 
 
-def build(target: str, settings: Mapping[str, Any] | None = None, *, expected: Path | None = None) -> Trainee:
+def build(
+    target: str, settings: Mapping[str, Any] | None = None, *, expected: Path | None = None
+) -> Trainee:
     """Import TARGET and call it with ``settings`` as keyword arguments.
 
     ``expected`` (a replay): the file whose SHA-256 was checked; the module imported must be that
@@ -115,16 +133,26 @@ def build(target: str, settings: Mapping[str, Any] | None = None, *, expected: P
     if not callable(function):
         raise RecipeError(f"{target}: {module.__name__} has no function {name!r}")
     if expected is not None and not _from_file(module, function, expected):
-        raise RecipeError(f"{target}: {name} is not a function of {expected}, the file that was checked; nothing was run")
+        raise RecipeError(
+            f"{target}: {name} is not a function of {expected}, the file that was checked; nothing "
+            "was run"
+        )
     kwargs = dict(settings or {})
     try:
         inspect.signature(function).bind(**kwargs)
     except TypeError as error:
-        raise RecipeError(f"{target}: cannot call {name} with {kwargs} ({error}); check the --set keys") from None
+        raise RecipeError(
+            f"{target}: cannot call {name} with {kwargs} ({error}); check the --set keys"
+        ) from None
     try:
         trainee = function(**kwargs)
     except Exception as error:
-        raise RecipeError(f"{target}: failed while building ({type(error).__name__}: {error})") from error
+        raise RecipeError(
+            f"{target}: failed while building ({type(error).__name__}: {error})"
+        ) from error
     if not isinstance(trainee, Trainee):
-        raise RecipeError(f"{target}: returned a {type(trainee).__name__}; a recipe must return bisect_repro.Trainee")
+        raise RecipeError(
+            f"{target}: returned a {type(trainee).__name__}; a recipe must return "
+            "bisect_repro.Trainee"
+        )
     return trainee

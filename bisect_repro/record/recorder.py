@@ -1,4 +1,5 @@
-"""The recorder: the public face of recording a training loop, yours or the one :func:`record` drives.
+"""The recorder: the public face of recording a training loop, yours or the one :func:`record`
+drives.
 
 A :class:`Recorder` takes one of two roles, chosen once, when it is made (:func:`_open_role`):
 
@@ -40,7 +41,15 @@ from ..trainee import Trainee
 from .options import RecordOptions, SessionPlan
 from .session import RecordingSession
 
-__all__ = ["FrameworkRecorder", "RecordOptions", "Recorder", "RecordingWarning", "Role", "current_step", "record"]
+__all__ = [
+    "FrameworkRecorder",
+    "RecordOptions",
+    "Recorder",
+    "RecordingWarning",
+    "Role",
+    "current_step",
+    "record",
+]
 
 
 class Role(Protocol):
@@ -69,7 +78,8 @@ class Role(Protocol):
     def abandon(self) -> None: ...
 
 
-_server: StepServer | None = None  # the one server of a replaying process (see the module docstring)
+# the one server of a replaying process (see the module docstring)
+_server: StepServer | None = None
 
 
 def _open_role(plan: SessionPlan) -> Role:
@@ -78,9 +88,19 @@ def _open_role(plan: SessionPlan) -> Role:
     global _server
     address = replay_address()
     if address is not None and _server is None:
-        kind = (RewindingHookServer if plan.auto else FrameworkRewindServer) if plan.framework else StepServer
+        kind = (
+            (RewindingHookServer if plan.auto else FrameworkRewindServer)
+            if plan.framework
+            else StepServer
+        )
         accumulate = plan.options.accumulate if plan.options is not None else 1
-        _server = kind.connect(plan.trainee, *address, start_step=plan.start_step, scope=plan.scope, accumulate=accumulate)
+        _server = kind.connect(
+            plan.trainee,
+            *address,
+            start_step=plan.start_step,
+            scope=plan.scope,
+            accumulate=accumulate,
+        )
         return _server
     return RecordingSession(plan)
 
@@ -126,7 +146,8 @@ class Recorder:
             restore_streams=restore_streams,
             resume=resume,
             max_pending_writes=max_pending_writes,
-            scope=caller_scope() if trainee.step is None else None,  # a recipe's step: its own module
+            # a recipe's step: its own module
+            scope=caller_scope() if trainee.step is None else None,
         )
         self.trainee = trainee
         self._role = _open_role(plan)
@@ -138,13 +159,15 @@ class Recorder:
 
     @property
     def replaying(self) -> bool:
-        """Whether this process replays a run for ``compare`` or ``doctor`` instead of recording one:
-        the loop body runs again, so guard side effects (saving files, logging to a tracker) with it."""
+        """Whether this process replays a run for ``compare`` or ``doctor`` instead of recording
+        one: the loop body runs again, so guard side effects (saving files, logging to a tracker)
+        with it."""
         return self._role.replaying
 
     @property
     def last_loss(self) -> float | None:
-        """The last loss fetched to the host (recording: at the last snapshot; replaying: the last logged)."""
+        """The last loss fetched to the host (recording: at the last snapshot; replaying: the last
+        logged)."""
         return self._role.last_loss
 
     def batches(self, steps: int | None = None) -> Iterator[Any]:
@@ -164,9 +187,11 @@ class Recorder:
         self._role.log(loss)
 
     def close(self) -> None:
-        """Commit the final snapshot, mark the run complete when all planned steps ran, wait for the writes.
+        """Commit the final snapshot, mark the run complete when all planned steps ran, wait for the
+        writes.
 
-        Raises the :class:`~bisect_repro.errors.RecordingError` of a failed write (``on_error="raise"``).
+        Raises the :class:`~bisect_repro.errors.RecordingError` of a failed write
+        (``on_error="raise"``).
         """
         _leave(self)
         self._role.close()
@@ -174,7 +199,12 @@ class Recorder:
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if kind is None:
             self.close()
         else:
@@ -201,7 +231,11 @@ class FrameworkRecorder(Recorder):
         start_step: int,
         auto: bool = False,
     ) -> None:
-        plan = replace(SessionPlan(out=out, trainee=trainee, options=options, config=config), framework=True, auto=auto)
+        plan = replace(
+            SessionPlan(out=out, trainee=trainee, options=options, config=config),
+            framework=True,
+            auto=auto,
+        )
         plan = replace(plan, start_step=start_step, environment=environment)
         self.trainee = trainee
         self._role = _open_role(plan)
@@ -221,13 +255,15 @@ class FrameworkRecorder(Recorder):
         self._role.end_step()
 
     def follow_loop(self, counters: LoopCounters) -> None:
-        """The framework's loop counters: in a replay, a step run again puts them back (:mod:`bisect_repro.serve.framework_rewind`)."""
+        """The framework's loop counters: in a replay, a step run again puts them back
+        (:mod:`bisect_repro.serve.framework_rewind`)."""
         if isinstance(self._role, FrameworkRewindServer):
             self._role.counters = counters
 
     @property
     def rewinder(self) -> RewindingHookServer | None:
-        """In a replay of an unchanged script, the server that feeds a rewound step its kept batches."""
+        """In a replay of an unchanged script, the server that feeds a rewound step its kept
+        batches."""
         return self._role if isinstance(self._role, RewindingHookServer) else None
 
 
@@ -259,12 +295,17 @@ def record(
     resume_from: tuple[Path | str, int] | None = None,
     resume: bool = False,
 ) -> Path:
-    """Run ``trainee.step`` for ``options.steps`` steps under a :class:`Recorder` (``resume``: see there)."""
+    """Run ``trainee.step`` for ``options.steps`` steps under a :class:`Recorder` (``resume``: see
+    there)."""
     if trainee.step is None:
-        raise BisectReproError(f"{target or 'trainee'}: the Trainee has no step function; give step=... to record it")
+        raise BisectReproError(
+            f"{target or 'trainee'}: the Trainee has no step function; give step=... to record it"
+        )
     if options.steps is None:
         raise BisectReproError("record: give the number of steps (--steps)")
-    with Recorder(out, trainee, options, target=target, config=config, resume_from=resume_from, resume=resume) as recorder:
+    with Recorder(
+        out, trainee, options, target=target, config=config, resume_from=resume_from, resume=resume
+    ) as recorder:
         for batch in recorder.batches():
             recorder.log(trainee.step(batch))
             if on_step is not None:

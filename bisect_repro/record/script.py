@@ -1,12 +1,13 @@
-"""``bisect-repro record --out DIR -- python train.py ARGS``: recording a script that is not changed at all.
+"""``bisect-repro record --out DIR -- python train.py ARGS``: recording a script that is not changed
+at all.
 
 The command is read as a person types it: an interpreter (``python``, ``python3``, a path to one),
 then a script or ``-m module``, then the script's own arguments. It runs in a process of its
-own (:func:`main`, given the command and the options as JSON), which installs :class:`~bisect_repro.record.autohooks.AutoHooks`
-and runs the script as ``__main__`` with its own ``sys.argv``, in the current working directory,
-as ``python train.py ARGS`` would: its output goes where it would, and its exit code is the
-command's. The run it writes names the script and its arguments, so ``compare`` replays it by
-running it again under the same hooks.
+own (:func:`main`, given the command and the options as JSON), which installs
+:class:`~bisect_repro.record.autohooks.AutoHooks` and runs the script as ``__main__`` with its own
+``sys.argv``, in the current working directory, as ``python train.py ARGS`` would: its output goes
+where it would, and its exit code is the command's. The run it writes names the script and its
+arguments, so ``compare`` replays it by running it again under the same hooks.
 
 The user's own ``torchrun`` works the same way: ``-- torchrun --nproc-per-node 2 train.py ARGS``
 (or ``-- python -m torch.distributed.run ...``) starts that many ranks through PyTorch's launcher,
@@ -47,10 +48,21 @@ from .autohooks import AutoHooks
 from .options import RecordOptions
 from .torchrun import torchrun_command
 
-__all__ = ["ScriptCommand", "is_interpreter", "is_launcher", "launcher_options", "parse_command", "record_script", "run_as_main"]
+__all__ = [
+    "ScriptCommand",
+    "is_interpreter",
+    "is_launcher",
+    "launcher_options",
+    "parse_command",
+    "record_script",
+    "run_as_main",
+]
 
 _INTERPRETER = re.compile(r"python[0-9.]*(\.exe)?")
-_USAGE = "give the command as: -- python train.py ARGS, -- python -m package.module ARGS or -- torchrun --nproc-per-node N train.py ARGS"
+_USAGE = (
+    "give the command as: -- python train.py ARGS, -- python -m package.module ARGS or -- "
+    "torchrun --nproc-per-node N train.py ARGS"
+)
 _RANKS_FIX = "give one, as in --nproc-per-node 2"
 _NUMBER = re.compile(r"[0-9]+")
 _NODES = re.compile(r"([0-9]+)(:\1)?")
@@ -66,13 +78,22 @@ _OPTIONS: dict[str, re.Pattern[str] | None] = {
     "--rdzv-id": re.compile(r"[A-Za-z0-9._-]+"),
 }
 """The torchrun options accepted: a flag (``None``), or the pattern its value must match."""
-_PASSED = ("--node-rank", "--master-addr", "--master-port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id")
-"""The options passed to the launcher of a run on several nodes (with ``--nnodes`` and ``--nproc-per-node``)."""
+_PASSED = (
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--rdzv-backend",
+    "--rdzv-endpoint",
+    "--rdzv-id",
+)
+"""The options passed to the launcher of a run on several nodes (with ``--nnodes`` and
+``--nproc-per-node``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ScriptCommand:
-    """What a command runs: a script by its path, or a module by its name, with the script's ``sys.argv``."""
+    """What a command runs: a script by its path, or a module by its name, with the script's
+    ``sys.argv``."""
 
     kind: CodeKind
     path: str | None = None
@@ -81,19 +102,24 @@ class ScriptCommand:
     nproc: int | None = None
     """Ranks on this node, for a command run under torchrun; ``None``: one process."""
     launcher: tuple[str, ...] = ()
-    """The launcher options of a run on several nodes (``--nnodes 2 --node-rank 1 ...``); empty on one node."""
+    """The launcher options of a run on several nodes (``--nnodes 2 --node-rank 1 ...``); empty on
+    one node."""
 
 
 def is_interpreter(word: str) -> bool:
-    """Whether a command's first word names a Python interpreter (``python``, ``python3.11``, a path to one)."""
+    """Whether a command's first word names a Python interpreter (``python``, ``python3.11``, a path
+    to one)."""
     return _INTERPRETER.fullmatch(Path(word).name) is not None
 
 
 def is_launcher(words: list[str]) -> bool:
-    """Whether a command starts with torchrun (``torchrun``, or an interpreter with ``-m torch.distributed.run``)."""
+    """Whether a command starts with torchrun (``torchrun``, or an interpreter with ``-m
+    torch.distributed.run``)."""
     if not words:
         return False
-    return Path(words[0]).name == "torchrun" or (is_interpreter(words[0]) and words[1:3] == ["-m", "torch.distributed.run"])
+    return Path(words[0]).name == "torchrun" or (
+        is_interpreter(words[0]) and words[1:3] == ["-m", "torch.distributed.run"]
+    )
 
 
 def _options(words: list[str]) -> tuple[dict[str, str | None], list[str]]:
@@ -104,7 +130,10 @@ def _options(words: list[str]) -> tuple[dict[str, str | None], list[str]]:
         name, given, value = rest.pop(0).partition("=")
         name = "--" + name.lstrip("-").replace("_", "-")
         if name not in _OPTIONS:
-            raise BisectReproError(f"record: torchrun option {name} is not supported; the options read are {', '.join(_OPTIONS)}")
+            raise BisectReproError(
+                f"record: torchrun option {name} is not supported; the options read are "
+                f"{', '.join(_OPTIONS)}"
+            )
         pattern = _OPTIONS[name]
         if pattern is None:
             found[name] = None
@@ -114,29 +143,45 @@ def _options(words: list[str]) -> tuple[dict[str, str | None], list[str]]:
                 raise BisectReproError(f"record: torchrun option {name} needs a value; {_USAGE}")
             value = rest.pop(0)
         if name == "--nproc-per-node" and not pattern.fullmatch(value):
-            raise BisectReproError(f"record: --nproc-per-node {value!r} is not a number of ranks from 1 to 64; {_RANKS_FIX}")
+            raise BisectReproError(
+                f"record: --nproc-per-node {value!r} is not a number of ranks from 1 to 64; "
+                f"{_RANKS_FIX}"
+            )
         if not pattern.fullmatch(value):
-            raise BisectReproError(f"record: torchrun {name} {value!r} is not a value it takes; see torchrun --help")
+            raise BisectReproError(
+                f"record: torchrun {name} {value!r} is not a value it takes; see torchrun --help"
+            )
         found[name] = value
     return found, rest
 
 
 def _ranks(words: list[str]) -> tuple[int, tuple[str, ...], list[str]]:
-    """The ranks on this node, the launcher options of several nodes (empty on one), and the words after them."""
+    """The ranks on this node, the launcher options of several nodes (empty on one), and the words
+    after them."""
     found, rest = _options(words)
     nproc = int(found.get("--nproc-per-node") or 1)
     if not 1 <= nproc <= 64:
-        raise BisectReproError(f"record: --nproc-per-node {nproc} is not a number of ranks from 1 to 64; {_RANKS_FIX}")
+        raise BisectReproError(
+            f"record: --nproc-per-node {nproc} is not a number of ranks from 1 to 64; {_RANKS_FIX}"
+        )
     nodes = int((found.get("--nnodes") or "1").partition(":")[0])
     if nodes < 1:
         raise BisectReproError("record: torchrun --nnodes 0: give the number of nodes, at least 1")
     if nodes == 1:
         return nproc, (), rest
     if "--standalone" in found:
-        raise BisectReproError(f"record: torchrun --standalone is one node, --nnodes {nodes} several; drop one of them")
+        raise BisectReproError(
+            f"record: torchrun --standalone is one node, --nnodes {nodes} several; drop one of them"
+        )
     if found.get("--rdzv-endpoint") is None and found.get("--master-addr") is None:
-        raise BisectReproError(f"record: torchrun --nnodes {nodes} needs where the nodes meet: give --rdzv-endpoint HOST:PORT")
-    launcher = [f"--nnodes={nodes}", *(f"{name}={found[name]}" for name in _PASSED if found.get(name) is not None)]
+        raise BisectReproError(
+            f"record: torchrun --nnodes {nodes} needs where the nodes meet: give --rdzv-endpoint "
+            "HOST:PORT"
+        )
+    launcher = [
+        f"--nnodes={nodes}",
+        *(f"{name}={found[name]}" for name in _PASSED if found.get(name) is not None),
+    ]
     return nproc, tuple(launcher), rest
 
 
@@ -145,34 +190,62 @@ def launcher_options(words: list[str]) -> tuple[str, ...]:
     ``--rdzv-endpoint=HOST:PORT``, ...), checked as a command's are; empty on one node."""
     _, launcher, rest = _ranks(words)
     if rest:
-        raise BisectReproError(f"record: --torchrun {rest[0]!r} is not a torchrun option; give one a time, as --torchrun=--nnodes=2")
+        raise BisectReproError(
+            f"record: --torchrun {rest[0]!r} is not a torchrun option; give one a time, as "
+            "--torchrun=--nnodes=2"
+        )
     return launcher
 
 
 def parse_command(words: list[str]) -> ScriptCommand:
-    """``python train.py ARGS``, ``python -m pkg.train ARGS`` or ``torchrun [OPTIONS] train.py ARGS``;
-    a one-line error with the fix otherwise."""
+    """``python train.py ARGS``, ``python -m pkg.train ARGS`` or ``torchrun [OPTIONS] train.py
+    ARGS``; a one-line error with the fix otherwise."""
     nproc: int | None = None
     launcher: tuple[str, ...] = ()
     if is_launcher(words):
-        nproc, launcher, rest = _ranks(words[1:] if Path(words[0]).name == "torchrun" else words[3:])
-        words = [sys.executable, *("-m" if word == "--module" else word for word in rest[:1]), *rest[1:]]
+        nproc, launcher, rest = _ranks(
+            words[1:] if Path(words[0]).name == "torchrun" else words[3:]
+        )
+        words = [
+            sys.executable,
+            *("-m" if word == "--module" else word for word in rest[:1]),
+            *rest[1:],
+        ]
     if not words or not is_interpreter(words[0]):
         shown = words[0] if words else "nothing"
-        raise BisectReproError(f"record: the command starts with {shown!r}, not a Python interpreter or torchrun; {_USAGE}")
+        raise BisectReproError(
+            f"record: the command starts with {shown!r}, not a Python interpreter or torchrun; "
+            f"{_USAGE}"
+        )
     rest = words[1:]
     if rest[:1] == ["-m"] and len(rest) >= 2:
-        return ScriptCommand(kind=CodeKind.MODULE, module=rest[1], argv=(rest[1], *rest[2:]), nproc=nproc, launcher=launcher)
+        return ScriptCommand(
+            kind=CodeKind.MODULE,
+            module=rest[1],
+            argv=(rest[1], *rest[2:]),
+            nproc=nproc,
+            launcher=launcher,
+        )
     if not rest or rest[0].startswith("-"):
-        raise BisectReproError(f"record: {' '.join(words)!r} names no script (interpreter options are not supported); {_USAGE}")
+        raise BisectReproError(
+            f"record: {' '.join(words)!r} names no script (interpreter options are not supported); "
+            f"{_USAGE}"
+        )
     path = Path(rest[0])
     if not path.is_file():
         raise BisectReproError(f"record: {rest[0]}: no such script; check the path")
-    return ScriptCommand(kind=CodeKind.SCRIPT, path=str(path.resolve()), argv=(rest[0], *rest[1:]), nproc=nproc, launcher=launcher)
+    return ScriptCommand(
+        kind=CodeKind.SCRIPT,
+        path=str(path.resolve()),
+        argv=(rest[0], *rest[1:]),
+        nproc=nproc,
+        launcher=launcher,
+    )
 
 
 def run_as_main(command: ScriptCommand) -> None:
-    """Run the script or module as ``__main__`` with its own ``sys.argv``, as the interpreter would."""
+    """Run the script or module as ``__main__`` with its own ``sys.argv``, as the interpreter
+    would."""
     sys.argv = list(command.argv)
     if command.kind is CodeKind.MODULE:
         runpy.run_module(command.module or "", run_name="__main__", alter_sys=True)
@@ -191,10 +264,19 @@ def run_as_main(command: ScriptCommand) -> None:
 
 def record_script(command: ScriptCommand, out: Path, options: RecordOptions) -> int:
     """Run the command under the hooks in a process of its own; its exit code."""
-    spec = {"out": str(out.resolve()), "options": asdict(options), "command": {**asdict(command), "kind": command.kind.value}}
-    package = str(Path(__file__).resolve().parents[2])  # this very package, wherever it is installed
+    spec = {
+        "out": str(out.resolve()),
+        "options": asdict(options),
+        "command": {**asdict(command), "kind": command.kind.value},
+    }
+    # this very package, wherever it is installed
+    package = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
-    entry = [sys.executable, "-c", "import sys; from bisect_repro.record.script import main; sys.exit(main(sys.argv[1:]))"]
+    entry = [
+        sys.executable,
+        "-c",
+        "import sys; from bisect_repro.record.script import main; sys.exit(main(sys.argv[1:]))",
+    ]
     if command.nproc is not None:  # each rank runs main()
         entry = [*torchrun_command(command.nproc, command.launcher), "--no-python", *entry]
     return subprocess.call([*entry, json.dumps(spec)], env={**os.environ, "PYTHONPATH": path})
@@ -204,7 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     """The process of :func:`record_script`: the hooks, then the script, then the final snapshot."""
     spec: dict[str, Any] = json.loads((argv or sys.argv[1:])[0])
     found = spec["command"]
-    command = ScriptCommand(kind=CodeKind(found["kind"]), path=found["path"], module=found["module"], argv=tuple(found["argv"]))
+    command = ScriptCommand(
+        kind=CodeKind(found["kind"]),
+        path=found["path"],
+        module=found["module"],
+        argv=tuple(found["argv"]),
+    )
     if command.kind is CodeKind.MODULE:
         sys.path.insert(0, os.getcwd())  # as python -m does
     hooks = AutoHooks(spec["out"], RecordOptions(**spec["options"])).install()
@@ -221,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         read_arguments()
     hooks.close(failed=code != 0)
     if hooks.recorder is None:
-        print("bisect-repro: the script never stepped an optimizer after a forward pass; nothing was recorded", file=sys.stderr)
+        print(
+            "bisect-repro: the script never stepped an optimizer after a forward pass; nothing was "
+            "recorded",
+            file=sys.stderr,
+        )
         return code or 3
     return code

@@ -98,12 +98,23 @@ class RecordingSession:
     replaying = False
 
     def __init__(self, plan: SessionPlan) -> None:
-        out, trainee, options, target, config = plan.out, plan.trainee, plan.options, plan.target, plan.config
+        out, trainee, options, target, config = (
+            plan.out,
+            plan.trainee,
+            plan.options,
+            plan.target,
+            plan.config,
+        )
         resume_from, resume = plan.resume_from, plan.resume
         if resume and resume_from is not None:
-            raise BisectReproError(f"{out}: give resume=True (continue this run) or resume_from (start a new run), not both")
+            raise BisectReproError(
+                f"{out}: give resume=True (continue this run) or resume_from (start a new run), "
+                "not both"
+            )
         if plan.max_pending_writes < 0:
-            raise BisectReproError(f"max_pending_writes {plan.max_pending_writes}: must be 0 or more")
+            raise BisectReproError(
+                f"max_pending_writes {plan.max_pending_writes}: must be 0 or more"
+            )
         info = rank_info()  # this process's rank in a distributed run, None for a single process
         self.trainee = trainee
         self.state = TrainingState(trainee, plan.scope)
@@ -118,9 +129,11 @@ class RecordingSession:
         self._stopped = False
         self._closed = self._handed_out = False
         self._reported = False
-        self._activations: ActivationSketches | None = None  # hooks on the model during a snapshot's step
+        # hooks on the model during a snapshot's step
+        self._activations: ActivationSketches | None = None
         self._taking = False  # the hooks are taking the outputs of the current step
-        self._sketched: tuple[int, PendingSketches] | None = None  # that step's activation sketches, for the next snapshot
+        # that step's activation sketches, for the next snapshot
+        self._sketched: tuple[int, PendingSketches] | None = None
         try:
             if resume:
                 self.options = self._resume(Path(out), options, target, config, info)
@@ -129,50 +142,80 @@ class RecordingSession:
                 self.step = plan.start_step
                 if resume_from is not None:
                     source, step = resume_from
-                    self.state.load_state_dict(Run.open(source, info.rank if info else 0).checkpoint(step), streams=plan.restore_streams)
+                    self.state.load_state_dict(
+                        Run.open(source, info.rank if info else 0).checkpoint(step),
+                        streams=plan.restore_streams,
+                    )
                     self.step = step
                 self.start_step = self.step
                 meta = run_meta(plan, self.options, self.start_step, self.state.streams.names())
                 rank_meta = None
                 if info is not None:
-                    meta["distributed"], rank_meta = distributed_meta(trainee, info, meta["environment"])
-                self.writer = open_writer(out, meta, force=self.options.force, info=info, rank_meta=rank_meta)
+                    meta["distributed"], rank_meta = distributed_meta(
+                        trainee, info, meta["environment"]
+                    )
+                self.writer = open_writer(
+                    out, meta, force=self.options.force, info=info, rank_meta=rank_meta
+                )
         except BaseException:
             self.state.close()
             raise
-        self._writer = BackgroundWriter(f"bisect-repro writer for {self.writer.path}", plan.max_pending_writes, self.writer.commit_group)
-        self._seeded: dict[int, list[dict[str, Any]]] = {}  # entropy seeding calls by step, logged with the step
+        self._writer = BackgroundWriter(
+            f"bisect-repro writer for {self.writer.path}",
+            plan.max_pending_writes,
+            self.writer.commit_group,
+        )
+        # entropy seeding calls by step, logged with the step
+        self._seeded: dict[int, list[dict[str, Any]]] = {}
         self._watch = SeedingWatch(on_call=self._note_seeding).install()
 
     def _note_seeding(self, call: SeedingCall) -> None:
         if call.entropy:
-            self._seeded.setdefault(self.step, []).append(call.to_record())  # with the value entropy gave
+            # with the value entropy gave
+            self._seeded.setdefault(self.step, []).append(call.to_record())
 
     def _resume(
-        self, out: Path, options: RecordOptions | None, target: str | None, config: Mapping[str, Any] | None, info: RankInfo | None
+        self,
+        out: Path,
+        options: RecordOptions | None,
+        target: str | None,
+        config: Mapping[str, Any] | None,
+        info: RankInfo | None,
     ) -> RecordOptions:
-        """Reopen ``out`` at its last checkpoint, restore it, and check that the caller records the same run."""
+        """Reopen ``out`` at its last checkpoint, restore it, and check that the caller records the
+        same run."""
         self.writer, resumed = resume_writer(out, info)
         try:
             meta = resumed.meta
             written = meta.raw.get("options") or {}
-            recorded = {k: getattr(meta.options, k) for k in (*_SCHEDULE, "on_error") if k in written}
+            recorded = {
+                k: getattr(meta.options, k) for k in (*_SCHEDULE, "on_error") if k in written
+            }
             if options is None:
-                options = RecordOptions(**{k: recorded[k] for k in (*_SCHEDULE, "on_error") if k in recorded})
+                options = RecordOptions(
+                    **{k: recorded[k] for k in (*_SCHEDULE, "on_error") if k in recorded}
+                )
             for key in _SCHEDULE:
                 if key in recorded and recorded[key] != getattr(options, key):
                     flag = "--" + key.replace("_", "-")
                     raise BisectReproError(
-                        f"{out}: was recorded with {flag} {recorded[key]}, not {getattr(options, key)}; resume with the same options"
+                        f"{out}: was recorded with {flag} {recorded[key]}, not "
+                        f"{getattr(options, key)}; resume with the same options"
                     )
             if config is not None and dict(config) != meta.config:
-                raise BisectReproError(f"{out}: was recorded with --set {meta.config}, not {dict(config)}; resume with the same settings")
+                raise BisectReproError(
+                    f"{out}: was recorded with --set {meta.config}, not {dict(config)}; resume "
+                    "with the same settings"
+                )
             if target is not None and meta.target not in (None, target):
-                warnings.warn(f"{out}: was recorded from {meta.target}, resumed from {target}", stacklevel=4)
+                warnings.warn(
+                    f"{out}: was recorded from {meta.target}, resumed from {target}", stacklevel=4
+                )
             self.state.load_state_dict(resumed.checkpoint)
             self.step = resumed.step
             self.start_step = meta.options.start_step
-            self._last_snapshot = self._committed = resumed.step  # committed already: not written again
+            # committed already: not written again
+            self._last_snapshot = self._committed = resumed.step
             resumes = [*(meta.raw.get("resumes") or []), {"step": resumed.step, "created": now()}]
             changed = env.diff(meta.environment, env.fingerprint())
             if changed:
@@ -181,7 +224,10 @@ class RecordingSession:
                 self.writer.update_meta({"resumes": resumes})
         except OSError as error:
             self.writer.close()
-            raise RecordingError(f"{out}: cannot resume ({error.strerror or error}); check its permissions and free space") from error
+            raise RecordingError(
+                f"{out}: cannot resume ({error.strerror or error}); check its permissions and free "
+                "space"
+            ) from error
         except BaseException:
             self.writer.close()
             raise
@@ -189,10 +235,15 @@ class RecordingSession:
 
     # -- the loop ------------------------------------------------------------------------
     def batches(self, steps: int | None = None) -> Iterator[Any]:
-        """Yield one batch per step up to ``steps`` (total, from 0), else the planned steps, else one pass
-        over a source with a length, snapshotting as due; close the run once the planned steps are done
-        (with none planned: this call's), so that a loop may call this once per epoch."""
-        planned = self.options.steps if self.options.steps is not None else (None if steps is not None else self._one_pass())
+        """Yield one batch per step up to ``steps`` (total, from 0), else the planned steps, else
+        one pass over a source with a length, snapshotting as due; close the run once the planned
+        steps are done (with none planned: this call's), so that a loop may call this once per
+        epoch."""
+        planned = (
+            self.options.steps
+            if self.options.steps is not None
+            else (None if steps is not None else self._one_pass())
+        )
         bound = steps if steps is not None else planned
         assert bound is not None
         while self.step < bound:
@@ -202,7 +253,8 @@ class RecordingSession:
                 self.note_batch(batch, indices)
             else:
                 for micro, part in enumerate(batch):
-                    self.note_batch(part, indices if micro == 0 else None)  # the step's order: all its samples
+                    # the step's order: all its samples
+                    self.note_batch(part, indices if micro == 0 else None)
             self._handed_out = True
             yield batch
             self.end_step()
@@ -219,7 +271,8 @@ class RecordingSession:
         except TypeError:
             self.abandon()
             raise BisectReproError(
-                f"{self.writer.path}: no step count, and the data ({type(loader).__name__}) has no length, so the run "
+                f"{self.writer.path}: no step count, and the data ({type(loader).__name__}) has no "
+                "length, so the run "
                 "may never end; give RecordOptions(steps=N) or recorder.batches(steps=N)"
             ) from None
 
@@ -240,9 +293,13 @@ class RecordingSession:
         self.step += 1
 
     def _close_activations(self) -> None:
-        """The activation sketches of the step that started at the last snapshot, kept for the next one."""
+        """The activation sketches of the step that started at the last snapshot, kept for the next
+        one."""
         if self._activations is not None and self._taking:
-            found, self._taking = self._activations.take(keep=self._due(self.step + 1) and not self._stopped), False
+            found, self._taking = (
+                self._activations.take(keep=self._due(self.step + 1) and not self._stopped),
+                False,
+            )
             if found is not None:
                 self._sketched = (self.step, found)
 
@@ -257,7 +314,8 @@ class RecordingSession:
         return self._last_loss
 
     def close(self) -> None:
-        """Commit the final snapshot, mark the run complete when all planned steps ran, wait for the writes.
+        """Commit the final snapshot, mark the run complete when all planned steps ran, wait for the
+        writes.
 
         Raises the :class:`RecordingError` of a failed write (``on_error="raise"``).
         """
@@ -265,9 +323,11 @@ class RecordingSession:
             return
         self._closed = True
         try:
-            if self._handed_out:  # the loop stopped after the body of the step it was handed: that step is done
+            # the loop stopped after the body of the step it was handed: that step is done
+            if self._handed_out:
                 self.end_step()
-            if self._pending and self._pending[-1].step == self.step:  # begun, never ended: not a step that ran
+            # begun, never ended: not a step that ran
+            if self._pending and self._pending[-1].step == self.step:
                 self._pending.pop()
             if self._last_snapshot != self.step:
                 self._snapshot(self.step)
@@ -308,7 +368,10 @@ class RecordingSession:
         same_step = bool(self._pending) and self._pending[-1].step == self.step
         micro = len(self._pending[-1].batch_names) if same_step else 0
         tensors, others = batch_tensors(batch)
-        named = {f"{self.step}.{micro + i}:{path}": tensor for i, (path, tensor) in enumerate(tensors.items())}
+        named = {
+            f"{self.step}.{micro + i}:{path}": tensor
+            for i, (path, tensor) in enumerate(tensors.items())
+        }
         order_name = None
         if indices is not None and not same_step:
             order_name = f"{self.step}:order"
@@ -323,7 +386,9 @@ class RecordingSession:
             self._pending[-1].batch_names += [n for n in named if n != order_name]
             self._pending[-1].others += others
         else:
-            self._pending.append(PendingStep(self.step, order_name, [n for n in named if n != order_name], others))
+            self._pending.append(
+                PendingStep(self.step, order_name, [n for n in named if n != order_name], others)
+            )
 
     def _hash_deferred(self) -> None:
         if self._deferred:
@@ -335,15 +400,27 @@ class RecordingSession:
         if self._stopped:
             return
         state = self.state
-        tensors, placed = state.tensors_and_placements()  # placed: how each DTensor's local shard is laid out
+        # placed: how each DTensor's local shard is laid out
+        tensors, placed = state.tensors_and_placements()
         # Batch and state hashes travel to the host together, in one transfer per device; the
-        # digests and step records are made from them on the writer's thread. Plain float32 parameters are sketched in the hash's pass.
-        deferred, self._deferred, self._deferred_bytes = self._deferred, {}, 0  # hashed with the state, in one call
-        parameters, hashed = state.parameters(), deferred | {f"state:{name}": tensor for name, tensor in tensors.items()}
-        self._batch_hashes.add(hashed, {f"state:{n}": at for n, at in fusable(parameters, tensors).items()})  # batch names: "<step>:..."
+        # digests and step records are made from them on the writer's thread. Plain float32
+        # parameters are sketched in the hash's pass. hashed with the state, in one call
+        deferred, self._deferred, self._deferred_bytes = self._deferred, {}, 0
+        parameters, hashed = (
+            state.parameters(),
+            deferred | {f"state:{name}": tensor for name, tensor in tensors.items()},
+        )
+        # batch names: "<step>:..."
+        self._batch_hashes.add(
+            hashed, {f"state:{n}": at for n, at in fusable(parameters, tensors).items()}
+        )
         lanes, self._batch_hashes = self._batch_hashes.fetch_lanes(), PendingHashes()
-        in_pass = {n: lanes.sketches[f"state:{n}"] for n in parameters if f"state:{n}" in lanes.sketches}  # fresh host arrays
-        sketched, sketches = sketch_tensors(parameters, in_pass)  # a fresh host tensor: shares nothing with the training
+        # fresh host arrays
+        in_pass = {
+            n: lanes.sketches[f"state:{n}"] for n in parameters if f"state:{n}" in lanes.sketches
+        }
+        # a fresh host tensor: shares nothing with the training
+        sketched, sketches = sketch_tensors(parameters, in_pass)
         self._close_activations()
         (sketched_step, activations), self._sketched = self._sketched or (None, None), None
         if activations is not None:
@@ -354,25 +431,49 @@ class RecordingSession:
         self._taking = True
         pending, self._pending = self._pending, []
         losses = fetch_losses(pending)
-        self._last_loss = next((float(loss) for loss in reversed(losses) if loss is not None), self._last_loss)
+        self._last_loss = next(
+            (float(loss) for loss in reversed(losses) if loss is not None), self._last_loss
+        )
         seeded = {p.step: self._seeded.pop(p.step) for p in pending if p.step in self._seeded}
         names, extra = list(tensors), state.extra_digests()
         # The snapshot's tree shares nothing the training changes: digests are strings, and the
         # streams' and data position's states are copies taken now. So it is taken apart on the
-        # writer's thread; only a checkpoint, which holds the training's own tensors, is copied here.
-        streams, data, settings = state.streams.state_dict(), state.data.state_dict(), state.settings()
+        # writer's thread; only a checkpoint, which holds the training's own tensors, is copied
+        # here.
+        streams, data, settings = (
+            state.streams.state_dict(),
+            state.data.state_dict(),
+            state.settings(),
+        )
         checkpoint_every = self.options.checkpoint_every
-        due = step == self.start_step or (checkpoint_every is not None and step % checkpoint_every == 0)
+        due = step == self.start_step or (
+            checkpoint_every is not None and step % checkpoint_every == 0
+        )
         checkpoint = codec.prepare(state.state_dict()) if due else None
 
         def commit() -> Commit:  # on the writer's thread
             digests = lanes.digests()
             hashes = {name: digests[f"state:{name}"] for name in names} | extra
             sketch = {"width": WIDTH, "seed": SEED, "names": sketched, "values": sketches}
-            tree = {"step": step, "hashes": hashes, "streams": streams, "data": data, **placed, "settings": settings, "sketch": sketch}
+            tree = {
+                "step": step,
+                "hashes": hashes,
+                "streams": streams,
+                "data": data,
+                **placed,
+                "settings": settings,
+                "sketch": sketch,
+            }
             if activations is not None:
-                tree["activations"] = {"step": sketched_step, **sketch, "names": activations.names, "values": activations.fetch()}
-            files = [("snapshot", codec.prepare(tree))] + ([("checkpoint", checkpoint)] if checkpoint is not None else [])
+                tree["activations"] = {
+                    "step": sketched_step,
+                    **sketch,
+                    "names": activations.names,
+                    "values": activations.fetch(),
+                }
+            files = [("snapshot", codec.prepare(tree))] + (
+                [("checkpoint", checkpoint)] if checkpoint is not None else []
+            )
             return Commit(step, step_records(pending, losses, digests, seeded), files)
 
         self._writer.submit(step, commit)
@@ -390,9 +491,22 @@ class RecordingSession:
         cause = (error.strerror or str(error)) if isinstance(error, OSError) else "out of memory"
         if isinstance(error, OSError) and error.filename:
             cause += f": {error.filename}"
-        committed = self._writer.committed if self._writer.committed is not None else self._committed
-        kept = f"what was committed, up to step {committed}, is intact" if committed is not None else "nothing was committed"
-        message = f"{self.writer.path}: recording failed writing step {self._writer.failed_at} ({cause}); {kept}"
+        committed = (
+            self._writer.committed if self._writer.committed is not None else self._committed
+        )
+        kept = (
+            f"what was committed, up to step {committed}, is intact"
+            if committed is not None
+            else "nothing was committed"
+        )
+        message = (
+            f"{self.writer.path}: recording failed writing step {self._writer.failed_at} "
+            f"({cause}); {kept}"
+        )
         if self.options.on_error == "raise":
-            raise RecordingError(f"{message}; free space or fix permissions, then record again with --resume") from error
-        warnings.warn(f"{message}; recording stopped, training goes on", RecordingWarning, stacklevel=4)
+            raise RecordingError(
+                f"{message}; free space or fix permissions, then record again with --resume"
+            ) from error
+        warnings.warn(
+            f"{message}; recording stopped, training goes on", RecordingWarning, stacklevel=4
+        )

@@ -78,7 +78,8 @@ def _by_rank(reports: Path, kind: str) -> list[tuple[int, Path]]:
 
 
 def _first_error(reports: Path) -> str | None:
-    """The first rank's own error; a rank that stopped because another failed says so in a ``.peer`` file."""
+    """The first rank's own error; a rank that stopped because another failed says so in a ``.peer``
+    file."""
     for kind in ("error", "peer"):
         for _, file in _by_rank(reports, kind)[:1]:
             return file.read_text(errors="replace").strip()
@@ -90,7 +91,14 @@ def torchrun_command(nproc: int, nodes: tuple[str, ...] = ()) -> list[str]:
     (the module ``torchrun`` runs); alone, it picks its own free rendezvous port; with ``nodes``
     (``--nnodes=2 --rdzv-endpoint=...``), it meets the other nodes where those options say."""
     alone = () if nodes else ("--standalone",)
-    return [sys.executable, "-m", "torch.distributed.run", *alone, *nodes, f"--nproc-per-node={nproc}"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *alone,
+        *nodes,
+        f"--nproc-per-node={nproc}",
+    ]
 
 
 def record_ranks(
@@ -106,17 +114,34 @@ def record_ranks(
     nodes: tuple[str, ...] = (),
 ) -> None:
     """Record ``target`` on ``nproc`` ranks of this node into ``out`` (with ``nodes``, this node's
-    share of a run of several, see :func:`torchrun_command`); raise the first rank's error (one line) if one failed."""
+    share of a run of several, see :func:`torchrun_command`); raise the first rank's error (one
+    line) if one failed."""
     if nproc < 1:
         raise BisectReproError(f"--nproc-per-node {nproc}: must be at least 1")
-    spec = {"target": target, "out": str(out.resolve()), "options": asdict(options), "config": dict(config), "resume": resume}
+    spec = {
+        "target": target,
+        "out": str(out.resolve()),
+        "options": asdict(options),
+        "config": dict(config),
+        "resume": resume,
+    }
     reports = Path(tempfile.mkdtemp(prefix="bisect-repro-ranks-"))
     committed = _Committed(out)
     log = reports / "torchrun.log"
-    command = [*torchrun_command(nproc, nodes), "-m", "bisect_repro.record.torchrun", json.dumps(spec)]
+    command = [
+        *torchrun_command(nproc, nodes),
+        "-m",
+        "bisect_repro.record.torchrun",
+        json.dumps(spec),
+    ]
     try:
         with open(log, "wb") as output:
-            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, _REPORTS: str(reports)})
+            process = subprocess.Popen(
+                command,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, _REPORTS: str(reports)},
+            )
             try:
                 while process.poll() is None:
                     if on_progress is not None:
@@ -134,11 +159,15 @@ def record_ranks(
             error = _first_error(reports)
             if error is not None:
                 raise BisectReproError(error)
-            handle, name = tempfile.mkstemp(prefix="bisect-repro-torchrun-", suffix=".log")  # a new file: never through a link
+            # a new file: never through a link
+            handle, name = tempfile.mkstemp(prefix="bisect-repro-torchrun-", suffix=".log")
             with os.fdopen(handle, "wb") as copy, open(log, "rb") as source:
                 shutil.copyfileobj(source, copy)
             kept = Path(name)
-            raise RecordingError(f"{out}: a rank failed (torchrun exited with code {process.returncode}); see its output in {kept}")
+            raise RecordingError(
+                f"{out}: a rank failed (torchrun exited with code {process.returncode}); see its "
+                f"output in {kept}"
+            )
         if on_progress is not None:
             on_progress(committed.count())
     finally:
@@ -154,16 +183,22 @@ def init_process_group() -> bool:
     if dist.is_initialized():
         return False
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available() and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count():
-        torch.cuda.set_device(local_rank)  # one GPU a rank; more ranks than GPUs on this node train on the CPU
-        dist.init_process_group("cpu:gloo,cuda:nccl")  # NCCL for CUDA tensors, gloo for a model left on the CPU
+    if (
+        torch.cuda.is_available()
+        and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count()
+    ):
+        # one GPU a rank; more ranks than GPUs on this node train on the CPU
+        torch.cuda.set_device(local_rank)
+        # NCCL for CUDA tensors, gloo for a model left on the CPU
+        dist.init_process_group("cpu:gloo,cuda:nccl")
     else:
         dist.init_process_group("gloo")
     return True
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One rank: initialise, build the recipe, record it; errors and warnings to the reports folder."""
+    """One rank: initialise, build the recipe, record it; errors and warnings to the reports
+    folder."""
     spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
     reports = Path(os.environ.get(_REPORTS, tempfile.gettempdir()))
     rank = int(os.environ.get("RANK", "0"))
@@ -182,7 +217,14 @@ def main(argv: list[str] | None = None) -> int:
             ours = init_process_group()
             options = RecordOptions(**spec["options"])
             trainee = build(spec["target"], spec["config"])
-            record(trainee, spec["out"], options, target=spec["target"], config=spec["config"], resume=spec["resume"])
+            record(
+                trainee,
+                spec["out"],
+                options,
+                target=spec["target"],
+                config=spec["config"],
+                resume=spec["resume"],
+            )
     except BisectReproError as error:
         report("peer" if isinstance(error, AnotherRankFailed) else "error", f"rank {rank}: {error}")
         return 2

@@ -69,7 +69,11 @@ def _rank_log() -> None:
     folder = os.environ.get(LOGS_VARIABLE)
     if not folder:
         return
-    handle = os.open(Path(folder) / f"rank{int(os.environ.get('RANK', '0'))}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    handle = os.open(
+        Path(folder) / f"rank{int(os.environ.get('RANK', '0'))}.log",
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+        0o600,
+    )
     os.dup2(handle, 1)
     os.dup2(handle, 2)
     os.close(handle)
@@ -99,21 +103,31 @@ def _check_module(module: str, path: str | None) -> None:
     """Refuse to run ``module`` unless it resolves to the file whose hash was checked."""
     if path is None:
         return
-    name = f"{module}.__main__" if Path(path).name == "__main__.py" and not module.endswith("__main__") else module
+    name = (
+        f"{module}.__main__"
+        if Path(path).name == "__main__.py" and not module.endswith("__main__")
+        else module
+    )
     found = module_file(name)
     if found != Path(path).resolve():
-        raise BisectReproError(f"{module}: imports {found or 'nothing'} here, not {path}, the file that was checked; nothing was run")
+        raise BisectReproError(
+            f"{module}: imports {found or 'nothing'} here, not {path}, the file that was checked; "
+            "nothing was run"
+        )
 
 
 def _run_recipe(spec: dict[str, Any], ranks: bool) -> None:
     target, expected = spec["target"], Path(spec["path"]) if spec.get("path") else None
-    if expected is not None and spec.get("root"):  # a module recipe: its module must be the checked file
+    # a module recipe: its module must be the checked file
+    if expected is not None and spec.get("root"):
         _check_module(target.rpartition(":")[0], spec["path"])
     if ranks:  # a rank under torchrun: the group first, as record --nproc-per-node does
         init_process_group()
     trainee = build(target, spec.get("config") or {}, expected=expected)
     if trainee.step is None:
-        raise BisectReproError(f"{target}: the Trainee has no step function; give step=... to replay the recipe")
+        raise BisectReproError(
+            f"{target}: the Trainee has no step function; give step=... to replay the recipe"
+        )
     with Recorder("<replay>", trainee) as recorder:
         for batch in recorder.batches():
             recorder.log(trainee.step(batch))
@@ -126,7 +140,8 @@ def main() -> None:
     if spec.get("path") and spec.get("sha256"):
         pin(spec["path"], spec["sha256"])  # what runs is the bytes whose hash was checked and shown
     _seed(spec.get("seeds") or {})
-    watch_process()  # before the code runs: its seeding and thread count while it builds are seen too
+    # before the code runs: its seeding and thread count while it builds are seen too
+    watch_process()
     watch_compile()  # and what it compiles, which a compiler bisection compiles again
     try:
         if spec["kind"] == "recipe":
@@ -134,15 +149,24 @@ def main() -> None:
         else:
             if spec["kind"] == "module":
                 _check_module(spec["module"], spec.get("path"))
-            command = ScriptCommand(kind=CodeKind(spec["kind"]), path=spec.get("path"), module=spec.get("module"), argv=tuple(spec["argv"]))
-            hooks = AutoHooks("<replay>", RecordOptions()).install() if spec.get("auto") else None  # recorded unchanged
+            command = ScriptCommand(
+                kind=CodeKind(spec["kind"]),
+                path=spec.get("path"),
+                module=spec.get("module"),
+                argv=tuple(spec["argv"]),
+            )
+            # recorded unchanged
+            hooks = AutoHooks("<replay>", RecordOptions()).install() if spec.get("auto") else None
             run_as_main(command)
             if hooks is not None:
                 hooks.close()  # ends the process: the replay is over
     except BisectReproError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    print("bisect-repro: the code ended without reaching Recorder.batches(); nothing to replay", file=sys.stderr)
+    print(
+        "bisect-repro: the code ended without reaching Recorder.batches(); nothing to replay",
+        file=sys.stderr,
+    )
     sys.exit(3)
 
 

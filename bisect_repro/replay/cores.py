@@ -6,12 +6,13 @@ cores (two runs of two threads each on two cores, or a run and the spare process
 its next repeats) each spin on cores the other needs, and both run slower than one after the
 other (figures in benchmarks/NOTES.md).
 
-Design decision: every request to a replaying process (:meth:`~bisect_repro.replay.replica.Replica.request`)
-holds :data:`CORES` for its replica's threads while it runs; a request whose threads do not fit
-beside those under way waits, and a spare's (preparing for a repeat ahead of need) lets every
-waiting request of the replay itself go first. How the threads wait is left as it was recorded
-(``OMP_WAIT_POLICY`` is not set): a nondeterministic kernel's outcomes depend on the threads'
-timing, and a replay must reproduce the records as often as the recording would repeat itself.
+Design decision: every request to a replaying process
+(:meth:`~bisect_repro.replay.replica.Replica.request`) holds :data:`CORES` for its replica's threads
+while it runs; a request whose threads do not fit beside those under way waits, and a spare's
+(preparing for a repeat ahead of need) lets every waiting request of the replay itself go first. How
+the threads wait is left as it was recorded (``OMP_WAIT_POLICY`` is not set): a nondeterministic
+kernel's outcomes depend on the threads' timing, and a replay must reproduce the records as often as
+the recording would repeat itself.
 
 Where the guarantees stop: only requests are counted; a process's own start (the code building its
 model before it connects) runs beside them.

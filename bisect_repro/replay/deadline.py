@@ -1,4 +1,5 @@
-"""How long a replaying process may take to answer: a deadline proportional to the recorded step time.
+"""How long a replaying process may take to answer: a deadline proportional to the recorded step
+time.
 
 Every wait on a replaying process already notices the process's death at once (the wait checks
 it every half second). A live process that stops answering (a loop that never reaches the next
@@ -27,10 +28,20 @@ from collections.abc import Callable
 from ..errors import BisectReproError
 from ..store.run import Run
 
-__all__ = ["CEILING_S", "FLOOR_S", "SLOWER", "Deadline", "DeadlinePassed", "allowance", "guarded", "step_seconds"]
+__all__ = [
+    "CEILING_S",
+    "FLOOR_S",
+    "SLOWER",
+    "Deadline",
+    "DeadlinePassed",
+    "allowance",
+    "guarded",
+    "step_seconds",
+]
 
 SLOWER = 200
-"""How many times slower than recorded a replayed step may be (traced in full, on a loaded machine)."""
+"""How many times slower than recorded a replayed step may be (traced in full, on a loaded
+machine)."""
 FLOOR_S = 900.0
 CEILING_S = 24 * 3600.0
 
@@ -40,7 +51,8 @@ class DeadlinePassed(BisectReproError):
 
 
 def step_seconds(run: Run) -> float | None:
-    """The recorded seconds a step took (see the module docstring); ``None`` when the run cannot say."""
+    """The recorded seconds a step took (see the module docstring); ``None`` when the run cannot
+    say."""
     if len(run.snapshots) < 2:
         return None
     first, last = min(run.snapshots), max(run.snapshots)
@@ -75,9 +87,16 @@ def guarded(
 
 
 class Deadline:
-    """A deadline for one request; :meth:`check` raises once it has passed, :meth:`extend` starts it again."""
+    """A deadline for one request; :meth:`check` raises once it has passed, :meth:`extend` starts it
+    again."""
 
-    def __init__(self, what: str, seconds: float, seconds_per_step: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        what: str,
+        seconds: float,
+        seconds_per_step: float | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.what, self.seconds, self.per_step, self._clock = what, seconds, seconds_per_step, clock
         self._until = clock() + seconds
 

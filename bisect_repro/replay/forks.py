@@ -37,7 +37,8 @@ step that iterates a set of strings repeats in copies as it would not in fresh p
 seeding call or thread count set *while* a preloaded library is imported happens in the server,
 before the bootstrap's watch is installed, and is not reported (none of the libraries in
 :data:`PRELOADED` makes one). ``doctor``, whose experiments compare fresh processes, does not fork.
-A server that cannot start or fork leaves the replica to a fresh process, as outside :func:`forking`.
+A server that cannot start or fork leaves the replica to a fresh process, as outside
+:func:`forking`.
 """
 
 from __future__ import annotations
@@ -58,9 +59,28 @@ from .prestart import ServerProcess, discard, end, launch, take
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["PRELOADED", "ForkServers", "ForkedProcess", "forking", "preloads", "servers", "start_process"]
+__all__ = [
+    "PRELOADED",
+    "ForkServers",
+    "ForkedProcess",
+    "forking",
+    "preloads",
+    "servers",
+    "start_process",
+]
 
-PRELOADED = frozenset({"torch", "numpy", "lightning", "pytorch_lightning", "transformers", "accelerate", "torchvision", "torchaudio"})
+PRELOADED = frozenset(
+    {
+        "torch",
+        "numpy",
+        "lightning",
+        "pytorch_lightning",
+        "transformers",
+        "accelerate",
+        "torchvision",
+        "torchaudio",
+    }
+)
 """Libraries a fork server imports when the run's code does: heavy to import, and importing them
 draws no random number and starts no thread pool."""
 
@@ -85,14 +105,19 @@ def preloads(path: str | None, beside: tuple[str | None, ...] = ()) -> list[str]
     folders = [Path(path).parent, *(Path(folder) for folder in beside if folder)]
 
     def shadowed(name: str) -> bool:
-        return any((folder / name).exists() or (folder / f"{name}.py").exists() for folder in folders)
+        return any(
+            (folder / name).exists() or (folder / f"{name}.py").exists() for folder in folders
+        )
 
     found: dict[str, None] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module, *(f"{node.module}:{alias.name}" for alias in node.names if alias.name != "*")]
+            names = [
+                node.module,
+                *(f"{node.module}:{alias.name}" for alias in node.names if alias.name != "*"),
+            ]
         else:
             continue
         for name in names:
@@ -162,9 +187,12 @@ class ForkedProcess:
 
 
 class _Server:
-    """One fork server: its process, the copies it was asked for, and the thread that reads its reports."""
+    """One fork server: its process, the copies it was asked for, and the thread that reads its
+    reports."""
 
-    def __init__(self, environment: dict[str, str], modules: list[str], ahead: ServerProcess | None = None) -> None:
+    def __init__(
+        self, environment: dict[str, str], modules: list[str], ahead: ServerProcess | None = None
+    ) -> None:
         """Start a server, or (``ahead``) take one started ahead with this environment and ask it
         to import ``modules`` before its first fork."""
         self._lock = threading.Lock()
@@ -177,22 +205,39 @@ class _Server:
         server = ahead if ahead is not None else launch(environment, modules)
         self.process, self.folder, self.log = server.process, server.folder, server.log
         if ahead is not None and modules and self.process.stdin is not None:
-            with contextlib.suppress(OSError):  # a server that has ended is found unfit by its reader
+            # a server that has ended is found unfit by its reader
+            with contextlib.suppress(OSError):
                 self.process.stdin.write((json.dumps({"preload": modules}) + "\n").encode())
                 self.process.stdin.flush()
         started = "taken, started ahead" if ahead is not None else "started"
-        _log.info("fork server %d %s (preloading %s), output in %s", self.process.pid, started, ", ".join(modules) or "torch", self.log)
+        _log.info(
+            "fork server %d %s (preloading %s), output in %s",
+            self.process.pid,
+            started,
+            ", ".join(modules) or "torch",
+            self.log,
+        )
         self._reader = threading.Thread(target=self._read, name="fork-server-reports", daemon=True)
         self._reader.start()
 
-    def fork(self, environment: dict[str, str], cwd: str, log: Path, fresh: Callable[[], subprocess.Popen[bytes]]) -> ForkedProcess | None:
+    def fork(
+        self,
+        environment: dict[str, str],
+        cwd: str,
+        log: Path,
+        fresh: Callable[[], subprocess.Popen[bytes]],
+    ) -> ForkedProcess | None:
         """A copy running the bootstrap with ``environment`` in ``cwd``, its output in ``log`` (or,
         should the server turn out unfit, a fresh process from ``fresh``); ``None`` when this
         server has ended or is unfit."""
         child = ForkedProcess(fresh)
         request = json.dumps({"environment": environment, "cwd": cwd, "log": str(log)}) + "\n"
         with self._lock:
-            if self.unfit is not None or self.process.poll() is not None or self.process.stdin is None:
+            if (
+                self.unfit is not None
+                or self.process.poll() is not None
+                or self.process.stdin is None
+            ):
                 return None
             self._waiting.append(child)
             try:
@@ -217,9 +262,14 @@ class _Server:
                     self._running.pop(int(report["exited"]))._exited(int(report["code"]))
                 elif "unfit" in report:
                     self.unfit = str(report["unfit"])
-                    _log.info("fork server %d cannot fork: %s; replaying processes start afresh", self.process.pid, self.unfit)
+                    _log.info(
+                        "fork server %d cannot fork: %s; replaying processes start afresh",
+                        self.process.pid,
+                        self.unfit,
+                    )
         code = self.process.wait()
-        with self._lock:  # the server ended: what it had not forked starts afresh; what it had is no longer reported
+        # the server ended: what it had not forked starts afresh; what it had is no longer reported
+        with self._lock:
             if self.unfit is None:
                 self.unfit = f"the fork server exited with code {code}"
             waiting, running = self._waiting, list(self._running.values())
@@ -305,12 +355,18 @@ def forking() -> Iterator[ForkServers]:
 
 
 def servers() -> ForkServers | None:
-    """The fork servers replicas take their processes from now (``None``: outside :func:`forking`)."""
+    """The fork servers replicas take their processes from now (``None``: outside
+    :func:`forking`)."""
     return _active[-1] if _active else None
 
 
 def start_process(
-    environment: dict[str, str], private: set[str], code: tuple[str | None, ...], cwd: str, log: Path, label: str
+    environment: dict[str, str],
+    private: set[str],
+    code: tuple[str | None, ...],
+    cwd: str,
+    log: Path,
+    label: str,
 ) -> subprocess.Popen[bytes] | ForkedProcess:
     """A replaying process running the bootstrap with ``environment`` in the private folder ``cwd``,
     its output in ``log``: inside :func:`forking`, forked from the server for that environment
@@ -322,7 +378,8 @@ def start_process(
         with open(log, "wb") as output:
             process = subprocess.Popen(
                 [sys.executable, "-m", "bisect_repro.replay.bootstrap"],
-                cwd=cwd,  # private: the recorded cwd never enters sys.path; the bootstrap moves there
+                # private: the recorded cwd never enters sys.path; the bootstrap moves there
+                cwd=cwd,
                 env=environment,
                 stdin=subprocess.DEVNULL,
                 stdout=output,

@@ -4,12 +4,12 @@ It imports torch, bisect-repro's bootstrap and ``MODULES`` (a JSON list; ``modul
 a name from the module, which loads a lazy library's part), then reads one request a line on its
 standard input: ``{"preload": MODULES}`` imports more (a server started ahead is told what the
 run's code imports so), any other is the environment, working directory and output file of a
-replaying process, and it forks a copy for each, which runs the bootstrap as a fresh process would. It writes its reports,
-one JSON object a line, on its standard output: ``{"forked": pid}``, ``{"exited": pid, "code": c}``
-(it reaps its copies), or once ``{"unfit": why}`` before it exits, when an import started threads
-(an OpenMP team does not survive ``fork``) or initialised CUDA. It ends, killing the copies still
-running, when its standard input closes. The controller's side, and why it is built this way, is
-:mod:`bisect_repro.replay.forks`.
+replaying process, and it forks a copy for each, which runs the bootstrap as a fresh process would.
+It writes its reports, one JSON object a line, on its standard output: ``{"forked": pid}``,
+``{"exited": pid, "code": c}`` (it reaps its copies), or once ``{"unfit": why}`` before it exits,
+when an import started threads (an OpenMP team does not survive ``fork``) or initialised CUDA. It
+ends, killing the copies still running, when its standard input closes. The controller's side, and
+why it is built this way, is :mod:`bisect_repro.replay.forks`.
 """
 
 from __future__ import annotations
@@ -31,14 +31,18 @@ from .forks import PRELOADED
 def _preload(modules: list[str]) -> None:
     for name in modules:
         module, _, attribute = name.partition(":")
-        if module.split(".")[0] not in PRELOADED:  # the controller asks for no other; nor is any other imported
-            print(f"fork server: {name} is not a library it preloads; not imported", file=sys.stderr)
+        # the controller asks for no other; nor is any other imported
+        if module.split(".")[0] not in PRELOADED:
+            print(
+                f"fork server: {name} is not a library it preloads; not imported", file=sys.stderr
+            )
             continue
         try:
             loaded = importlib.import_module(module)
             if attribute:
                 getattr(loaded, attribute)
-        except Exception as error:  # only a head start: the code imports it again, and fails there if it must
+        # only a head start: the code imports it again, and fails there if it must
+        except Exception as error:
             print(f"fork server: {name} not preloaded: {error}", file=sys.stderr)
 
 
@@ -47,20 +51,28 @@ def _child(request: dict[str, Any], folder: str, reports: int) -> None:
     code = 1
     try:
         os.close(reports)
-        for path, flags, targets in ((os.devnull, os.O_RDONLY, (0,)), (request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, (1, 2))):
+        for path, flags, targets in (
+            (os.devnull, os.O_RDONLY, (0,)),
+            (request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, (1, 2)),
+        ):
             handle = os.open(path, flags, 0o600)
             for target in targets:
                 os.dup2(handle, target)
             os.close(handle)
         os.environ.clear()
         os.environ.update(request["environment"])
-        sys.path[:] = [request["cwd"] if p and os.path.realpath(p) == os.path.realpath(folder) else p for p in sys.path]
+        sys.path[:] = [
+            request["cwd"] if p and os.path.realpath(p) == os.path.realpath(folder) else p
+            for p in sys.path
+        ]
         os.chdir(request["cwd"])
         import random
 
         import torch
 
-        random.seed()  # a fresh interpreter's streams are drawn from the OS; the server's would be shared by every copy
+        # a fresh interpreter's streams are drawn from the OS; the server's would be shared by every
+        # copy
+        random.seed()
         torch.default_generator.seed()
         if "numpy.random" in sys.modules:
             import numpy as np
@@ -69,7 +81,8 @@ def _child(request: dict[str, Any], folder: str, reports: int) -> None:
         from ..capture import vml
         from . import bootstrap
 
-        vml.settle()  # deferred in the server (see vml): made here, first, as a fresh process makes it at import
+        # deferred in the server (see vml): made here, first, as a fresh process makes it at import
+        vml.settle()
         bootstrap.main()
         code = 0
     except SystemExit as stop:

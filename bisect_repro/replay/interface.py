@@ -34,7 +34,8 @@ Progress = Callable[[int], None]
 
 
 class ReplicaLike(Protocol):
-    """A run's code, steered from here (each method: :class:`~bisect_repro.replay.replica.Replica`'s)."""
+    """A run's code, steered from here (each method:
+    :class:`~bisect_repro.replay.replica.Replica`'s)."""
 
     hello: Hello | None
     """What the code said when it connected (``None`` before :meth:`connect`)."""
@@ -43,7 +44,8 @@ class ReplicaLike(Protocol):
     afresh: bool
     """Each repeat of a step runs in a fresh process (:meth:`repeat_afresh`)."""
     rewinds: Rewinds
-    """Which step a repeat rewinds this replica's one process to (an unchanged script's; :mod:`~bisect_repro.replay.rewind`)."""
+    """Which step a repeat rewinds this replica's one process to (an unchanged script's;
+    :mod:`~bisect_repro.replay.rewind`)."""
 
     @property
     def reruns(self) -> bool:
@@ -53,10 +55,18 @@ class ReplicaLike(Protocol):
     def connect(self) -> Hello: ...
 
     def restore(
-        self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False, kept_from: int | None = None
+        self,
+        run: Path,
+        step: int,
+        environment: dict[str, Any] | None = None,
+        *,
+        rebuilt: bool = False,
+        kept_from: int | None = None,
     ) -> None: ...
 
-    def skip(self, until: int, hashes_at: list[int] | None = None, progress: Progress | None = None) -> SkipResult: ...
+    def skip(
+        self, until: int, hashes_at: list[int] | None = None, progress: Progress | None = None
+    ) -> SkipResult: ...
 
     def fetch(self, keep: list[int] | None = None) -> Fetched: ...
 
@@ -81,7 +91,13 @@ class ReplicaLike(Protocol):
 
     def streams(self, step: int) -> StepStart: ...
 
-    def data(self, step: int, *, pre_streams: dict[str, Any] | None = None, epoch_streams: dict[str, Any] | None = None) -> Fetched: ...
+    def data(
+        self,
+        step: int,
+        *,
+        pre_streams: dict[str, Any] | None = None,
+        epoch_streams: dict[str, Any] | None = None,
+    ) -> Fetched: ...
 
     def hashes(self) -> dict[str, str]: ...
 
@@ -103,4 +119,5 @@ class ReplicaLike(Protocol):
 
 
 ReplicaFactory = Callable[[LaunchSpec, str], ReplicaLike]
-"""Starts a replica of a spec, with a label for its messages (:func:`~bisect_repro.replay.ranked.start_replica`)."""
+"""Starts a replica of a spec, with a label for its messages
+(:func:`~bisect_repro.replay.ranked.start_replica`)."""

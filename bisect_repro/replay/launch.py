@@ -57,20 +57,38 @@ from ..store.run import Run
 from ..store.trust import provenance
 from .deadline import step_seconds
 
-__all__ = ["REPLAYED_VARIABLES", "Consent", "LaunchSpec", "ReplayUnavailable", "spec_for_command", "spec_for_recipe", "spec_for_run"]
+__all__ = [
+    "REPLAYED_VARIABLES",
+    "Consent",
+    "LaunchSpec",
+    "ReplayUnavailable",
+    "spec_for_command",
+    "spec_for_recipe",
+    "spec_for_run",
+]
 
 REPLAYED_VARIABLES = frozenset(
-    {*NUMERIC_ENV_VARS, "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_NTHREADS", "NCCL_BUFFSIZE"}
+    {
+        *NUMERIC_ENV_VARS,
+        "NCCL_ALGO",
+        "NCCL_PROTO",
+        "NCCL_MIN_NCHANNELS",
+        "NCCL_MAX_NCHANNELS",
+        "NCCL_NTHREADS",
+        "NCCL_BUFFSIZE",
+    }
 )
 """The recorded environment variables a replay sets: those that change numerics or order, and
-no variable that loads code or names a file (``PYTHONPATH``, ``LD_PRELOAD``, ``NCCL_NET_PLUGIN``)."""
+no variable that loads code or names a file (``PYTHONPATH``, ``LD_PRELOAD``,
+``NCCL_NET_PLUGIN``)."""
 
 _VALUE = re.compile(r"[\x20-\x7e]{0,256}")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 class ReplayUnavailable(BisectReproError):
-    """A run cannot be replayed here (its code is missing, changed or not allowed, or it names none)."""
+    """A run cannot be replayed here (its code is missing, changed or not allowed, or it names
+    none)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,25 +107,29 @@ class LaunchSpec:
     module: str | None = None
     """The module run as ``__main__`` (``module``)."""
     root: str | None = None
-    """The folder a module (or a module recipe) is imported from: its file's path less the dotted name."""
+    """The folder a module (or a module recipe) is imported from: its file's path less the dotted
+    name."""
     argv: list[str] = field(default_factory=list)
     """``sys.argv`` as recorded (``script``, ``module``)."""
     cwd: str | None = None
-    """The working directory to run in (as recorded, when it exists here); never on the import path."""
+    """The working directory to run in (as recorded, when it exists here); never on the import
+    path."""
     variables: dict[str, str | None] = field(default_factory=dict)
-    """Environment variables to set (``None``: unset), as the run had them (:data:`REPLAYED_VARIABLES` only)."""
+    """Environment variables to set (``None``: unset), as the run had them
+    (:data:`REPLAYED_VARIABLES` only)."""
     seeds: dict[str, int] | None = None
     """Seed these global streams before anything runs (an experiment on the initialisation)."""
     world_size: int | None = None
-    """A distributed run's number of ranks: the replay runs that many under ``torchrun --standalone``
-    (see :mod:`bisect_repro.replay.ranked`); ``None``: one process."""
+    """A distributed run's number of ranks: the replay runs that many under ``torchrun
+    --standalone`` (see :mod:`bisect_repro.replay.ranked`); ``None``: one process."""
     focus: int = 0
     """The rank whose replies a distributed replay returns (the rank the records point to)."""
     signed: bool = True
     """Whether this user recorded the run here (its launch claim carries this user's signature).
     A spec that is not signed runs only with the user's consent."""
     step_seconds: float | None = None
-    """The recorded seconds a step took, which bound every wait on the replaying process (:mod:`bisect_repro.replay.deadline`)."""
+    """The recorded seconds a step took, which bound every wait on the replaying process
+    (:mod:`bisect_repro.replay.deadline`)."""
     auto: bool = False
     """The script was recorded unchanged (``record -- python train.py``): the bootstrap installs
     the same hooks (:mod:`bisect_repro.record.autohooks`) before running it."""
@@ -134,12 +156,15 @@ class LaunchSpec:
 
     def describe(self) -> str:
         """The command this replays, as a person would type it, on one line with control characters
-        escaped and a secret's value redacted (a distributed run's: under torchrun, with the rank in focus)."""
+        escaped and a secret's value redacted (a distributed run's: under torchrun, with the rank in
+        focus)."""
         ranks = f" --nproc-per-node {self.world_size}" if self.world_size is not None else ""
         focus = f" (focus: rank {self.focus})" if self.world_size is not None else ""
         if self.kind is CodeKind.RECIPE:
             settings = " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in self.config.items())
-            return printable(f"recipe {self.target}" + (f" {settings}" if settings else "") + ranks + focus)
+            return printable(
+                f"recipe {self.target}" + (f" {settings}" if settings else "") + ranks + focus
+            )
         python = ["torchrun", "--standalone", *ranks.split()] if ranks else ["python"]
         main = ["-m", self.module or ""] if self.kind is CodeKind.MODULE else [self.path or ""]
         command = [*python, *main, *redacted(self.argv[1:])]
@@ -154,7 +179,11 @@ class LaunchSpec:
         if self.root is not None:
             lines.append(f"imported from: {printable(self.root)}")
         lines.append(f"working directory: {printable(self.cwd or os.getcwd())}")
-        values = [f"{name}={printable(shlex.quote(value))}" for name, value in self.variables.items() if value is not None]
+        values = [
+            f"{name}={printable(shlex.quote(value))}"
+            for name, value in self.variables.items()
+            if value is not None
+        ]
         unset = [name for name, value in self.variables.items() if value is None]
         lines.append(f"sets: {', '.join(values)}" if values else "sets no environment variable")
         if unset:
@@ -188,7 +217,10 @@ def _replayed(variables: dict[str, Any], run: Run | None) -> dict[str, str | Non
             continue
         if value is not None and (not isinstance(value, str) or not _VALUE.fullmatch(value)):
             where = f"{run.path}: " if run is not None else ""
-            raise ReplayUnavailable(f"{where}its recorded {name} is not short printable text; the run was edited, record it again")
+            raise ReplayUnavailable(
+                f"{where}its recorded {name} is not short printable text; the run was edited, "
+                "record it again"
+            )
         kept[name] = value
     return kept
 
@@ -203,7 +235,8 @@ def _bounded_world(run: Run) -> None:
     limit = torch.cuda.device_count() if nccl else 4 * (os.cpu_count() or 1)
     if distributed.world_size > limit:
         raise ReplayUnavailable(
-            f"{run.path}: was recorded on {distributed.world_size} ranks, more than this machine runs ({limit}); "
+            f"{run.path}: was recorded on {distributed.world_size} ranks, more than this machine "
+            f"runs ({limit}); "
             "the verdict is from the records alone; compare it where it ran"
         )
 
@@ -238,41 +271,57 @@ def _module_root(module: str, path: Path, *, main: bool) -> Path | None:
     """The folder ``module`` is imported from, if ``path`` is that module's file below it (its
     ``.py``, its package's ``__init__.py``, or for ``-m`` its package's ``__main__.py``)."""
     parts = module.split(".")
-    endings = [(*parts[:-1], f"{parts[-1]}.py"), (*parts, "__init__.py")] + ([(*parts, "__main__.py")] if main else [])
+    endings = [(*parts[:-1], f"{parts[-1]}.py"), (*parts, "__init__.py")] + (
+        [(*parts, "__main__.py")] if main else []
+    )
     for ending in endings:
         if path.parts[-len(ending) :] == ending:
             return path.parents[len(ending) - 1]
     return None
 
 
-def _checked_code(run: Run, code: CodeRecord | None, kind: CodeKind, accept_changed: bool) -> tuple[Path, str]:
-    """The recorded file of a ``kind`` launch, resolved, after every check that does not depend on consent."""
+def _checked_code(
+    run: Run, code: CodeRecord | None, kind: CodeKind, accept_changed: bool
+) -> tuple[Path, str]:
+    """The recorded file of a ``kind`` launch, resolved, after every check that does not depend on
+    consent."""
     what = kind.value
     if code is None or not code.path or not code.sha256:
         raise ReplayUnavailable(
-            f"{run.path}: its launch record names no {what} file with its SHA-256 (recorded by an older bisect-repro, or edited); "
+            f"{run.path}: its launch record names no {what} file with its SHA-256 (recorded by an "
+            "older bisect-repro, or edited); "
             "the verdict is from the records alone; record the run again to replay it"
         )
     recorded = Path(code.path)
     if not recorded.is_absolute():
         raise ReplayUnavailable(
-            f"{run.path}: its {what} {printable(code.path)} is not an absolute path; the run was edited, record it again"
+            f"{run.path}: its {what} {printable(code.path)} is not an absolute path; the run was "
+            "edited, record it again"
         )
     path = _quietly(recorded.resolve) or recorded
     if not _quietly(path.is_file):
-        raise ReplayUnavailable(f"{run.path}: its {what} {printable(path)} is not on this machine; "
-                                "the verdict is from the records alone; run compare where the code is")  # fmt: skip
+        raise ReplayUnavailable(
+            f"{run.path}: its {what} {printable(path)} is not on this machine; "
+            "the verdict is from the records alone; run compare where the code is"
+        )
     if _standard_library(path):
-        raise ReplayUnavailable(f"{run.path}: its {what} {printable(path)} is part of Python's standard library, not training code; "
-                                "the run was edited; the verdict is from the records alone")  # fmt: skip
+        raise ReplayUnavailable(
+            f"{run.path}: its {what} {printable(path)} is part of Python's standard library, not "
+            "training code; "
+            "the run was edited; the verdict is from the records alone"
+        )
     inside = _inside_a_run(path)
     if inside is not None:
-        raise ReplayUnavailable(f"{run.path}: its {what} {printable(path)} lies inside the run directory {printable(inside)}; "
-                                "code from a run directory is never run; the verdict is from the records alone")  # fmt: skip
+        raise ReplayUnavailable(
+            f"{run.path}: its {what} {printable(path)} lies inside the run directory "
+            f"{printable(inside)}; "
+            "code from a run directory is never run; the verdict is from the records alone"
+        )
     digest = file_digest(path)
     if digest != code.sha256 and not accept_changed:
         raise ReplayUnavailable(
-            f"{run.path}: its {what} {printable(path)} changed since the run was recorded (its SHA-256 differs); the verdict is from "
+            f"{run.path}: its {what} {printable(path)} changed since the run was recorded (its "
+            "SHA-256 differs); the verdict is from "
             "the records alone; pass --accept-changed-code to replay the current version anyway"
         )
     return path, digest or ""
@@ -280,7 +329,11 @@ def _checked_code(run: Run, code: CodeRecord | None, kind: CodeKind, accept_chan
 
 def recorded_variables(environment: Mapping[str, Any]) -> dict[str, str | None]:
     """The environment variables of a fingerprint (``env.NAME`` keys), as a process needs them."""
-    return {key.removeprefix("env."): value for key, value in environment.items() if key.startswith("env.")}
+    return {
+        key.removeprefix("env."): value
+        for key, value in environment.items()
+        if key.startswith("env.")
+    }
 
 
 def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
@@ -291,10 +344,22 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     launch = meta.launch
     code = launch.code if launch is not None else None
     variables = _replayed(recorded_variables(meta.environment), run)
-    cwd = launch.cwd if launch is not None and launch.cwd and Path(launch.cwd).is_absolute() and _quietly(Path(launch.cwd).is_dir) else None
+    cwd = (
+        launch.cwd
+        if launch is not None
+        and launch.cwd
+        and Path(launch.cwd).is_absolute()
+        and _quietly(Path(launch.cwd).is_dir)
+        else None
+    )
     _bounded_world(run)  # refused before anything starts; the ranks are set by on_ranks
     auto = launch is not None and launch.auto
-    common: dict[str, Any] = {"cwd": cwd, "variables": variables, "signed": provenance(run).yours, "auto": auto}
+    common: dict[str, Any] = {
+        "cwd": cwd,
+        "variables": variables,
+        "signed": provenance(run).yours,
+        "auto": auto,
+    }
     common["step_seconds"] = step_seconds(run)
     if meta.target:
         if code is None or code.kind is not CodeKind.RECIPE:
@@ -303,26 +368,46 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
         where, _, function = meta.target.rpartition(":")
         if not function.isidentifier():
             raise ReplayUnavailable(
-                f"{run.path}: its target {printable(meta.target)} names no function; the run was edited, record it again"
+                f"{run.path}: its target {printable(meta.target)} names no function; the run was "
+                "edited, record it again"
             )
         if where.endswith(".py"):
             return LaunchSpec(
-                kind=CodeKind.RECIPE, target=f"{path}:{function}", config=dict(meta.config), path=str(path), sha256=digest, **common
+                kind=CodeKind.RECIPE,
+                target=f"{path}:{function}",
+                config=dict(meta.config),
+                path=str(path),
+                sha256=digest,
+                **common,
             )
         root = _module_root(where, path, main=False) if _MODULE.fullmatch(where) else None
         if root is None:
-            raise ReplayUnavailable(f"{run.path}: its target {printable(meta.target)} is not the recorded file {printable(path)}; "
-                                    "the run was edited, record it again")  # fmt: skip
+            raise ReplayUnavailable(
+                f"{run.path}: its target {printable(meta.target)} is not the recorded file "
+                f"{printable(path)}; "
+                "the run was edited, record it again"
+            )
         return LaunchSpec(
-            kind=CodeKind.RECIPE, target=meta.target, config=dict(meta.config), path=str(path), sha256=digest, root=str(root), **common
+            kind=CodeKind.RECIPE,
+            target=meta.target,
+            config=dict(meta.config),
+            path=str(path),
+            sha256=digest,
+            root=str(root),
+            **common,
         )
     if code is None:
         raise ReplayUnavailable(
-            f"{run.path}: the run names no script or recipe that can be run again (recorded from an interactive session, "
-            "python -c or a test runner); record it from a script, or give the Recorder target=, to replay it"
+            f"{run.path}: the run names no script or recipe that can be run again (recorded from "
+            "an interactive session, "
+            "python -c or a test runner); record it from a script, or give the Recorder target=, "
+            "to replay it"
         )
     if code.kind is CodeKind.RECIPE:
-        raise ReplayUnavailable(f"{run.path}: its launch names a recipe but the run has no target; the run was edited, record it again")
+        raise ReplayUnavailable(
+            f"{run.path}: its launch names a recipe but the run has no target; the run was edited, "
+            "record it again"
+        )
     path, digest = _checked_code(run, code, code.kind, accept_changed)
     argv = list(launch.argv) if launch is not None and launch.argv else [str(path)]
     if code.kind is CodeKind.SCRIPT:
@@ -330,20 +415,42 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
     module = code.module or ""
     root = _module_root(module, path, main=True) if _MODULE.fullmatch(module) else None
     if root is None:
-        raise ReplayUnavailable(f"{run.path}: its module {printable(module)} is not the recorded file {printable(path)}; "
-                                "the run was edited, record it again")  # fmt: skip
-    return LaunchSpec(kind=CodeKind.MODULE, path=str(path), sha256=digest, module=module, root=str(root), argv=argv, **common)
+        raise ReplayUnavailable(
+            f"{run.path}: its module {printable(module)} is not the recorded file "
+            f"{printable(path)}; "
+            "the run was edited, record it again"
+        )
+    return LaunchSpec(
+        kind=CodeKind.MODULE,
+        path=str(path),
+        sha256=digest,
+        module=module,
+        root=str(root),
+        argv=argv,
+        **common,
+    )
 
 
 def spec_for_command(
-    path: Path, argv: Sequence[str], variables: dict[str, str | None] | None = None, *, module: str | None = None
+    path: Path,
+    argv: Sequence[str],
+    variables: dict[str, str | None] | None = None,
+    *,
+    module: str | None = None,
 ) -> LaunchSpec:
     """A script (or ``module``, whose file is ``path``) the user names here (``doctor -- python
     train.py ARGS``): run unchanged under the hooks (``auto``), in this process's working directory
     and environment, less what ``variables`` say otherwise; a module is imported from its root."""
-    root = _module_root(module, path, main=True) if module is not None and _MODULE.fullmatch(module) else None
+    root = (
+        _module_root(module, path, main=True)
+        if module is not None and _MODULE.fullmatch(module)
+        else None
+    )
     if module is not None and root is None:
-        raise BisectReproError(f"doctor: the module {printable(module)} is not the file {printable(path)}; give the script's path")
+        raise BisectReproError(
+            f"doctor: the module {printable(module)} is not the file {printable(path)}; give the "
+            "script's path"
+        )
     return LaunchSpec(
         kind=CodeKind.MODULE if module is not None else CodeKind.SCRIPT,
         path=str(path),
@@ -357,9 +464,14 @@ def spec_for_command(
     )
 
 
-def spec_for_recipe(target: str, config: dict[str, Any] | None = None, variables: dict[str, str | None] | None = None) -> LaunchSpec:
+def spec_for_recipe(
+    target: str,
+    config: dict[str, Any] | None = None,
+    variables: dict[str, str | None] | None = None,
+) -> LaunchSpec:
     """A recipe the user names here (``doctor``): this process's working directory and environment,
-    less what ``variables`` say otherwise; a module TARGET is imported from the working directory."""
+    less what ``variables`` say otherwise; a module TARGET is imported from the working
+    directory."""
     path = recipe_file(target)
     cwd = os.getcwd()
     if path is not None:

@@ -11,8 +11,8 @@ and the state hashes at each snapshot): ``faithful`` means the replay reproduced
 recorded, step by step, and ``parted`` names where a replica first did not. A replica that parts
 from its records before the divergence reads state no checkpoint holds (a counter in a closure),
 or runs in another environment; :meth:`Lockstep.find` then tries once more, in fresh processes,
-from the runs' first checkpoint, which a step counter kept outside the trainee does start from. A step where the
-replicas agree with each other but one of them not with its records is returned too
+from the runs' first checkpoint, which a step counter kept outside the trainee does start from. A
+step where the replicas agree with each other but one of them not with its records is returned too
 (``parted_only``): a nondeterministic step that happened to agree in the replay. ``attempts``
 holds each walk. Where the divergent step, run again in its process, seeds from entropy otherwise
 than its first run (the loop's ``enumerate`` counter moved on), :meth:`Lockstep.settle_repeats`
@@ -32,11 +32,12 @@ script's, whose repeats may rewind its one process (:meth:`Lockstep.settle_rewin
 as a recipe's do.
 
 Where a framework runs each step once per process, each replica starts a spare process at once,
-restored and trained to the last equal snapshot (:meth:`~bisect_repro.replay.replica.Replica.prefetch`):
-no experiment repeats a step before it, and the first repeat then finds its process ready. Its
-steps are traced in full as they are walked: a step that runs once per process cannot be traced
-again in the same state, and a light trace (the batch, the loss, the state after) misses a
-difference that a loop with no optimizer only shows at its next step.
+restored and trained to the last equal snapshot
+(:meth:`~bisect_repro.replay.replica.Replica.prefetch`): no experiment repeats a step before it, and
+the first repeat then finds its process ready. Its steps are traced in full as they are walked: a
+step that runs once per process cannot be traced again in the same state, and a light trace (the
+batch, the loss, the state after) misses a difference that a loop with no optimizer only shows at
+its next step.
 
 Where the guarantees stop: the replay is only as exact as the recording: the steps between a
 checkpoint and the divergence are run again, so their cost is paid once more, and a
@@ -170,7 +171,10 @@ class Lockstep:
         """A request to each replica: at once, unless both train on more torch threads than this
         machine has cores (as recorded) and each reruns its steps in-process (or may rewind them, an
         unchanged script's), when they run one after the other (see the module docstring)."""
-        if all(r.reruns or (r.hello is not None and r.hello.rewinds) for r in self.replicas) and not self._fit:
+        if (
+            all(r.reruns or (r.hello is not None and r.hello.rewinds) for r in self.replicas)
+            and not self._fit
+        ):
             return first(), second()
         return both(first, second)
 
@@ -186,24 +190,38 @@ class Lockstep:
         if recorded is None:
             return
         for key, value in (("order", order), ("batch", batch), ("loss", loss)):
-            if key in recorded and recorded[key] is not None and value is not None and recorded[key] != value:
-                self._note_parted(which, step, {"order": "data order", "batch": "batch content", "loss": "loss"}[key])
+            if (
+                key in recorded
+                and recorded[key] is not None
+                and value is not None
+                and recorded[key] != value
+            ):
+                self._note_parted(
+                    which,
+                    step,
+                    {"order": "data order", "batch": "batch content", "loss": "loss"}[key],
+                )
                 return
 
     def _check_hashes(self, which: int, step: int, hashes: dict[str, str]) -> None:
         run = self.runs[which]
         recorded = run.snapshot(step)["hashes"] if step in run.snapshots else None
-        if recorded is not None and {name: hashes.get(name) for name in recorded} != recorded:  # what the records hold
+        # what the records hold
+        if recorded is not None and {name: hashes.get(name) for name in recorded} != recorded:
             self._note_parted(which, step, "state at the snapshot")
 
     def _note_drawn(self, which: int, step: int, seeding: list[dict[str, Any]]) -> None:
-        """Say, once per run, where a replayed call from entropy was not given its recorded value."""
+        """Say, once per run, where a replayed call from entropy was not given its recorded
+        value."""
         label = "AB"[which]
         for call in seeding:
             how = call.get("replayed")
             if how in ("beyond", "other") and label not in self._drawn:
                 self._drawn.add(label)
-                self.notes.append(f"run {label}'s {SeedingCall.from_json(call)} at step {step} was {FEED_OUTCOMES[how]}")
+                self.notes.append(
+                    f"run {label}'s {SeedingCall.from_json(call)} at step {step} was "
+                    f"{FEED_OUTCOMES[how]}"
+                )
 
     # -- the walk ------------------------------------------------------------------------------
     def _restore(self, checkpoints: tuple[int, int]) -> None:
@@ -216,7 +234,9 @@ class Lockstep:
             replica, run = self.replicas[which], self.runs[which]
             assert replica.step is not None
             hashes_at = [s for s in run.snapshots if replica.step < s <= until]
-            result = replica.skip(until, hashes_at, progress=lambda done: self.progress("replaying", done, until))
+            result = replica.skip(
+                until, hashes_at, progress=lambda done: self.progress("replaying", done, until)
+            )
             for record in result.records:
                 self._check_record(which, record.step, record.order, record.batch, record.loss)
             for step, hashes in result.hashes.items():
@@ -224,50 +244,82 @@ class Lockstep:
 
         self.pair(lambda: skip(0), lambda: skip(1))
 
-    def find(self, checkpoints: tuple[int, int], last_equal: int, end: int, first: tuple[int, int] | None = None) -> Divergence | None:
+    def find(
+        self,
+        checkpoints: tuple[int, int],
+        last_equal: int,
+        end: int,
+        first: tuple[int, int] | None = None,
+    ) -> Divergence | None:
         """Replay from the checkpoints to the first step in ``[last_equal, end]`` where the two
         replicas differ; ``first``: the runs' first checkpoints, tried when a replica parts from its
         records on the way (see the module docstring)."""
         self.first = first
         found = self._attempt(checkpoints, last_equal, end)
-        if (found is None or found.parted_only) and self.parted and first is not None and first != checkpoints:
+        if (
+            (found is None or found.parted_only)
+            and self.parted
+            and first is not None
+            and first != checkpoints
+        ):
             where = ", ".join(f"run {p.run} at step {p.step} ({p.what})" for p in self.parted)
             self.notes.append(
-                f"the replay from the checkpoints at steps {checkpoints[0]}/{checkpoints[1]} parted from the records ({where}): "
-                "the loop reads state the checkpoints do not hold (a local counter of the running loop, such as enumerate's, "
-                "or an object's attribute; read recorder.step or bisect_repro.current_step() instead); "
+                f"the replay from the checkpoints at steps {checkpoints[0]}/{checkpoints[1]} "
+                f"parted from the records ({where}): "
+                "the loop reads state the checkpoints do not hold (a local counter of the running "
+                "loop, such as enumerate's, "
+                "or an object's attribute; read recorder.step or bisect_repro.current_step() "
+                "instead); "
                 "replaying from the first checkpoints instead"
             )
             self.parted.clear()
-            self.close()  # fresh processes: the state the first replay left in them is what misled it
+            # fresh processes: the state the first replay left in them is what misled it
+            self.close()
             self._launch()
             found = self._attempt(first, min(first), end)
         return found
 
-    def _attempt(self, checkpoints: tuple[int, int], last_equal: int, end: int) -> Divergence | None:
+    def _attempt(
+        self, checkpoints: tuple[int, int], last_equal: int, end: int
+    ) -> Divergence | None:
         found = self._walk(checkpoints, last_equal, end)
-        self.attempts.append(Attempt(checkpoints, self.replayed, tuple(self.parted), found.step if found is not None else None))
+        self.attempts.append(
+            Attempt(
+                checkpoints,
+                self.replayed,
+                tuple(self.parted),
+                found.step if found is not None else None,
+            )
+        )
         return found
 
     def _bounded(self, end: int) -> None:
-        """Refuse a span the step logs do not hold: every step replayed is a step both runs logged."""
+        """Refuse a span the step logs do not hold: every step replayed is a step both runs
+        logged."""
         start = self.from_step or 0
         for which, run in enumerate(self.runs):
             logged = sum(1 for step in run.steps if start <= step <= end)
             if logged < end + 1 - start:
                 raise ReplayUnavailable(
-                    f"run {'AB'[which]}: the replay would train steps {start} to {end}, of which its step log holds "
-                    f"{logged}; the run was edited or partly copied; the verdict is from the records alone"
+                    f"run {'AB'[which]}: the replay would train steps {start} to {end}, of which "
+                    "its step log holds "
+                    f"{logged}; the run was edited or partly copied; the verdict is from the "
+                    "records alone"
                 )
 
     def _walk(self, checkpoints: tuple[int, int], last_equal: int, end: int) -> Divergence | None:
         _log.info(
-            "replaying from the checkpoints at steps %d/%d, untraced to step %d, then step by step to %d", *checkpoints, last_equal, end
+            "replaying from the checkpoints at steps %d/%d, untraced to step %d, then step by step "
+            "to %d",
+            *checkpoints,
+            last_equal,
+            end,
         )
         self.from_step = min(checkpoints)
         self._bounded(end)
         self._restore(checkpoints)
-        for replica in self.replicas:  # a framework's run repeats a step in a fresh process: have one ready
+        # a framework's run repeats a step in a fresh process: have one ready
+        for replica in self.replicas:
             replica.prefetch(last_equal)
         self._skip(last_equal)
         start = last_equal
@@ -275,7 +327,8 @@ class Lockstep:
         if hashes[0] != hashes[1]:
             start = max(checkpoints)
             self.notes.append(
-                f"the replayed runs already differ at step {last_equal}, where the records agree; replaying step by step from {start}"
+                f"the replayed runs already differ at step {last_equal}, where the records agree; "
+                f"replaying step by step from {start}"
             )
             self._restore(checkpoints)
             self._skip(start)
@@ -283,10 +336,14 @@ class Lockstep:
         for step in range(start, end + 1):
             self.progress("replaying", step + 1 - self.from_step, total)
             fetched = self.pair(self.replicas[0].fetch, self.replicas[1].fetch)
-            trace: Trace = "light" if self.replicas[0].reruns else "full"  # a step that runs once a process: traced in full at once
-            light = self.pair(*(partial(replica.run, step, trace=trace, commit=True) for replica in self.replicas))
+            # a step that runs once a process: traced in full at once
+            trace: Trace = "light" if self.replicas[0].reruns else "full"
+            light = self.pair(
+                *(partial(replica.run, step, trace=trace, commit=True) for replica in self.replicas)
+            )
             for which in (0, 1):
-                batch = fetched[which].batch or light[which].batch  # a framework's loop tells the batch only as it runs
+                # a framework's loop tells the batch only as it runs
+                batch = fetched[which].batch or light[which].batch
                 self._check_record(which, step, fetched[which].order, batch, light[which].loss)
                 self._note_drawn(which, step, light[which].seeding)
                 if step + 1 in self.runs[which].snapshots:
@@ -294,7 +351,8 @@ class Lockstep:
             self.replayed = step + 1 - self.from_step
             if first_difference(light[0].entries, light[1].entries) is not None:
                 return Divergence(step, fetched, light)
-            if any(p.step == step for p in self.parted):  # the runs agree, but not with their records
+            # the runs agree, but not with their records
+            if any(p.step == step for p in self.parted):
                 return Divergence(step, fetched, light, parted_only=True)
         return None
 
@@ -305,27 +363,36 @@ class Lockstep:
         checkpoints instead, whose first run of the step is the run's (see the module docstring)."""
         if self.first is None or not all(r.reruns for r in self.replicas):
             return
-        again = self.pair(*(partial(replica.run, divergence.step, trace="none") for replica in self.replicas))
+        again = self.pair(
+            *(partial(replica.run, divergence.step, trace="none") for replica in self.replicas)
+        )
 
         def calls(result: StepResult) -> list[tuple[Any, Any]]:
             return [(c.get("call"), c.get("where")) for c in result.seeding if c.get("entropy")]
 
-        moved = [label for label, first, rerun in zip("AB", divergence.light, again, strict=True) if calls(first) != calls(rerun)]
+        moved = [
+            label
+            for label, first, rerun in zip("AB", divergence.light, again, strict=True)
+            if calls(first) != calls(rerun)
+        ]
         if not moved:
             return
         for replica, first in zip(self.replicas, self.first, strict=True):
             replica.repeat_afresh(first)
         self.notes.append(
-            f"step {divergence.step} run again in the same process makes other seeding calls than its first run "
-            f"(run {' and run '.join(moved)}): it reads state a repeat does not put back (a loop's enumerate counter, an object's "
-            f"attribute); every experiment repeats the step in a fresh process replayed from the first checkpoints "
+            f"step {divergence.step} run again in the same process makes other seeding calls than "
+            "its first run "
+            f"(run {' and run '.join(moved)}): it reads state a repeat does not put back (a loop's "
+            "enumerate counter, an object's "
+            "attribute); every experiment repeats the step in a fresh process replayed from the "
+            "first checkpoints "
             f"(steps {self.first[0]}/{self.first[1]})"
         )
 
     def settle_rewinds(self, divergence: Divergence) -> None:
-        """Where a replica's process runs each step once but can rewind (an unchanged script's), show
-        that a rewind reproduces the divergent step's first run and its records: then its repeats
-        rewind that process; otherwise they are fresh processes, and a note says why (see
+        """Where a replica's process runs each step once but can rewind (an unchanged script's),
+        show that a rewind reproduces the divergent step's first run and its records: then its
+        repeats rewind that process; otherwise they are fresh processes, and a note says why (see
         :mod:`~bisect_repro.replay.rewind`)."""
         trace: Trace = "light" if self.replicas[0].reruns else "full"  # as the walk traced the step
 
@@ -333,11 +400,14 @@ class Lockstep:
             replica = self.replicas[which]
             if replica.reruns or replica.hello is None or not replica.hello.rewinds:
                 return
-            why = self._rewound(replica, self.runs[which], divergence.step, divergence.light[which], trace)
+            why = self._rewound(
+                replica, self.runs[which], divergence.step, divergence.light[which], trace
+            )
             if why is None:
                 return
             self.notes.append(
-                f"run {'AB'[which]}'s step {divergence.step} is repeated in fresh processes replayed to it, "
+                f"run {'AB'[which]}'s step {divergence.step} is repeated in fresh processes "
+                "replayed to it, "
                 f"not by rewinding its replaying process: rewound, it {why}"
             )
             replica.prefetch(divergence.step)
@@ -345,17 +415,22 @@ class Lockstep:
         self.pair(lambda: settle(0), lambda: settle(1))
 
     def stopped_rewinds(self) -> list[str]:
-        """A note for each run whose verified rewind stopped serving its repeats (:attr:`~bisect_repro.replay.rewind.Rewinds.stopped`)."""
+        """A note for each run whose verified rewind stopped serving its repeats
+        (:attr:`~bisect_repro.replay.rewind.Rewinds.stopped`)."""
         return [
-            f"run {'AB'[which]}'s later repeats ran in fresh processes, not by rewinding its replaying process: {replica.rewinds.stopped}"
+            f"run {'AB'[which]}'s later repeats ran in fresh processes, not by rewinding its "
+            f"replaying process: {replica.rewinds.stopped}"
             for which, replica in enumerate(self.replicas)
             if replica.rewinds.stopped is not None
         ]
 
     @staticmethod
-    def _rewound(replica: ReplicaLike, run: Run, step: int, first: StepResult, trace: Trace) -> str | None:
-        """Rewind ``replica`` to ``step`` and run it as its first run (``first``) was traced: ``None``
-        when it reproduces that run and the records (the step's repeats then rewind), else why not."""
+    def _rewound(
+        replica: ReplicaLike, run: Run, step: int, first: StepResult, trace: Trace
+    ) -> str | None:
+        """Rewind ``replica`` to ``step`` and run it as its first run (``first``) was traced:
+        ``None`` when it reproduces that run and the records (the step's repeats then rewind), else
+        why not."""
         try:
             consumes = replica.rewind(step)
             why = unfaithful(first, replica.run(step, trace=trace), run, step, replica.hashes())

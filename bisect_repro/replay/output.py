@@ -1,4 +1,5 @@
-"""What a replaying process wrote: the last line of its output, quoted when it dies or never connects.
+"""What a replaying process wrote: the last line of its output, quoted when it dies or never
+connects.
 
 Where the guarantees stop: only the last line is quoted (at most 300 characters); the last 40 are
 logged at debug level, and the rest stays in the log file.
@@ -16,9 +17,12 @@ __all__ = ["last_line"]
 
 
 def last_line(log: Path, strip: Callable[[str], str] = str) -> str:
-    """The last line a process wrote to ``log`` (``strip`` applied, at most 300 characters; ``no output``: none), logged in full."""
+    """The last line a process wrote to ``log`` (``strip`` applied, at most 300 characters; ``no
+    output``: none), logged in full."""
     try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        lines = [
+            line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()
+        ]
     except OSError:
         lines = []
     if not lines:

@@ -43,7 +43,8 @@ __all__ = ["ServerProcess", "discard", "end", "launch", "prestart", "replica_env
 
 @dataclass(frozen=True)
 class ServerProcess:
-    """A fork server's process, with its private folder, log and environment (started ahead or not)."""
+    """A fork server's process, with its private folder, log and environment (started ahead or
+    not)."""
 
     process: subprocess.Popen[bytes]
     folder: str
@@ -67,14 +68,17 @@ def replica_environment(variables: dict[str, str | None] | None = None) -> dict[
             environment.pop(name, None)
         else:
             environment[name] = str(value)
-    environment["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environment.get("PYTHONPATH")) if p)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, environment.get("PYTHONPATH")) if p
+    )
     return environment
 
 
 def launch(environment: dict[str, str], modules: list[str]) -> ServerProcess:
     """Start a fork server with ``environment`` (less :data:`DEFER_VARIABLE`, which it gets too),
     preloading ``modules``, in a private folder of its own."""
-    folder = tempfile.mkdtemp(prefix="bisect-repro-fork-")  # mode 0700, empty: its cwd, on its sys.path
+    # mode 0700, empty: its cwd, on its sys.path
+    folder = tempfile.mkdtemp(prefix="bisect-repro-fork-")
     log = Path(folder) / "server.log"
     with open(log, "wb") as output:
         process = subprocess.Popen(

@@ -52,8 +52,10 @@ __all__ = ["RankedReplica", "start_replica"]
 
 _log = logging.getLogger(__name__)
 
-_PREFIX = re.compile(r"^\[(default)?rank\d+\]:\s*")  # what torch puts before a rank's uncaught error
-_ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)  # torchrun's summary of the first failure
+# what torch puts before a rank's uncaught error
+_PREFIX = re.compile(r"^\[(default)?rank\d+\]:\s*")
+# torchrun's summary of the first failure
+_ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)
 
 
 class RankedReplica(Replica):
@@ -67,7 +69,8 @@ class RankedReplica(Replica):
         self._broken: str | None = None
         self._lock = threading.Lock()
         self.listener = Listener()
-        self.log = Path(self.listener.folder) / "output.log"  # the launcher's; each rank writes rank{r}.log beside it
+        # the launcher's; each rank writes rank{r}.log beside it
+        self.log = Path(self.listener.folder) / "output.log"
         world = self.world_size
         self._receivers = ThreadPoolExecutor(world)
         environment = {**self._environment(), LOGS_VARIABLE: str(self.listener.folder)}
@@ -82,7 +85,11 @@ class RankedReplica(Replica):
                 start_new_session=True,
             )
         _log.info(
-            "replay of %s: started torchrun with %d ranks, pid %d, output in %s", self.label, world, self.process.pid, self.log.parent
+            "replay of %s: started torchrun with %d ranks, pid %d, output in %s",
+            self.label,
+            world,
+            self.process.pid,
+            self.log.parent,
         )
 
     @property
@@ -92,7 +99,10 @@ class RankedReplica(Replica):
 
     # -- failures ------------------------------------------------------------------------------
     def _output(self, rank: int | None) -> str:
-        return last_line(self.log if rank is None else self.log.with_name(f"rank{rank}.log"), lambda line: _PREFIX.sub("", line))
+        return last_line(
+            self.log if rank is None else self.log.with_name(f"rank{rank}.log"),
+            lambda line: _PREFIX.sub("", line),
+        )
 
     def _failed_rank(self, noticed: int | None) -> int | None:
         """The rank that failed first: the one whose connection closed first (``noticed``: a rank
@@ -102,7 +112,11 @@ class RankedReplica(Replica):
             return noticed
         with contextlib.suppress(OSError):
             text = self.log.read_text(errors="replace")
-            named = _ROOT_CAUSE.search(text, text.find("Root Cause") + 1) if "Root Cause" in text else None
+            named = (
+                _ROOT_CAUSE.search(text, text.find("Root Cause") + 1)
+                if "Root Cause" in text
+                else None
+            )
             if named is not None:
                 return int(named.group(1))
         for rank in range(self.world_size):
@@ -121,12 +135,16 @@ class RankedReplica(Replica):
             if self._broken is None:
                 failed = self._failed_rank(rank)
                 who = f"rank {failed}" if failed is not None else "torchrun"
-                self._broken = f"replay of {self.label} ({self.spec.describe()}): {who} {what}: {detail or self._output(failed)}"
+                self._broken = (
+                    f"replay of {self.label} ({self.spec.describe()}): {who} {what}: "
+                    f"{detail or self._output(failed)}"
+                )
                 self._kill()
         raise ReplicaFailed(self._broken)
 
     def _kill(self) -> None:
-        """Kill every rank that connected, then the launcher (asked first: it stops the ranks it started)."""
+        """Kill every rank that connected, then the launcher (asked first: it stops the ranks it
+        started)."""
         for hello in self.hellos.values():
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError, TypeError):
                 if hello.pid > 0:
@@ -155,19 +173,30 @@ class RankedReplica(Replica):
             channel, message = self.listener.accept(self._check_alive)
             hello = Hello.from_json(message)
             rank, size = hello.rank, hello.world_size
-            if type(rank) is not int or rank in self.channels or not 0 <= rank < world or size != world:
+            if (
+                type(rank) is not int
+                or rank in self.channels
+                or not 0 <= rank < world
+                or size != world
+            ):
                 channel.close()
                 self._fail(f"connected as rank {rank} of {size}, where {world} ranks were started")
             self.channels[rank], self.hellos[rank] = channel, hello
         self.channel, self.hello = self.channels[self.spec.focus], self.hellos[self.spec.focus]
         return self.hello
 
-    def _exchange(self, request: Asks[Any], progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
-        """Send a request to every rank (its state tree to the focus rank only); the focus rank's answer."""
+    def _exchange(
+        self, request: Asks[Any], progress: Progress | None = None
+    ) -> tuple[dict[str, Any], Any]:
+        """Send a request to every rank (its state tree to the focus rank only); the focus rank's
+        answer."""
         return self._broadcast(dict.fromkeys(range(self.world_size), request), progress)
 
-    def _broadcast(self, requests: Mapping[int, Asks[Any]], progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
-        """Send each rank its request (a state tree to the focus rank only); the focus rank's reply."""
+    def _broadcast(
+        self, requests: Mapping[int, Asks[Any]], progress: Progress | None = None
+    ) -> tuple[dict[str, Any], Any]:
+        """Send each rank its request (a state tree to the focus rank only); the focus rank's
+        reply."""
         assert len(self.channels) == self.world_size, "connect() first"
         focus = self.spec.focus
         op = requests[focus].op
@@ -179,7 +208,10 @@ class RankedReplica(Replica):
                 channel.send(message, tree if rank == focus else None)
             except OSError:
                 self._fail(f"stopped before {op!r}", rank)
-        futures = {rank: self._receivers.submit(self._reply, rank, op, progress if rank == focus else None) for rank in self.channels}
+        futures = {
+            rank: self._receivers.submit(self._reply, rank, op, progress if rank == focus else None)
+            for rank in self.channels
+        }
         replies = {}
         for rank, future in futures.items():
             with contextlib.suppress(ReplicaFailed):  # the first failure is kept in _broken
@@ -200,7 +232,13 @@ class RankedReplica(Replica):
 
     # -- requests that differ by rank ----------------------------------------------------------
     def restore(
-        self, run: Path, step: int, environment: dict[str, Any] | None = None, *, rebuilt: bool = False, kept_from: int | None = None
+        self,
+        run: Path,
+        step: int,
+        environment: dict[str, Any] | None = None,
+        *,
+        rebuilt: bool = False,
+        kept_from: int | None = None,
     ) -> None:
         """Each rank loads its own checkpoint at ``step`` and applies its own recorded settings
         (``rank{r}/rank.json``'s; ``environment`` only where a rank has none recorded)."""
@@ -209,8 +247,21 @@ class RankedReplica(Replica):
             return
         run = Path(run).resolve()
         opened = Run.open(run)
-        own = {r: opened.open_rank(r).environment or environment or {} for r in range(self.world_size)}
-        self._broadcast({r: Restore(run=str(run), step=step, environment=own[r], rebuilt=rebuilt, kept_from=kept_from) for r in own})
+        own = {
+            r: opened.open_rank(r).environment or environment or {} for r in range(self.world_size)
+        }
+        self._broadcast(
+            {
+                r: Restore(
+                    run=str(run),
+                    step=step,
+                    environment=own[r],
+                    rebuilt=rebuilt,
+                    kept_from=kept_from,
+                )
+                for r in own
+            }
+        )
         self._restored = (run, step, environment)
         self.step = step
 
@@ -218,7 +269,12 @@ class RankedReplica(Replica):
     def _adopt(self, fresh: Replica) -> None:
         assert isinstance(fresh, RankedReplica)
         super()._adopt(fresh)
-        self.channels, self.hellos, self._broken, self._receivers = fresh.channels, fresh.hellos, fresh._broken, fresh._receivers
+        self.channels, self.hellos, self._broken, self._receivers = (
+            fresh.channels,
+            fresh.hellos,
+            fresh._broken,
+            fresh._receivers,
+        )
 
     def _connected(self) -> bool:
         return len(self.channels) == self.world_size and self._broken is None
@@ -230,5 +286,6 @@ class RankedReplica(Replica):
 
 
 def start_replica(spec: LaunchSpec, label: str) -> Replica:
-    """The replica of a run: all its ranks under torchrun when it was distributed (``world_size``), else one process."""
+    """The replica of a run: all its ranks under torchrun when it was distributed (``world_size``),
+    else one process."""
     return RankedReplica(spec, label) if spec.world_size is not None else Replica(spec, label)

@@ -19,5 +19,6 @@ __all__ = ["safe_text"]
 
 
 def safe_text(value: object) -> str:
-    """``str(value)`` to embed in rich markup: printed as written, never styled, never a control sequence."""
+    """``str(value)`` to embed in rich markup: printed as written, never styled, never a control
+    sequence."""
     return escape(printable(value))

@@ -57,8 +57,8 @@ def _shorten(text: str, limit: int) -> str:
 
 
 def downsample(points: Sequence[tuple[int, float]], buckets: int) -> list[tuple[int, float]]:
-    """At most ``2 * buckets + 2`` points, in order: the first, the minimum and the maximum of each run of
-    consecutive points (``buckets`` runs), and the last."""
+    """At most ``2 * buckets + 2`` points, in order: the first, the minimum and the maximum of each
+    run of consecutive points (``buckets`` runs), and the last."""
     if len(points) <= 2 * buckets + 2:
         return list(points)
     size = len(points) / buckets
@@ -67,7 +67,9 @@ def downsample(points: Sequence[tuple[int, float]], buckets: int) -> list[tuple[
         start, end = int(b * size), int((b + 1) * size)
         if end > start:
             chunk = range(start, end)
-            kept += sorted({min(chunk, key=lambda i: points[i][1]), max(chunk, key=lambda i: points[i][1])})
+            kept += sorted(
+                {min(chunk, key=lambda i: points[i][1]), max(chunk, key=lambda i: points[i][1])}
+            )
     kept.append(len(points) - 1)
     return [points[i] for i in sorted(set(kept))]
 
@@ -83,7 +85,8 @@ def _ticks(low: float, high: float, count: int = 5) -> list[float]:
 
 
 def _log_ticks(low: float, high: float) -> list[float]:
-    """Ticks for a log scale between ``10**low`` and ``10**high``: powers of ten, at most about six."""
+    """Ticks for a log scale between ``10**low`` and ``10**high``: powers of ten, at most about
+    six."""
     powers = list(range(math.ceil(low), math.floor(high) + 1))
     if len(powers) < 2:
         return sorted({float(f"{10.0**t:.1g}") for t in _ticks(low, high, 3)})
@@ -92,7 +95,8 @@ def _log_ticks(low: float, high: float) -> list[float]:
 
 @dataclass(frozen=True)
 class Series:
-    """One curve: its label, its CSS class (``a``, ``b``, ``diff``) and its ``(step, value)`` points."""
+    """One curve: its label, its CSS class (``a``, ``b``, ``diff``) and its ``(step, value)``
+    points."""
 
     label: str
     css: str
@@ -139,26 +143,47 @@ def line_chart(
         y = py(value)
         if not top - 0.5 <= y <= top + plot_h + 0.5:
             continue
-        out.append(f'<line class="grid" x1="{left}" x2="{left + plot_w}" y1="{_n(y)}" y2="{_n(y)}"/>')
-        out.append(f'<text class="tick" x="{left - 6}" y="{_n(y + 4)}" text-anchor="end">{_e(_label(value))}</text>')
+        out.append(
+            f'<line class="grid" x1="{left}" x2="{left + plot_w}" y1="{_n(y)}" y2="{_n(y)}"/>'
+        )
+        out.append(
+            f'<text class="tick" x="{left - 6}" y="{_n(y + 4)}" '
+            f'text-anchor="end">{_e(_label(value))}</text>'
+        )
     for step in _ticks(x0, x1, 8):
         if step == int(step):
             x = px(step)
-            out.append(f'<text class="tick" x="{_n(x)}" y="{top + plot_h + 16}" text-anchor="middle">{int(step)}</text>')
-    out.append(f'<text class="tick" x="{left + plot_w}" y="{height - 2}" text-anchor="end">step</text>')
+            out.append(
+                f'<text class="tick" x="{_n(x)}" y="{top + plot_h + 16}" '
+                f'text-anchor="middle">{int(step)}</text>'
+            )
+    out.append(
+        f'<text class="tick" x="{left + plot_w}" y="{height - 2}" text-anchor="end">step</text>'
+    )
     for s in series:
         points = " ".join(f"{_n(px(step))},{_n(py(value))}" for step, value in s.points)
         if len(s.points) == 1:
             step, value = s.points[0]
-            out.append(_titled("circle", f'class="dot {_e(s.css)}" cx="{_n(px(step))}" cy="{_n(py(value))}" r="3"', s.label))
+            out.append(
+                _titled(
+                    "circle",
+                    f'class="dot {_e(s.css)}" cx="{_n(px(step))}" cy="{_n(py(value))}" r="3"',
+                    s.label,
+                )
+            )
         else:
             out.append(_titled("polyline", f'class="line {_e(s.css)}" points="{points}"', s.label))
     for i, (step, label) in enumerate(markers):
         x = px(step)
         anchor = "end" if x > left + plot_w * 0.7 else "start"
         shift = -4 if anchor == "end" else 4
-        out.append(f'<line class="marker m{i}" x1="{_n(x)}" x2="{_n(x)}" y1="{top}" y2="{top + plot_h}"/>')
-        out.append(f'<text class="marker-label m{i}" x="{_n(x + shift)}" y="{top + 12 + 14 * i}" text-anchor="{anchor}">{_e(label)}</text>')
+        out.append(
+            f'<line class="marker m{i}" x1="{_n(x)}" x2="{_n(x)}" y1="{top}" y2="{top + plot_h}"/>'
+        )
+        out.append(
+            f'<text class="marker-label m{i}" x="{_n(x + shift)}" y="{top + 12 + 14 * i}" '
+            f'text-anchor="{anchor}">{_e(label)}</text>'
+        )
     out.append("</svg>")
     return "".join(out)
 
@@ -173,13 +198,21 @@ class Cell:
     """A difference that cannot matter (a stream nothing drew from): drawn grey, not red."""
 
 
-def heatmap(rows: Sequence[tuple[str, Sequence[Cell]]], columns: Sequence[str], *, title: str, highlight: int | None = None) -> str:
-    """Rows of cells over columns (snapshots); a cell's colour grows with its value relative to the largest.
+def heatmap(
+    rows: Sequence[tuple[str, Sequence[Cell]]],
+    columns: Sequence[str],
+    *,
+    title: str,
+    highlight: int | None = None,
+) -> str:
+    """Rows of cells over columns (snapshots); a cell's colour grows with its value relative to the
+    largest.
 
     ``highlight`` outlines one column (the first divergent snapshot).
     """
     label_w = 14 + int(7.5 * min(30, max((len(name) for name, _ in rows), default=8)))
-    head = 22 + int(4.5 * min(12, max((len(c) for c in columns), default=1)))  # room for the column labels, slanted
+    # room for the column labels, slanted
+    head = 22 + int(4.5 * min(12, max((len(c) for c in columns), default=1)))
     cell_w, cell_h = max(6, min(44, 720 // max(1, len(columns)))), 22
     width, height = label_w + cell_w * len(columns) + 24, head + cell_h * len(rows) + 6
     largest = max((c.value or 0 for _, cells in rows for c in cells), default=0) or 1
@@ -188,10 +221,20 @@ def heatmap(rows: Sequence[tuple[str, Sequence[Cell]]], columns: Sequence[str], 
     for j, column in enumerate(columns):
         if j % label_every == 0 or j == highlight:
             x, y = _n(label_w + j * cell_w + cell_w / 2), head - 6
-            out.append(f'<text class="tick" x="{x}" y="{y}" transform="rotate(-40 {x} {y})">{_e(_shorten(column, 12))}</text>')
+            out.append(
+                f'<text class="tick" x="{x}" y="{y}" transform="rotate(-40 {x} '
+                f'{y})">{_e(_shorten(column, 12))}</text>'
+            )
     for i, (name, cells) in enumerate(rows):
         y = head + i * cell_h
-        out.append(_titled("text", f'class="row-label" x="{label_w - 6}" y="{y + 15}" text-anchor="end"', name, _shorten(name, 30)))
+        out.append(
+            _titled(
+                "text",
+                f'class="row-label" x="{label_w - 6}" y="{y + 15}" text-anchor="end"',
+                name,
+                _shorten(name, 30),
+            )
+        )
         for j, cell in enumerate(cells):
             if cell.value is None:
                 kind = "none"
@@ -205,12 +248,17 @@ def heatmap(rows: Sequence[tuple[str, Sequence[Cell]]], columns: Sequence[str], 
             out.append(_titled("rect", f'class="cell {kind}" {box}', cell.tip))
     if highlight is not None and rows:
         left = label_w + highlight * cell_w
-        out.append(f'<rect class="outline" x="{left - 1}" y="{head - 1}" width="{cell_w + 1}" height="{cell_h * len(rows) + 1}"/>')
+        out.append(
+            f'<rect class="outline" x="{left - 1}" y="{head - 1}" width="{cell_w + 1}" '
+            f'height="{cell_h * len(rows) + 1}"/>'
+        )
     out.append("</svg>")
     return "".join(out)
 
 
-def bars(counts: Sequence[tuple[str, int]], *, title: str, width: int = 520, height: int = 180) -> str:
+def bars(
+    counts: Sequence[tuple[str, int]], *, title: str, width: int = 520, height: int = 180
+) -> str:
     """Vertical bars with their labels below and counts above, in the order given."""
     left, top, bottom = 8, 18, 30
     largest = max((c for _, c in counts), default=0) or 1
@@ -221,8 +269,20 @@ def bars(counts: Sequence[tuple[str, int]], *, title: str, width: int = 520, hei
         h = max(1.0, plot_h * count / largest) if count > 0 else 0.0
         x, y = left + i * slot + slot * 0.15, top + plot_h - h
         middle = _n(left + i * slot + slot / 2)
-        out.append(_titled("rect", f'class="bar" x="{_n(x)}" y="{_n(y)}" width="{_n(slot * 0.7)}" height="{_n(h)}"', f"{label}: {count}"))
-        out.append(f'<text class="tick" x="{middle}" y="{_n(y - 4)}" text-anchor="middle">{_e(count)}</text>')
-        out.append(f'<text class="tick" x="{middle}" y="{height - 10}" text-anchor="middle">{_e(label)}</text>')
+        out.append(
+            _titled(
+                "rect",
+                f'class="bar" x="{_n(x)}" y="{_n(y)}" width="{_n(slot * 0.7)}" height="{_n(h)}"',
+                f"{label}: {count}",
+            )
+        )
+        out.append(
+            f'<text class="tick" x="{middle}" y="{_n(y - 4)}" '
+            f'text-anchor="middle">{_e(count)}</text>'
+        )
+        out.append(
+            f'<text class="tick" x="{middle}" y="{height - 10}" '
+            f'text-anchor="middle">{_e(label)}</text>'
+        )
     out.append("</svg>")
     return "".join(out)

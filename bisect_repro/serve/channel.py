@@ -79,7 +79,8 @@ _CHUNK = 1 << 20
 
 
 class ChannelClosed(BisectReproError):
-    """The other end went away (the replaying process exited, or the controller did), or broke the protocol."""
+    """The other end went away (the replaying process exited, or the controller did), or broke the
+    protocol."""
 
 
 def replay_address() -> tuple[str, str] | None:
@@ -97,7 +98,8 @@ class Channel:
 
     @classmethod
     def connect(cls, address: str, token: str, hello: dict[str, Any]) -> Channel:
-        """Connect to a :class:`Listener`: the token alone in a small first frame, then ``hello``."""
+        """Connect to a :class:`Listener`: the token alone in a small first frame, then
+        ``hello``."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(address)
         channel = cls(sock, "controller")
@@ -121,10 +123,14 @@ class Channel:
         :class:`ChannelClosed`."""
         header_size, payload_size = _FRAME.unpack(self._read(_FRAME.size, wait))
         if header_size > _MAX_HEADER:
-            self._broken(f"a frame declares a {header_size}-byte header (at most {_MAX_HEADER}); the peer is not a bisect-repro replica")
+            self._broken(
+                f"a frame declares a {header_size}-byte header (at most {_MAX_HEADER}); the peer "
+                "is not a bisect-repro replica"
+            )
         try:
             header = json.loads(self._read(header_size, wait))
-        except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        except (ValueError, RecursionError) as error:
             self._broken(f"a frame's header is not valid JSON ({error.__class__.__name__})")
         if not isinstance(header, dict):
             self._broken(f"a frame's header is a JSON {type(header).__name__}, not an object")
@@ -132,7 +138,9 @@ class Channel:
         if payload_size:
             raw_size = header.get("raw_size")
             if type(raw_size) is not int or raw_size < 0:
-                self._broken(f"a frame with a {payload_size}-byte payload declares no valid raw_size")
+                self._broken(
+                    f"a frame with a {payload_size}-byte payload declares no valid raw_size"
+                )
             payload = self._read(payload_size, wait)
             try:
                 tree = codec.decode(payload, Path(self.name), raw_size=raw_size)
@@ -140,8 +148,11 @@ class Channel:
                 self._broken(f"a frame's payload does not decode ({error.problem})")
         return header, tree
 
-    def receive_reply(self, wait: Callable[[], None], progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], Any]:
-        """The reply to a request: the next frame that is not a progress report (those go to ``progress``)."""
+    def receive_reply(
+        self, wait: Callable[[], None], progress: Callable[[int], None] | None = None
+    ) -> tuple[dict[str, Any], Any]:
+        """The reply to a request: the next frame that is not a progress report (those go to
+        ``progress``)."""
         while True:
             reply, payload = self.receive(wait)
             if "progress" not in reply:
@@ -153,12 +164,14 @@ class Channel:
                 progress(done)
 
     def _broken(self, problem: str) -> NoReturn:
-        """Close the channel (its stream is out of step) and raise a one-line :class:`ChannelClosed`."""
+        """Close the channel (its stream is out of step) and raise a one-line
+        :class:`ChannelClosed`."""
         self.close()
         raise ChannelClosed(f"{self.name}: {problem}")
 
     def _read(self, size: int, wait: Callable[[], None] | None) -> bytes:
-        """``size`` bytes, read as they come in chunks of at most 1 MiB (never allocated up front)."""
+        """``size`` bytes, read as they come in chunks of at most 1 MiB (never allocated up
+        front)."""
         chunks, left = [], size
         while left:
             try:
@@ -168,7 +181,9 @@ class Channel:
                     wait()
                 continue
             except OSError as error:
-                raise ChannelClosed(f"{self.name}: the connection failed ({error.strerror or error})") from None
+                raise ChannelClosed(
+                    f"{self.name}: the connection failed ({error.strerror or error})"
+                ) from None
             if not chunk:
                 raise ChannelClosed(f"{self.name}: the connection closed")
             chunks.append(chunk)
@@ -203,7 +218,8 @@ class Listener:
         self.sock.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.sock, selectors.EVENT_READ)
-        self._pending: dict[socket.socket, _Pending] = {}  # kept from one accept to the next (ranks connect together)
+        # kept from one accept to the next (ranks connect together)
+        self._pending: dict[socket.socket, _Pending] = {}
         self._authenticated: deque[socket.socket] = deque()
 
     def environment(self) -> dict[str, str]:
@@ -239,16 +255,23 @@ class Listener:
                         self._advance(pending)
 
     def _take(self) -> None:
-        """Accept one connection into the pending set (dropping the oldest beyond :data:`PENDING_CAP`)."""
+        """Accept one connection into the pending set (dropping the oldest beyond
+        :data:`PENDING_CAP`)."""
         try:
             sock, _ = self.sock.accept()
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return
         except OSError as error:
-            if error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM) and self._pending:
-                self._drop(next(iter(self._pending)))  # the oldest: a file descriptor back for the next try
+            if (
+                error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+                and self._pending
+            ):
+                # the oldest: a file descriptor back for the next try
+                self._drop(next(iter(self._pending)))
                 return
-            raise ChannelClosed(f"listener: cannot accept a connection ({error.strerror or error})") from None
+            raise ChannelClosed(
+                f"listener: cannot accept a connection ({error.strerror or error})"
+            ) from None
         if len(self._pending) >= PENDING_CAP:
             self._drop(next(iter(self._pending)))
         sock.setblocking(False)
@@ -286,13 +309,21 @@ class Listener:
             hello = json.loads(text)
         except (ValueError, RecursionError):
             return False
-        if not isinstance(hello, dict) or hello.get("op") != "hello" or not isinstance(hello.get("token"), str):
+        if (
+            not isinstance(hello, dict)
+            or hello.get("op") != "hello"
+            or not isinstance(hello.get("token"), str)
+        ):
             return False
-        token = hello["token"].encode("utf-8", "surrogatepass")  # bytes: compare_digest refuses non-ASCII str
+        # bytes: compare_digest refuses non-ASCII str
+        token = hello["token"].encode("utf-8", "surrogatepass")
         return secrets.compare_digest(token, self.token.encode())
 
-    def _hello(self, sock: socket.socket, wait: Callable[[], None]) -> tuple[Channel, dict[str, Any]] | None:
-        """An authenticated connection's hello proper (its second frame), or ``None`` if it broke."""
+    def _hello(
+        self, sock: socket.socket, wait: Callable[[], None]
+    ) -> tuple[Channel, dict[str, Any]] | None:
+        """An authenticated connection's hello proper (its second frame), or ``None`` if it
+        broke."""
         sock.settimeout(_WAIT_EVERY)
         channel = Channel(sock, "replica")
         gave_up: list[BaseException] = []

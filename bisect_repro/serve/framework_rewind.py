@@ -11,7 +11,8 @@ back and, as the framework hands over each batch of the step run again, copies t
 into it, in place (the framework's loop then trains on the kept data). The reply to a rewound
 step's ``run`` is held until the framework reaches the next step's start, and sent only where the
 loop stands there as it did after the step's first run (:meth:`LoopCounters.position`: the
-same step count, the same epoch); otherwise the reply is an error and the controller takes a fresh process.
+same step count, the same epoch); otherwise the reply is an error and the controller takes a fresh
+process.
 
 =============================================  =================================================
 a rewound step                                 its ``run`` reply
@@ -49,11 +50,20 @@ from .requests import Request, Rewind, Run, Skip
 from .rewind import RewindingHookServer
 from .server import Reply
 
-__all__ = ["FrameworkRewindServer", "KeptBatch", "LoopCounters", "feed_batch", "keep_batch", "refusal_after_rewind", "rewound_answer"]
+__all__ = [
+    "FrameworkRewindServer",
+    "KeptBatch",
+    "LoopCounters",
+    "feed_batch",
+    "keep_batch",
+    "refusal_after_rewind",
+    "rewound_answer",
+]
 
 
 class LoopCounters(Protocol):
-    """The counters a framework's loop keeps (its step count, its batch progress), kept and put back with a step's start."""
+    """The counters a framework's loop keeps (its step count, its batch progress), kept and put back
+    with a step's start."""
 
     draws_during_step: bool
     """The framework draws a step's micro-batches after the first once the step has started."""
@@ -63,13 +73,15 @@ class LoopCounters(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def position(self) -> Any:
-        """Where the loop stands, compared at the next step's start after a step and after its rewound run."""
+        """Where the loop stands, compared at the next step's start after a step and after its
+        rewound run."""
         ...
 
 
 @dataclass
 class KeptBatch:
-    """A copy of a batch the framework handed over: its tensors by path, its other leaves as text."""
+    """A copy of a batch the framework handed over: its tensors by path, its other leaves as
+    text."""
 
     tensors: dict[str, torch.Tensor]
     others: list[str]
@@ -82,35 +94,46 @@ def keep_batch(batch: Any) -> KeptBatch:
 
 
 def feed_batch(kept: KeptBatch, batch: Any) -> str | None:
-    """Copy the kept batch's tensors into ``batch``, in place; why not (``None``: done), in words."""
+    """Copy the kept batch's tensors into ``batch``, in place; why not (``None``: done), in
+    words."""
     tensors, others = batch_tensors(batch)
     if others != kept.others or sorted(tensors) != sorted(kept.tensors):
         return "the framework handed over a batch of another structure"
     for path, tensor in tensors.items():
         if (tensor.shape, tensor.dtype) != (kept.tensors[path].shape, kept.tensors[path].dtype):
             return f"the framework handed over a batch whose {path} has another shape or dtype"
-    with torch.no_grad(), _disable_current_modes():  # the copy is no op of the step: tracers do not see it
+    # the copy is no op of the step: tracers do not see it
+    with torch.no_grad(), _disable_current_modes():
         for path, tensor in tensors.items():
             tensor.copy_(kept.tensors[path])
     return None
 
 
 def rewound_answer(result: Reply, unfed: str | None, first: Any, arrival: Any) -> Reply:
-    """The reply to a rewound step's ``run`` once the loop stands at the next step's start (``arrival``,
-    where the step's first run left it: ``first``); ``unfed``: why its batches were not all put in place."""
+    """The reply to a rewound step's ``run`` once the loop stands at the next step's start
+    (``arrival``, where the step's first run left it: ``first``); ``unfed``: why its batches were
+    not all put in place."""
     if unfed is not None:
         return {"error": f"cannot run the rewound step: {unfed}"}, None
     if arrival != first:
-        return {"error": "the rewound step left the framework's loop elsewhere than its first run did (an epoch ended, or training)"}, None
+        return {
+            "error": "the rewound step left the framework's loop elsewhere than its first run did "
+            "(an epoch ended, or training)"
+        }, None
     return result
 
 
 def refusal_after_rewind(rewound: int | None, current: int, request: Request | None) -> str | None:
     """Why a process standing at ``current`` that rewound step ``rewound`` (``None``: none) may not
     train as ``request`` asks: past the rewound step (``None``: it may)."""
-    onward = (isinstance(request, Run) and request.step != rewound) or (isinstance(request, Skip) and request.until > current)
+    onward = (isinstance(request, Run) and request.step != rewound) or (
+        isinstance(request, Skip) and request.until > current
+    )
     if rewound is not None and onward:
-        return f"this process rewound step {rewound}: its loader has handed over batches no step trained on, it cannot train on"
+        return (
+            f"this process rewound step {rewound}: its loader has handed over batches no step "
+            "trained on, it cannot train on"
+        )
     return None
 
 
@@ -121,31 +144,43 @@ class _Rewound:
     counters: dict[str, Any]
     batches: list[KeptBatch] = field(default_factory=list)
     arrival: Any = None
-    """Where the loop stood at the next step's start after the step's first run (``None``: not yet there)."""
+    """Where the loop stood at the next step's start after the step's first run (``None``: not yet
+    there)."""
     rewound: bool = False
     """The step was rewound: the loader has run ahead of the steps trained."""
 
 
 class FrameworkRewindServer(RewindingHookServer):
-    """A hook server that can run the last fetched step of a framework's loop again (see the module docstring)."""
+    """A hook server that can run the last fetched step of a framework's loop again (see the module
+    docstring)."""
 
     start_after_draw = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.counters: LoopCounters | None = None
-        """The framework's loop counters (the integration sets them; without them no rewind is made)."""
+        """The framework's loop counters (the integration sets them; without them no rewind is
+        made)."""
         self._loop: _Rewound | None = None
-        self._feeding_batches: list[KeptBatch] | None = None  # a rewound step's batches still to put in place
+        # a rewound step's batches still to put in place
+        self._feeding_batches: list[KeptBatch] | None = None
         self._unfed: str | None = None  # why a rewound step's batches could not all be put in place
-        self._held: tuple[Reply, str | None] | None = None  # a rewound step's result, and why its batches were not fed
-        self._left: list[KeptBatch] | None = None  # at a rewound step's end: its kept batches not handed over
+        # a rewound step's result, and why its batches were not fed
+        self._held: tuple[Reply, str | None] | None = None
+        # at a rewound step's end: its kept batches not handed over
+        self._left: list[KeptBatch] | None = None
 
     # -- the recorder's calls --------------------------------------------------------------------
     def begin_step(self) -> None:
         held, self._held = self._held, None
         loop, kept = self._loop, self._kept
-        if loop is not None and kept is not None and kept.ran and loop.arrival is None and self.current == kept.start.step + 1:
+        if (
+            loop is not None
+            and kept is not None
+            and kept.ran
+            and loop.arrival is None
+            and self.current == kept.start.step + 1
+        ):
             loop.arrival = self._arrival()  # the step's first run ended here
         if held is not None and loop is not None:
             self.channel.send(*rewound_answer(*held, loop.arrival, self._arrival()))
@@ -153,7 +188,11 @@ class FrameworkRewindServer(RewindingHookServer):
 
     def note_batch(self, batch: Any, indices: list[int] | None = None) -> None:
         if self._feeding_batches is not None:
-            why = feed_batch(self._feeding_batches.pop(0), batch) if self._feeding_batches else "more batches than its first run"
+            why = (
+                feed_batch(self._feeding_batches.pop(0), batch)
+                if self._feeding_batches
+                else "more batches than its first run"
+            )
             self._unfed = self._unfed or why
         elif self._keeping and self._loop is not None:
             self._loop.batches.append(keep_batch(batch))
@@ -171,14 +210,18 @@ class FrameworkRewindServer(RewindingHookServer):
         if left is None:  # not a rewound step
             super()._send_result(reply)
             return
-        unfed, self._unfed = self._unfed or ("fewer batches than its first run" if left else None), None
+        unfed, self._unfed = (
+            self._unfed or ("fewer batches than its first run" if left else None),
+            None,
+        )
         self._held = reply, unfed
 
     def close(self) -> None:
         self._held = None  # the error close sends answers the rewound step's run
         super().close()
 
-    # -- the kept step ------------------------------------------------------------------------------
+    # -- the kept step
+    # ------------------------------------------------------------------------------
     def _arrival(self) -> Any:
         assert self.counters is not None
         return self.counters.position()
@@ -193,7 +236,11 @@ class FrameworkRewindServer(RewindingHookServer):
         return super()._refusal(step)
 
     def _refusal_to_train(self, request: Request | None) -> str | None:
-        rewound = self._kept.start.step if self._kept is not None and self._loop is not None and self._loop.rewound else None
+        rewound = (
+            self._kept.start.step
+            if self._kept is not None and self._loop is not None and self._loop.rewound
+            else None
+        )
         return refusal_after_rewind(rewound, self.current, request)
 
     def _rewind(self, request: Rewind) -> Reply:

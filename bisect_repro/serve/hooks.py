@@ -1,17 +1,19 @@
-"""The recorder's replay mode when a framework drives the loop: serving the controller from its hooks.
+"""The recorder's replay mode when a framework drives the loop: serving the controller from its
+hooks.
 
 A framework (Lightning, the Hugging Face ``Trainer``) owns its training loop and its data loader,
 so the loop cannot be made to yield a batch again. Its integration calls the recorder at the
 start and the end of each optimizer step (:meth:`~bisect_repro.record.recorder.Recorder.begin_step`,
-``note_batch``, ``log``, ``end_step``, each passed on to this server); in a replay, :class:`HookServer` answers the controller's
-requests at the start of each step the controller wants to see, and lets the framework run the
-others untraced. It answers the same requests as :class:`~bisect_repro.serve.server.StepServer`
-with one difference: a step runs once per process, in order, from wherever the script starts
-(step 0, or the step a framework checkpoint resumes from). The controller repeats a step by
-starting another process (:class:`~bisect_repro.replay.replica.Replica` does it for it), or by
-rewinding this one (an unchanged script's, :mod:`bisect_repro.serve.rewind`; a framework
-callback's, :mod:`bisect_repro.serve.framework_rewind`), and a batch cannot be fetched again under
-other streams.
+``note_batch``, ``log``, ``end_step``, each passed on to this server); in a replay,
+:class:`HookServer` answers the controller's requests at the start of each step the controller wants
+to see, and lets the framework run the others untraced. It answers the same requests as
+:class:`~bisect_repro.serve.server.StepServer` with one difference: a step runs once per process, in
+order, from wherever the script starts (step 0, or the step a framework checkpoint resumes from).
+The controller repeats a step by starting another process
+(:class:`~bisect_repro.replay.replica.Replica` does it for it), or by rewinding this one (an
+unchanged script's, :mod:`bisect_repro.serve.rewind`; a framework callback's,
+:mod:`bisect_repro.serve.framework_rewind`), and a batch cannot be fetched again under other
+streams.
 
 Where the guarantees stop: the batch a step trains on is known only once the framework hands it
 over, after the data loader drew it; overrides of the random streams apply from the start of the
@@ -78,7 +80,9 @@ class HookServer(StepServer):
 
     def note_batch(self, batch: Any, indices: list[int] | None = None) -> None:
         tensors, others = batch_tensors(batch)
-        self._batch_tensors.update({f"{len(self._batch_tensors) + i}": t for i, t in enumerate(tensors.values())})
+        self._batch_tensors.update(
+            {f"{len(self._batch_tensors) + i}": t for i, t in enumerate(tensors.values())}
+        )
         self._others += others
         if self._running is not None:
             self._running.note_batch(batch, None)
@@ -93,7 +97,9 @@ class HookServer(StepServer):
             result.batch = batch
             self._send_result(result.to_reply())
         elif self._skipping is not None:
-            self._skipping.result.records.append(StepRecord(step=self.current, order=None, batch=batch, loss=loss_value(self.loss)))
+            self._skipping.result.records.append(
+                StepRecord(step=self.current, order=None, batch=batch, loss=loss_value(self.loss))
+            )
         self.current += 1
         self.position = self.current
 
@@ -103,7 +109,9 @@ class HookServer(StepServer):
 
     def close(self) -> None:
         """The framework finished training: tell a waiting controller, and end the process."""
-        self.channel.send({"error": f"training ended after step {self.current}; the replay cannot go further"})
+        self.channel.send(
+            {"error": f"training ended after step {self.current}; the replay cannot go further"}
+        )
         self._exit()
 
     # -- requests ------------------------------------------------------------------------------
@@ -125,7 +133,12 @@ class HookServer(StepServer):
             if isinstance(request, Skip):  # already there
                 self.channel.send(SkipResult(step=self.current).to_json())
             elif isinstance(request, Run):
-                self.channel.send({"error": f"step {request.step} cannot run here: this process stands at step {self.current}"})
+                self.channel.send(
+                    {
+                        "error": f"step {request.step} cannot run here: this process stands at "
+                        f"step {self.current}"
+                    }
+                )
             elif request is not None:
                 self.channel.send(*self.answer(request))
 
@@ -133,10 +146,14 @@ class HookServer(StepServer):
         """Why this process may not train as ``request`` asks (``None``: it may)."""
         return None
 
-    # -- the answers that differ from a step server's (see server.ANSWERS) --------------------------
+    # -- the answers that differ from a step server's (see server.ANSWERS)
+    # --------------------------
     def _restore(self, request: Restore) -> Reply:
         if request.step != self.first:
-            return {"error": f"a framework's run replays from its own start (step {self.first}), not from step {request.step}"}, None
+            return {
+                "error": f"a framework's run replays from its own start (step {self.first}), not "
+                f"from step {request.step}"
+            }, None
         self._restore_streams(request)
         return Restored(step=self.current).to_json(), None
 
@@ -144,7 +161,9 @@ class HookServer(StepServer):
         return Fetched(step=self.current).to_json(), None
 
     def _streams(self, request: Streams) -> Reply:
-        return {"step": self.current}, StepStart(streams=self._start_streams, pre_streams=self._start_streams, data=None).to_tree()
+        return {"step": self.current}, StepStart(
+            streams=self._start_streams, pre_streams=self._start_streams, data=None
+        ).to_tree()
 
     def _data(self, request: Data) -> Reply:
         return self._not_here(request)
@@ -154,7 +173,10 @@ class HookServer(StepServer):
 
     def _not_here(self, request: Data | Items) -> Reply:
         """A request that needs the batch fetched again."""
-        return {"error": f"{request.op!r} needs the batch fetched again, which a framework's loader does not allow"}, None
+        return {
+            "error": f"{request.op!r} needs the batch fetched again, which a framework's loader "
+            "does not allow"
+        }, None
 
     def _restore_streams(self, request: Restore) -> None:
         """At the run's own start: the recorded settings and random streams, as its checkpoint there
@@ -164,8 +186,11 @@ class HookServer(StepServer):
         if run.distributed:
             run = run.open_rank(int(os.environ.get("RANK", 0)))
         self.feed_entropy(run, request)
-        streams = run.checkpoint(request.step).get("streams") if request.step in run.checkpoints else None
-        if isinstance(streams, dict):  # a checkpoint without them (damaged, edited) leaves the process's own
+        streams = (
+            run.checkpoint(request.step).get("streams") if request.step in run.checkpoints else None
+        )
+        # a checkpoint without them (damaged, edited) leaves the process's own
+        if isinstance(streams, dict):
             self.state.streams.load_state_dict(streams)
             self._start_streams = self.state.streams.state_dict()
 
@@ -174,5 +199,7 @@ class HookServer(StepServer):
             compiled.bisect_trial(request.compile_bisect)
         if request.streams is not None:
             self.state.streams.load_state_dict(request.streams)
-        self._running = InstrumentedStep(self.trainee, self.state, self.watch, request, lambda: self._state_hashes(grads=True))
+        self._running = InstrumentedStep(
+            self.trainee, self.state, self.watch, request, lambda: self._state_hashes(grads=True)
+        )
         self._running.__enter__()

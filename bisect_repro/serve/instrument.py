@@ -62,7 +62,13 @@ class InstrumentedStep:
         model = trainee.model
         self.tracer = None
         if request.trace != "none":
-            self.tracer = StepTracer(model, trainee.named_optimizers, state._names, keep=set(request.keep), full=request.trace == "full")
+            self.tracer = StepTracer(
+                model,
+                trainee.named_optimizers,
+                state._names,
+                keep=set(request.keep),
+                full=request.trace == "full",
+            )
         self.ops = ScopedOps(model, skip=_SKIP.get(request.ops)) if request.ops else None
         self.alerts = DeterminismAlerts(model) if request.alerts else None
         self.seeding: list[SeedingCall] = []
@@ -85,12 +91,21 @@ class InstrumentedStep:
             self._stack.callback(setattr, feed, "kept_from", feed.kept_from)
             feed.kept_from = request.step
         self.seeding = self._stack.enter_context(self.watch.collecting())
-        for part in (self.tracer, self.ops.tracing() if self.ops else None, self.alerts.catching() if self.alerts else None):
+        for part in (
+            self.tracer,
+            self.ops.tracing() if self.ops else None,
+            self.alerts.catching() if self.alerts else None,
+        ):
             if part is not None:
                 self._stack.enter_context(part)
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         try:
             self._stack.__exit__(kind, error, tb)
         finally:
@@ -99,7 +114,8 @@ class InstrumentedStep:
                 env.apply(self._before)
 
     def result(self, step: int) -> StepResult:
-        """The reply to the ``run`` request: the trace, the outcome, the streams and seeding after it."""
+        """The reply to the ``run`` request: the trace, the outcome, the streams and seeding after
+        it."""
         tracer = self.tracer
         return StepResult(
             step=step,

@@ -115,7 +115,9 @@ class Fetched:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Fetched:
-        return cls(**{name: data.get(name) for name in ("step", "indices", "order", "batch", "base_seed")})
+        return cls(
+            **{name: data.get(name) for name in ("step", "indices", "order", "batch", "base_seed")}
+        )
 
     def digest(self, kind: str) -> str | None:
         """The digest of one kind: ``order`` or ``batch``."""
@@ -138,7 +140,11 @@ class StepStart:
 
     @classmethod
     def from_tree(cls, tree: dict[str, Any]) -> StepStart:
-        return cls(streams=dict(tree.get("streams") or {}), pre_streams=dict(tree.get("pre_streams") or {}), data=tree.get("data"))
+        return cls(
+            streams=dict(tree.get("streams") or {}),
+            pre_streams=dict(tree.get("pre_streams") or {}),
+            data=tree.get("data"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +161,12 @@ class StepRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepRecord:
-        return cls(step=int(data["step"]), order=data.get("order"), batch=data.get("batch"), loss=data.get("loss"))
+        return cls(
+            step=int(data["step"]),
+            order=data.get("order"),
+            batch=data.get("batch"),
+            loss=data.get("loss"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +229,8 @@ class StateHashes:
 
 @dataclass(frozen=True, kw_only=True)
 class ItemsChange:
-    """The reply to ``items``: whether the items change (``None``: not known, no indices or no dataset to ask)."""
+    """The reply to ``items``: whether the items change (``None``: not known, no indices or no
+    dataset to ask)."""
 
     changes: bool | None
 
@@ -255,7 +267,11 @@ class SkipResult:
     hashes: dict[int, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "records": [r.to_json() for r in self.records], "hashes": {str(k): v for k, v in self.hashes.items()}}
+        return {
+            "step": self.step,
+            "records": [r.to_json() for r in self.records],
+            "hashes": {str(k): v for k, v in self.hashes.items()},
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SkipResult:
@@ -301,7 +317,10 @@ class Description:
         return cls(
             init=dict(data["init"]),
             streams=dict(data["streams"]),
-            hidden={name: HiddenStream(kind=str(h["kind"]), digest=str(h["digest"])) for name, h in data["hidden"].items()},
+            hidden={
+                name: HiddenStream(kind=str(h["kind"]), digest=str(h["digest"]))
+                for name, h in data["hidden"].items()
+            },
             environment=dict(data["environment"]),
             threads_set=[int(n) for n in data["threads_set"]],
             loader=dict(data["loader"]),
@@ -346,7 +365,10 @@ class StepResult:
             "batch": self.batch,
         }
         if self.ops is not None:
-            reply["ops"] = [[r.op, r.layer, r.phase, list(r.inputs), list(r.outputs), r.arguments] for r in self.ops]
+            reply["ops"] = [
+                [r.op, r.layer, r.phase, list(r.inputs), list(r.outputs), r.arguments]
+                for r in self.ops
+            ]
         return reply, ({"kept": {str(k): v for k, v in self.kept.items()}} if self.kept else None)
 
     @classmethod
@@ -356,7 +378,10 @@ class StepResult:
             step=int(reply["step"]),
             entries=[TraceEntry(*entry) for entry in reply.get("entries", [])],
             kept={int(k): v for k, v in ((tree or {}).get("kept") or {}).items()},
-            ops=[OpRecord(op, layer, tuple(i), tuple(o), arguments, phase) for op, layer, phase, i, o, arguments in ops]
+            ops=[
+                OpRecord(op, layer, tuple(i), tuple(o), arguments, phase)
+                for op, layer, phase, i, o, arguments in ops
+            ]
             if ops is not None
             else None,
             alerts=list(reply.get("alerts", [])),
@@ -368,5 +393,17 @@ class StepResult:
         )
 
 
-Reply = Restored | SkipResult | Fetched | StepResult | Rewound | StepStart | StateHashes | Description | ItemsChange | CompileCalls | Exited
+Reply = (
+    Restored
+    | SkipResult
+    | Fetched
+    | StepResult
+    | Rewound
+    | StepStart
+    | StateHashes
+    | Description
+    | ItemsChange
+    | CompileCalls
+    | Exited
+)
 """Every reply a replaying process sends (a request's class names which)."""

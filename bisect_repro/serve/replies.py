@@ -26,7 +26,8 @@ R = TypeVar("R")
 
 
 class Refused(Exception):
-    """The process answered ``{"error": ...}``: it could not serve the request (the message says why)."""
+    """The process answered ``{"error": ...}``: it could not serve the request (the message says
+    why)."""
 
 
 def _reply_class(request: type[Request]) -> type[Reply]:
@@ -49,7 +50,8 @@ def _json(cls: Any) -> Callable[[dict[str, Any], Any], Reply]:
 _DECODERS: dict[type[Reply], Callable[[dict[str, Any], Any], Reply]] = {
     **{cls: _json(cls) for cls in set(REPLIES.values())},
     StepResult: StepResult.from_reply,  # kept tensors in the tree
-    StepStart: lambda message, tree: StepStart.from_tree(tree if isinstance(tree, dict) else {}),  # the states are the tree
+    # the states are the tree
+    StepStart: lambda message, tree: StepStart.from_tree(tree if isinstance(tree, dict) else {}),
 }
 """How each reply class reads a message and its tree: from the JSON object, but where named here."""
 

@@ -11,8 +11,8 @@ table from an ``op`` to its class; a server answers each decoded request by its 
 back by the controller through :mod:`bisect_repro.serve.replies`.
 
 Where the guarantees stop: both ends are this package at one version, so a field is read as the
-other end wrote it (numbers as numbers); an ``op`` no class has is refused (:class:`UnknownRequest`),
-a field of the wrong type is not checked one by one.
+other end wrote it (numbers as numbers); an ``op`` no class has is refused
+(:class:`UnknownRequest`), a field of the wrong type is not checked one by one.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .protocol import (
     StateHashes,
     StepResult,
     StepStart,
-)  # fmt: skip
+)
 
 __all__ = [
     "REQUESTS",
@@ -124,7 +124,9 @@ class Skip(Asks[SkipResult]):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Skip:
-        return cls(until=int(data["until"]), hashes_at=tuple(int(s) for s in data.get("hashes_at", ())))
+        return cls(
+            until=int(data["until"]), hashes_at=tuple(int(s) for s in data.get("hashes_at", ()))
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,12 +163,13 @@ class Run(Asks[StepResult]):
     fixed_entropy: int | None = None
     """Seed every call that would seed from entropy with this value instead."""
     kept_entropy: bool = False
-    """Every call that would seed from entropy leaves its stream as it is (the step's recorded values
-    not given), as in a process restored with ``kept_from`` at this step."""
+    """Every call that would seed from entropy leaves its stream as it is (the step's recorded
+    values not given), as in a process restored with ``kept_from`` at this step."""
     commit: bool = False
     """Move on to the next step afterwards (only from the latest kept step)."""
     compile_bisect: str | None = None
-    """Compile the model again first, as one trial of the compiler bisection whose state is in this folder."""
+    """Compile the model again first, as one trial of the compiler bisection whose state is in this
+    folder."""
     streams: dict[str, Any] | None = None
     """The random streams to run under instead of the step's own (a state tree)."""
 
@@ -190,7 +193,8 @@ class Run(Asks[StepResult]):
 
 @dataclass(frozen=True, kw_only=True)
 class Streams(Asks[StepStart]):
-    """The streams a kept step starts from, after its batch was fetched and before, and its data position."""
+    """The streams a kept step starts from, after its batch was fetched and before, and its data
+    position."""
 
     op: ClassVar[Literal["streams"]] = "streams"
     step: int
@@ -202,8 +206,8 @@ class Streams(Asks[StepStart]):
 
 @dataclass(frozen=True, kw_only=True)
 class Rewind(Asks[Rewound]):
-    """Run the last fetched step again: put its kept start back at the next step's start and feed its
-    batches again (a process that runs each step once; :mod:`bisect_repro.serve.rewind`)."""
+    """Run the last fetched step again: put its kept start back at the next step's start and feed
+    its batches again (a process that runs each step once; :mod:`bisect_repro.serve.rewind`)."""
 
     op: ClassVar[Literal["rewind"]] = "rewind"
     step: int
@@ -226,12 +230,17 @@ class Data(Asks[Fetched]):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Data:
-        return cls(step=int(data["step"]), pre_streams=data.get("pre_streams"), epoch_streams=data.get("epoch_streams"))
+        return cls(
+            step=int(data["step"]),
+            pre_streams=data.get("pre_streams"),
+            epoch_streams=data.get("epoch_streams"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Items(Asks[ItemsChange]):
-    """Whether the dataset's items at a kept step's indices change with ``stream`` one draw further."""
+    """Whether the dataset's items at a kept step's indices change with ``stream`` one draw
+    further."""
 
     op: ClassVar[Literal["items"]] = "items"
     step: int
@@ -270,11 +279,38 @@ class Exit(_Bare, Asks[Exited]):
     op: ClassVar[Literal["exit"]] = "exit"
 
 
-Request = Restore | Skip | Fetch | Run | Rewind | Streams | Data | Items | Hashes | Describe | Compiled | Exit
+Request = (
+    Restore
+    | Skip
+    | Fetch
+    | Run
+    | Rewind
+    | Streams
+    | Data
+    | Items
+    | Hashes
+    | Describe
+    | Compiled
+    | Exit
+)
 """Every request a controller sends a replaying process."""
 
 REQUESTS: dict[str, type[Request]] = {
-    cls.op: cls for cls in (Restore, Skip, Fetch, Run, Rewind, Streams, Data, Items, Hashes, Describe, Compiled, Exit)
+    cls.op: cls
+    for cls in (
+        Restore,
+        Skip,
+        Fetch,
+        Run,
+        Rewind,
+        Streams,
+        Data,
+        Items,
+        Hashes,
+        Describe,
+        Compiled,
+        Exit,
+    )
 }
 """Each request's class, by its ``op``."""
 
@@ -294,7 +330,8 @@ def encode(request: Asks[Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
 
 
 def decode(message: Mapping[str, Any], tree: Any = None) -> Request:
-    """The request a message and its state tree stand for; :class:`UnknownRequest` for an ``op`` no class has."""
+    """The request a message and its state tree stand for; :class:`UnknownRequest` for an ``op`` no
+    class has."""
     op = message.get("op")
     cls = REQUESTS.get(op) if isinstance(op, str) else None
     if cls is None:

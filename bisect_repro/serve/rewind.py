@@ -56,7 +56,9 @@ Draw = tuple[Any, list[int] | None]
 
 def _copied(batch: Any) -> Any:
     """The batch with each tensor copied (the loop may change a batch in place)."""
-    return tree_map(lambda leaf: leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf, batch)
+    return tree_map(
+        lambda leaf: leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf, batch
+    )
 
 
 @dataclass
@@ -85,12 +87,14 @@ class RewindingHookServer(HookServer):
 
     rewinds = True
     start_after_draw: bool = False
-    """Each step's start is taken after its batch was drawn (a framework's loop), not only the process's first."""
+    """Each step's start is taken after its batch was drawn (a framework's loop), not only the
+    process's first."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.schedulers: list[Any] = []
-        """The learning-rate schedulers the script made (kept and put back with the step's start)."""
+        """The learning-rate schedulers the script made (kept and put back with the step's
+        start)."""
         self._kept: _KeptStep | None = None
         self._keeping = False  # the kept step is running: its draws are kept
         self._feeding: list[_KeptDraw] = []  # a rewound step's draws still to feed
@@ -111,7 +115,9 @@ class RewindingHookServer(HookServer):
         drawn = take()
         if drawn is not None:
             after = self.state.streams.state_dict()
-            kept_draw = _KeptDraw(source, _copied(drawn[0]), drawn[1], tree_digest(after) != before, after)
+            kept_draw = _KeptDraw(
+                source, _copied(drawn[0]), drawn[1], tree_digest(after) != before, after
+            )
             self._kept.draws.append(kept_draw)
         return drawn
 
@@ -126,9 +132,12 @@ class RewindingHookServer(HookServer):
         return super()._fetch(request)
 
     def _streams(self, request: Streams) -> Reply:
-        if self._kept is not None and self._refusal(request.step) is None:  # the kept step's, from here
+        # the kept step's, from here
+        if self._kept is not None and self._refusal(request.step) is None:
             streams = self._kept.start.streams
-            return {"step": self._kept.start.step}, StepStart(streams=streams, pre_streams=streams, data=None).to_tree()
+            return {"step": self._kept.start.step}, StepStart(
+                streams=streams, pre_streams=streams, data=None
+            ).to_tree()
         return super()._streams(request)
 
     def _keep(self) -> None:
@@ -145,7 +154,10 @@ class RewindingHookServer(HookServer):
         if not kept.ran:
             return f"step {step} did not run to its end since it was kept"
         if step == self.first and not self.start_after_draw:
-            return f"step {step} is this process's first: its start was taken after its batch was drawn"
+            return (
+                f"step {step} is this process's first: its start was taken after its batch was "
+                "drawn"
+            )
         return None
 
     def _rewind(self, request: Rewind) -> Reply:

@@ -85,7 +85,7 @@ from .protocol import (
     StateHashes,
     StepRecord,
     StepStart,
-)  # fmt: skip
+)
 from .requests import (
     Compiled,
     Data,
@@ -149,9 +149,17 @@ class StepServer:
     """A kept step can run again in this process (a framework's hooks cannot; see ``hooks.py``)."""
     replaying = True
     rewinds = False
-    """A step can run again in this process by rewinding it (:mod:`bisect_repro.serve.rewind`); only in a single process."""
+    """A step can run again in this process by rewinding it (:mod:`bisect_repro.serve.rewind`); only
+    in a single process."""
 
-    def __init__(self, trainee: Trainee, channel: Channel, start_step: int = 0, scope: Scope | None = None, accumulate: int = 1) -> None:
+    def __init__(
+        self,
+        trainee: Trainee,
+        channel: Channel,
+        start_step: int = 0,
+        scope: Scope | None = None,
+        accumulate: int = 1,
+    ) -> None:
         self.trainee = trainee
         self.channel = channel
         self.accumulate = accumulate
@@ -170,7 +178,13 @@ class StepServer:
 
     @classmethod
     def connect(
-        cls, trainee: Trainee, address: str, token: str, start_step: int = 0, scope: Scope | None = None, accumulate: int = 1
+        cls,
+        trainee: Trainee,
+        address: str,
+        token: str,
+        start_step: int = 0,
+        scope: Scope | None = None,
+        accumulate: int = 1,
     ) -> StepServer:
         hello = Hello(
             pid=os.getpid(),
@@ -180,7 +194,9 @@ class StepServer:
             reruns=cls.reruns,
             rewinds=cls.rewinds and int(os.environ.get("WORLD_SIZE", 1)) == 1,
         )
-        return cls(trainee, Channel.connect(address, token, hello.to_json()), start_step, scope, accumulate)
+        return cls(
+            trainee, Channel.connect(address, token, hello.to_json()), start_step, scope, accumulate
+        )
 
     # -- the recorder's calls --------------------------------------------------------------------
     @property
@@ -264,15 +280,23 @@ class StepServer:
         pre_streams, data = self.state.streams.state_dict(), self.state.data.state_dict()
         batch, indices = next_micro_batches(self.state.data, self.accumulate)
         self.starts = {s: start for s, start in self.starts.items() if s in request.keep}
-        self.starts[self.position] = keep_start(self.state, self.position, batch, indices, pre_streams, data)
+        self.starts[self.position] = keep_start(
+            self.state, self.position, batch, indices, pre_streams, data
+        )
         fetched = Fetched(
-            step=self.position, indices=indices, order=order_digest(indices), batch=batch_digest(batch), base_seed=self.state.data.base_seed
+            step=self.position,
+            indices=indices,
+            order=order_digest(indices),
+            batch=batch_digest(batch),
+            base_seed=self.state.data.base_seed,
         )
         return fetched.to_json(), None
 
     def _streams(self, request: Streams) -> Reply:
         start = self.starts[request.step]
-        return {"step": start.step}, StepStart(streams=start.streams, pre_streams=start.pre_streams, data=start.data).to_tree()
+        return {"step": start.step}, StepStart(
+            streams=start.streams, pre_streams=start.pre_streams, data=start.data
+        ).to_tree()
 
     def _hashes(self, request: Hashes) -> Reply:
         return StateHashes(hashes=self._state_hashes()).to_json(), None
@@ -288,7 +312,9 @@ class StepServer:
         self.state.data.load_state_dict(position)
         self.state.streams.load_state_dict(request.pre_streams or start.pre_streams)
         batch, indices = next_micro_batches(self.state.data, self.accumulate)
-        fetched = Fetched(step=start.step, indices=indices, order=order_digest(indices), batch=batch_digest(batch))
+        fetched = Fetched(
+            step=start.step, indices=indices, order=order_digest(indices), batch=batch_digest(batch)
+        )
         self.state.data.load_state_dict(now[0])
         self.state.streams.load_state_dict(now[1])
         return fetched.to_json(), None
@@ -300,22 +326,32 @@ class StepServer:
         description = Description(
             init=self._state_hashes(),
             streams={name: tree_digest(value) for name, value in states.items()},
-            hidden={n: HiddenStream(kind=stream_kind(s), digest=tree_digest(hidden_states[n])) for n, s in hidden.items()},
+            hidden={
+                n: HiddenStream(kind=stream_kind(s), digest=tree_digest(hidden_states[n]))
+                for n, s in hidden.items()
+            },
             environment=env.fingerprint(),
             threads_set=list(self.threads_set),
             loader=describe_loader(self.trainee.loader),
-            convolutions=any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in self.trainee.model.modules()),
+            convolutions=any(
+                isinstance(m, torch.nn.modules.conv._ConvNd) for m in self.trainee.model.modules()
+            ),
             build_seeding=self.build_seeding,
         )
         return description.to_json(), None
 
     def _items(self, request: Items) -> Reply:
-        """Do the dataset's items at a kept step's indices change with ``stream`` one draw further?"""
+        """Do the dataset's items at a kept step's indices change with ``stream`` one draw
+        further?"""
         start = self.starts[request.step]
         dataset: Any = getattr(self.trainee.loader, "dataset", None)
         sources = recipe_streams(self.trainee)
         name = request.stream
-        if start.indices is None or not hasattr(dataset, "__getitem__") or (name not in sources and name not in start.streams):
+        if (
+            start.indices is None
+            or not hasattr(dataset, "__getitem__")
+            or (name not in sources and name not in start.streams)
+        ):
             return ItemsChange(changes=None).to_json(), None
         streams = RandomStreams(sources)
         saved_global, saved = self.state.streams.state_dict(), streams.state_dict()
@@ -335,8 +371,12 @@ class StepServer:
             self.state.streams.load_state_dict(saved_global)
 
     def _rewind(self, request: Rewind) -> Reply:
-        """Only a process that runs each step once rewinds (:mod:`bisect_repro.serve.rewind`); a step server runs a kept step again."""
-        return {"error": f"step {request.step} cannot be rewound here: this process runs a kept step again instead"}, None
+        """Only a process that runs each step once rewinds (:mod:`bisect_repro.serve.rewind`); a
+        step server runs a kept step again."""
+        return {
+            "error": f"step {request.step} cannot be rewound here: this process runs a kept step "
+            "again instead"
+        }, None
 
     def _compiled(self, request: Compiled) -> Reply:
         return CompileCalls(calls=list(compiled.calls())).to_json(), None
@@ -352,7 +392,11 @@ class StepServer:
             order, digest = order_digest(indices), batch_digest(batch)
             self.loss, self.current = None, self.position
             yield batch
-            result.records.append(StepRecord(step=self.position, order=order, batch=digest, loss=loss_value(self.loss)))
+            result.records.append(
+                StepRecord(
+                    step=self.position, order=order, batch=digest, loss=loss_value(self.loss)
+                )
+            )
             self.position += 1
             if time.monotonic() - last_progress > 0.5:
                 self.channel.send({"progress": self.position})
@@ -369,7 +413,9 @@ class StepServer:
         if request.compile_bisect is not None:
             compiled.bisect_trial(request.compile_bisect)
         load_start(self.state, start, request.streams)
-        run = InstrumentedStep(self.trainee, self.state, self.watch, request, lambda: self._state_hashes(grads=True))
+        run = InstrumentedStep(
+            self.trainee, self.state, self.watch, request, lambda: self._state_hashes(grads=True)
+        )
         run.note_batch(start.batch, start.indices)
         self.loss, self.current = None, request.step
         with run:
@@ -383,11 +429,19 @@ class StepServer:
         """From here on, each seeding call from entropy is given the value ``run`` recorded for it
         (see :mod:`bisect_repro.capture.entropy`), or, from ``request.kept_from`` on, leaves its
         stream as it is."""
-        self.watch.feed = EntropyFeed.of_steps(run.steps, request.step, lambda: self.current, kept_from=request.kept_from)
+        self.watch.feed = EntropyFeed.of_steps(
+            run.steps, request.step, lambda: self.current, kept_from=request.kept_from
+        )
 
     # -- state ---------------------------------------------------------------------------------
     def _state_hashes(self, *, grads: bool = False) -> dict[str, str]:
         tensors = self.state.tensors()
         if grads:
-            tensors.update({f"{n}.grad": local(p.grad) for n, p in self.trainee.model.named_parameters() if p.grad is not None})
+            tensors.update(
+                {
+                    f"{n}.grad": local(p.grad)
+                    for n, p in self.trainee.model.named_parameters()
+                    if p.grad is not None
+                }
+            )
         return {**hash_tensors(tensors), **self.state.extra_digests()}

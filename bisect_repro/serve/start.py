@@ -26,7 +26,14 @@ from typing import Any
 from ..capture.state import TrainingState
 from ..trainee import Trainee
 
-__all__ = ["BuiltSettings", "KeptStart", "hyperparameters", "keep_start", "load_start", "overlay_hyperparameters"]
+__all__ = [
+    "BuiltSettings",
+    "KeptStart",
+    "hyperparameters",
+    "keep_start",
+    "load_start",
+    "overlay_hyperparameters",
+]
 
 
 @dataclass
@@ -46,15 +53,25 @@ class KeptStart:
 
 
 def keep_start(
-    state: TrainingState, step: int, batch: Any, indices: list[int] | None, pre_streams: dict[str, Any], data: dict[str, Any]
+    state: TrainingState,
+    step: int,
+    batch: Any,
+    indices: list[int] | None,
+    pre_streams: dict[str, Any],
+    data: dict[str, Any],
 ) -> KeptStart:
     """Copies of what ``state`` holds now, as the start of ``step`` (its batch just fetched)."""
     trainee = state.trainee
     tensors = {
         "model": {k: v.detach().clone() for k, v in trainee.model.state_dict().items()},
         "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in trainee.optimizers],
-        "scheduler": copy.deepcopy(trainee.scheduler.state_dict()) if trainee.scheduler is not None else None,
-        "grads": [p.grad.detach().clone() if p.grad is not None else None for p in trainee.model.parameters()],
+        "scheduler": copy.deepcopy(trainee.scheduler.state_dict())
+        if trainee.scheduler is not None
+        else None,
+        "grads": [
+            p.grad.detach().clone() if p.grad is not None else None
+            for p in trainee.model.parameters()
+        ],
         "extra": {name: copy.deepcopy(value.state_dict()) for name, value in state.extra.items()},
         "python": state.python.state_dict(),
     }
@@ -77,7 +94,16 @@ def load_start(state: TrainingState, start: KeptStart, streams: dict[str, Any] |
     state.streams.load_state_dict(streams if streams is not None else start.streams)
 
 
-_PROGRESS = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "base_lrs"})
+_PROGRESS = frozenset(
+    {
+        "last_epoch",
+        "_step_count",
+        "_last_lr",
+        "_get_lr_called_within_step",
+        "_is_initial",
+        "base_lrs",
+    }
+)
 """A scheduler's state that moves as training goes (restored from the checkpoint); the rest of its
 state (milestones, gamma, step size, the schedule's length) is how it was built."""
 
@@ -101,7 +127,11 @@ def hyperparameters(trainee: Trainee) -> BuiltSettings:
     """The settings of ``trainee`` as built (see :class:`BuiltSettings`)."""
     groups = [{k: v for k, v in group.items() if k != "params"} for group in _groups(trainee)]
     scheduler = trainee.scheduler
-    settings = {k: copy.deepcopy(v) for k, v in scheduler.state_dict().items() if k not in _PROGRESS} if scheduler is not None else {}
+    settings = (
+        {k: copy.deepcopy(v) for k, v in scheduler.state_dict().items() if k not in _PROGRESS}
+        if scheduler is not None
+        else {}
+    )
     return BuiltSettings(groups, list(getattr(scheduler, "base_lrs", None) or []) or None, settings)
 
 

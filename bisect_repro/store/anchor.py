@@ -91,12 +91,21 @@ class Folder:
             return None
 
     def kind(self, name: str) -> str | None:
-        """``file``, ``folder``, ``link``, ``other``, or ``None`` when nothing has that name; nothing is followed."""
+        """``file``, ``folder``, ``link``, ``other``, or ``None`` when nothing has that name;
+        nothing is followed."""
         found = self._lstat(name)
         if found is None:
             return None
         mode = found.st_mode
-        return "link" if stat.S_ISLNK(mode) else "folder" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+        return (
+            "link"
+            if stat.S_ISLNK(mode)
+            else "folder"
+            if stat.S_ISDIR(mode)
+            else "file"
+            if stat.S_ISREG(mode)
+            else "other"
+        )
 
     def names(self) -> list[str]:
         return sorted(os.listdir(self.fd))
@@ -109,8 +118,13 @@ class Folder:
         try:
             fd = os.open(_component(name), _DIRECTORY | _NOFOLLOW, dir_fd=self.fd)
         except OSError as error:
-            if error.errno in (errno.ELOOP, errno.EMLINK, errno.ENOTDIR) and self.kind(name) is not None:
-                raise LinkedError(self.path / name, f"is a {self.kind(name)}, not a folder of the run") from None
+            if (
+                error.errno in (errno.ELOOP, errno.EMLINK, errno.ENOTDIR)
+                and self.kind(name) is not None
+            ):
+                raise LinkedError(
+                    self.path / name, f"is a {self.kind(name)}, not a folder of the run"
+                ) from None
             raise
         return Folder(self.path / name, fd)
 
@@ -128,12 +142,15 @@ class Folder:
         try:
             return self._regular(os.open(_component(name), flags, mode, dir_fd=self.fd), name)
         except OSError as error:
-            if error.errno in (errno.ELOOP, errno.EMLINK) or (error.errno == errno.EEXIST and self.kind(name) == "link"):
+            if error.errno in (errno.ELOOP, errno.EMLINK) or (
+                error.errno == errno.EEXIST and self.kind(name) == "link"
+            ):
                 raise LinkedError(self.path / name, "is a symbolic link") from None
             raise
 
     def open_existing(self, name: str, flags: int = os.O_RDONLY) -> int:
-        """A descriptor of the regular file ``name`` (created if ``flags`` has ``O_CREAT``); a link is an error."""
+        """A descriptor of the regular file ``name`` (created if ``flags`` has ``O_CREAT``); a link
+        is an error."""
         return self._open(name, flags)
 
     @contextlib.contextmanager
@@ -157,12 +174,14 @@ class Folder:
             raise
 
     def replace(self, name: str, final: str, into: Folder | None = None) -> None:
-        """Rename ``name`` to ``final`` (in ``into``, this folder by default); a link under ``final`` is replaced, not followed."""
+        """Rename ``name`` to ``final`` (in ``into``, this folder by default); a link under
+        ``final`` is replaced, not followed."""
         target = self if into is None else into
         os.replace(_component(name), _component(final), src_dir_fd=self.fd, dst_dir_fd=target.fd)
 
     def remove(self, name: str) -> None:
-        """Remove the name ``name`` if it is there (a link itself, a file, or a whole folder), following nothing."""
+        """Remove the name ``name`` if it is there (a link itself, a file, or a whole folder),
+        following nothing."""
         kind = self.kind(name)
         if kind == "folder":
             with self.sub(name) as inner:

@@ -53,7 +53,18 @@ from ..errors import RunFormatError, UnstorableError
 from .encoding import LEVEL, TENSOR_LEVEL, Encoding, level_for, new_digest
 from .files import parse_json
 
-__all__ = ["LEVEL", "TENSOR_LEVEL", "Prepared", "checksum", "decode", "encode", "encode_prepared", "encoding_of", "memory_cap", "prepare"]
+__all__ = [
+    "LEVEL",
+    "TENSOR_LEVEL",
+    "Prepared",
+    "checksum",
+    "decode",
+    "encode",
+    "encode_prepared",
+    "encoding_of",
+    "memory_cap",
+    "prepare",
+]
 
 # Caps on the JSON inside a file, set where no real file reaches and a crafted one is refused
 # before it is parsed (json.loads builds about 64 bytes of objects per value: a 22 KB file whose
@@ -63,21 +74,37 @@ __all__ = ["LEVEL", "TENSOR_LEVEL", "Prepared", "checksum", "decode", "encode", 
 # case, has a header 13 times its compressed file and 1.7 values per compressed byte.
 _HEADER_CAP = 100_000_000  # safetensors' own limit on a header
 _HEADER_FLOOR = 1 << 20
-_HEADER_RATIO = 64  # header bytes per compressed byte: 5x the most measured; a bomb is 1,000x and more
+# header bytes per compressed byte: 5x the most measured; a bomb is 1,000x and more
+_HEADER_RATIO = 64
 _HEADER_NODES = 16_000_000
 _NODE_FLOOR = 1_000_000
 _NODE_RATIO = 16  # header values per compressed byte: 9x the most measured
 # The skeleton (state without its tensors): a checkpoint's is about 100 bytes and 5 values per
 # tensor entry; a snapshot's holds hashes, not tensors, and has few entries, which the floors
-# cover (the 200,000-hash snapshot above is 20 MB and 470,000 values: a third of the floor and less).
+# cover (the 200,000-hash snapshot above is 20 MB and 470,000 values: a third of the floor and
+# less).
 _SKELETON_FLOOR = 64 << 20
 _SKELETON_PER_ENTRY = 4096
 _SKELETON_NODES = 4_000_000
 _SKELETON_NODES_PER_ENTRY = 64
 _DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8,
-}  # fmt: skip
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
+}
 
 
 def checksum(data: bytes) -> str:
@@ -95,7 +122,8 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to("cpu").contiguous()
 
 
-_LEAVES = frozenset({str, int, float, bool, type(None)})  # stored as they are: checked first, by exact type
+# stored as they are: checked first, by exact type
+_LEAVES = frozenset({str, int, float, bool, type(None)})
 
 
 def _flatten(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
@@ -112,9 +140,16 @@ def _flatten(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
     if isinstance(tree, dict):
         if all(isinstance(k, str) for k in tree):
             if any(k.startswith("__") and k.endswith("__") for k in tree):
-                return {"__dict__": [[k, _flatten(v, tensors, f"{where}.{k}")] for k, v in tree.items()]}
+                return {
+                    "__dict__": [[k, _flatten(v, tensors, f"{where}.{k}")] for k, v in tree.items()]
+                }
             return {k: _flatten(v, tensors, f"{where}.{k}") for k, v in tree.items()}
-        return {"__dict__": [[_flatten(k, tensors, where), _flatten(v, tensors, f"{where}.{k}")] for k, v in tree.items()]}
+        return {
+            "__dict__": [
+                [_flatten(k, tensors, where), _flatten(v, tensors, f"{where}.{k}")]
+                for k, v in tree.items()
+            ]
+        }
     if isinstance(tree, tuple):
         return {"__tuple__": _flatten_items(tree, tensors, where)}
     if isinstance(tree, list):
@@ -131,7 +166,9 @@ def _flatten(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
     )
 
 
-def _flatten_items(items: list[Any] | tuple[Any, ...], tensors: dict[str, torch.Tensor], where: str) -> list[Any]:
+def _flatten_items(
+    items: list[Any] | tuple[Any, ...], tensors: dict[str, torch.Tensor], where: str
+) -> list[Any]:
     """The items of a list or tuple, flattened; a sequence of plain values (a Python random state
     is 625 ints, in every snapshot) as it is, without a call per item."""
     if all(type(v) in _LEAVES for v in items):
@@ -151,12 +188,17 @@ def _unflatten(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if "__tuple__" in tree:
         return tuple(_unflatten(v, tensors) for v in tree["__tuple__"])
     if "__dtype__" in tree:
-        dtype = getattr(torch, tree["__dtype__"], None) if isinstance(tree["__dtype__"], str) else None
-        if not isinstance(dtype, torch.dtype):  # a name is looked up, never anything else handed back
+        dtype = (
+            getattr(torch, tree["__dtype__"], None) if isinstance(tree["__dtype__"], str) else None
+        )
+        # a name is looked up, never anything else handed back
+        if not isinstance(dtype, torch.dtype):
             raise ValueError(f"{tree['__dtype__']!r} is not a torch dtype")
         return dtype
     if "__dict__" in tree:
-        return {_hashable(_unflatten(k, tensors)): _unflatten(v, tensors) for k, v in tree["__dict__"]}
+        return {
+            _hashable(_unflatten(k, tensors)): _unflatten(v, tensors) for k, v in tree["__dict__"]
+        }
     return {k: _unflatten(v, tensors) for k, v in tree.items()}
 
 
@@ -184,18 +226,22 @@ def prepare(tree: Any) -> Prepared:
 
 
 def level_of(prepared: Prepared) -> int:
-    """The zstandard level for a prepared tree: :data:`~bisect_repro.store.encoding.TENSOR_LEVEL` for one that is mostly tensor bytes."""
+    """The zstandard level for a prepared tree: :data:`~bisect_repro.store.encoding.TENSOR_LEVEL`
+    for one that is mostly tensor bytes."""
     return level_for(prepared.nbytes - len(prepared.skeleton))
 
 
 def encoding_of(prepared: Prepared, *, level: int | None = None) -> Encoding:
     """A prepared tree's file, made as it is written (at ``level``, by default :func:`level_of`
     it): see :mod:`bisect_repro.store.encoding`."""
-    return Encoding(prepared.skeleton, prepared.tensors, level=level_of(prepared) if level is None else level)
+    return Encoding(
+        prepared.skeleton, prepared.tensors, level=level_of(prepared) if level is None else level
+    )
 
 
 def encode_prepared(prepared: Prepared, *, level: int | None = None) -> tuple[bytes, int]:
-    """The compressed file for a prepared tree, whole, and its uncompressed size (see :func:`encoding_of`)."""
+    """The compressed file for a prepared tree, whole, and its uncompressed size (see
+    :func:`encoding_of`)."""
     encoding = encoding_of(prepared, level=level)
     return b"".join(encoding), encoding.raw_size
 
@@ -207,24 +253,38 @@ def encode(tree: Any, *, level: int | None = None) -> tuple[bytes, int]:
 
 def _header_length(path: Path, data: bytes, raw_size: int) -> int:
     """The safetensors header's length, from the first 8 bytes decompressed alone, checked against
-    the file and the caps before the whole frame is decompressed (a bomb costs nothing to refuse)."""
+    the file and the caps before the whole frame is decompressed (a bomb costs nothing to
+    refuse)."""
     try:
         with zstandard.ZstdDecompressor().stream_reader(data) as reader:
             first = reader.read(8)
     except zstandard.ZstdError as error:
-        raise RunFormatError(path, f"truncated or corrupt zstandard frame ({error})", "the file is damaged") from None
+        raise RunFormatError(
+            path, f"truncated or corrupt zstandard frame ({error})", "the file is damaged"
+        ) from None
     if raw_size < 8:
-        raise RunFormatError(path, "truncated safetensors data (no header length)", "the file is damaged")
+        raise RunFormatError(
+            path, "truncated safetensors data (no header length)", "the file is damaged"
+        )
     if len(first) < 8:
-        raise RunFormatError(path, f"truncated or corrupt zstandard frame ({len(first)} bytes of {raw_size})", "the file is damaged")
+        raise RunFormatError(
+            path,
+            f"truncated or corrupt zstandard frame ({len(first)} bytes of {raw_size})",
+            "the file is damaged",
+        )
     length: int = struct.unpack("<Q", first)[0]
     if length > raw_size - 8:
-        raise RunFormatError(path, f"safetensors header length {length} exceeds the file ({raw_size} bytes)", "the file is damaged")
+        raise RunFormatError(
+            path,
+            f"safetensors header length {length} exceeds the file ({raw_size} bytes)",
+            "the file is damaged",
+        )
     cap = min(_HEADER_CAP, _HEADER_FLOOR + _HEADER_RATIO * len(data))
     if length > cap:
         raise RunFormatError(
             path,
-            f"safetensors header of {length} bytes in {len(data)} compressed bytes, more than a real one (at most {cap})",
+            f"safetensors header of {length} bytes in {len(data)} compressed bytes, more than a "
+            f"real one (at most {cap})",
             "the file is crafted or damaged",
         )
     return length
@@ -256,20 +316,30 @@ def _elements(shape: list[int], bound: int) -> int:
 
 
 def _named(name: str) -> str:
-    return repr(name if len(name) <= 80 else name[:80] + "...")  # a crafted name may be megabytes long
+    # a crafted name may be megabytes long
+    return repr(name if len(name) <= 80 else name[:80] + "...")
 
 
 def _span(info: Any, data_size: int) -> tuple[int, int] | None:
-    """The ``(begin, end)`` data offsets of a header entry; ``None`` for a bad dtype, shape or offsets."""
+    """The ``(begin, end)`` data offsets of a header entry; ``None`` for a bad dtype, shape or
+    offsets."""
     if not isinstance(info, dict):
         return None
     dtype, shape, offsets = (info.get(k) for k in ("dtype", "shape", "data_offsets"))
-    if not (isinstance(dtype, str) and dtype in _DTYPE_SIZES and isinstance(shape, list) and all(map(_is_count, shape))):
+    if not (
+        isinstance(dtype, str)
+        and dtype in _DTYPE_SIZES
+        and isinstance(shape, list)
+        and all(map(_is_count, shape))
+    ):
         return None
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets))):
         return None
     begin, end = offsets
-    if not (begin <= end <= data_size and end - begin == _elements(shape, data_size) * _DTYPE_SIZES[dtype]):
+    if not (
+        begin <= end <= data_size
+        and end - begin == _elements(shape, data_size) * _DTYPE_SIZES[dtype]
+    ):
         return None
     return begin, end
 
@@ -281,54 +351,90 @@ def _validate_layout(path: Path, header: dict[str, Any], data_size: int) -> None
             continue
         span = _span(info, data_size)
         if span is None:
-            raise RunFormatError(path, f"safetensors entry {_named(name)} has a bad dtype, shape or offsets", "the file is damaged")
+            raise RunFormatError(
+                path,
+                f"safetensors entry {_named(name)} has a bad dtype, shape or offsets",
+                "the file is damaged",
+            )
         begin, end = span
         spans.append((begin, end, name))
     spans.sort()
     for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
         if begin < end:
-            raise RunFormatError(path, f"safetensors entries {_named(first)} and {_named(second)} overlap", "the file is damaged")
+            raise RunFormatError(
+                path,
+                f"safetensors entries {_named(first)} and {_named(second)} overlap",
+                "the file is damaged",
+            )
 
 
 def _skeleton(path: Path, header: dict[str, Any]) -> Any:
-    """The JSON skeleton in ``__metadata__``, parsed only within caps set by the tensor entries the header declares."""
+    """The JSON skeleton in ``__metadata__``, parsed only within caps set by the tensor entries the
+    header declares."""
     metadata = header.get("__metadata__")
     skeleton = metadata.get("bisect_repro") if isinstance(metadata, dict) else None
     if not isinstance(skeleton, str):
-        raise RunFormatError(path, "safetensors metadata holds no bisect-repro state", "the file is damaged or not a bisect-repro file")
+        raise RunFormatError(
+            path,
+            "safetensors metadata holds no bisect-repro state",
+            "the file is damaged or not a bisect-repro file",
+        )
     entries = len(header) - 1
     cap = _SKELETON_FLOOR + _SKELETON_PER_ENTRY * entries
     if len(skeleton) > cap:
-        problem = f"state of {len(skeleton)} characters for {entries} tensors, more than a real one ({cap})"
+        problem = (
+            f"state of {len(skeleton)} characters for {entries} tensors, more than a real "
+            f"one ({cap})"
+        )
         raise RunFormatError(path, problem, "the file is crafted or damaged")
-    return parse_json(skeleton, path, "state", max_nodes=_SKELETON_NODES + _SKELETON_NODES_PER_ENTRY * entries)
+    return parse_json(
+        skeleton, path, "state", max_nodes=_SKELETON_NODES + _SKELETON_NODES_PER_ENTRY * entries
+    )
 
 
 def decode(data: bytes, path: Path, *, raw_size: int, digest: str | None = None) -> Any:
     """The state tree in a file's bytes, after validating everything it declares."""
     if digest is not None and checksum(data) != digest:
         raise RunFormatError(
-            path, "checksum does not match the run index (the file is damaged or was changed)", "re-record the run or restore the file"
+            path,
+            "checksum does not match the run index (the file is damaged or was changed)",
+            "re-record the run or restore the file",
         )
     try:
         declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError:
         raise RunFormatError(path, "not a zstandard frame", "the file is damaged") from None
     if declared != raw_size:
-        raise RunFormatError(path, f"zstandard frame declares {declared} bytes, the run index {raw_size}", "the file is damaged")
+        raise RunFormatError(
+            path,
+            f"zstandard frame declares {declared} bytes, the run index {raw_size}",
+            "the file is damaged",
+        )
     if raw_size > _memory_cap():
         raise RunFormatError(
-            path, f"declares {raw_size} bytes decompressed, more than this machine's memory", "read the run on a larger machine"
+            path,
+            f"declares {raw_size} bytes decompressed, more than this machine's memory",
+            "read the run on a larger machine",
         )
     length = _header_length(path, data, raw_size)
     try:
         raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_size)
     except zstandard.ZstdError as error:
-        raise RunFormatError(path, f"truncated or corrupt zstandard frame ({error})", "the file is damaged") from None
+        raise RunFormatError(
+            path, f"truncated or corrupt zstandard frame ({error})", "the file is damaged"
+        ) from None
     except MemoryError:
-        raise RunFormatError(path, f"{raw_size} bytes decompressed do not fit in memory", "free memory or use a larger machine") from None
+        raise RunFormatError(
+            path,
+            f"{raw_size} bytes decompressed do not fit in memory",
+            "free memory or use a larger machine",
+        ) from None
     if len(raw) != raw_size:
-        raise RunFormatError(path, f"decompressed to {len(raw)} bytes, the run index declares {raw_size}", "the file is damaged")
+        raise RunFormatError(
+            path,
+            f"decompressed to {len(raw)} bytes, the run index declares {raw_size}",
+            "the file is damaged",
+        )
     header = _parse_header(path, raw, length, len(data))
     _validate_layout(path, header, len(raw) - 8 - length)
     skeleton = _skeleton(path, header)
@@ -338,7 +444,9 @@ def decode(data: bytes, path: Path, *, raw_size: int, digest: str | None = None)
     except (KeyError, TypeError, ValueError, RecursionError, safetensors.SafetensorError) as error:
         problem = " ".join(str(error).split())[:200]  # one line, whatever the library said
         raise RunFormatError(
-            path, f"inconsistent snapshot contents ({error.__class__.__name__}: {problem})", "the file is damaged"
+            path,
+            f"inconsistent snapshot contents ({error.__class__.__name__}: {problem})",
+            "the file is damaged",
         ) from None
 
 
@@ -348,7 +456,8 @@ def memory_cap() -> int:
 
 
 def _memory_cap() -> int:
-    """Physical memory: no decode may declare more (a lying header must not trigger a huge allocation)."""
+    """Physical memory: no decode may declare more (a lying header must not trigger a huge
+    allocation)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # not a POSIX system: fall back to a fixed bound

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from . import codec
 from .anchor import Folder
@@ -66,7 +66,8 @@ class GroupCommitError(Exception):
 
 @dataclass
 class _Staged:
-    """A file written under its temporary name and fsynced (or the end line, with no file), and its index line."""
+    """A file written under its temporary name and fsynced (or the end line, with no file), and its
+    index line."""
 
     step: int
     line: dict[str, Any]
@@ -75,7 +76,9 @@ class _Staged:
     final: str | None = None
 
 
-def commit_group(rank: Folder, commits: Sequence[Commit], sign: Callable[[dict[str, Any]], dict[str, Any]] = dict) -> None:
+def commit_group(
+    rank: Folder, commits: Sequence[Commit], sign: Callable[[dict[str, Any]], dict[str, Any]] = dict
+) -> None:
     """Commit ``commits`` (in step order) into the rank folder ``rank``; see the module docstring.
     ``sign`` turns each index line into the line written (this user's MAC added)."""
     staged: list[_Staged] = []
@@ -94,7 +97,8 @@ def commit_group(rank: Folder, commits: Sequence[Commit], sign: Callable[[dict[s
                 if commit.end:
                     staged.append(_Staged(commit.step, {"kind": "end", "step": commit.step}))
             try:
-                log.flush()  # a failed commit's step lines too, as a commit one at a time writes them
+                # a failed commit's step lines too, as a commit one at a time writes them
+                log.flush()
             except BaseException:
                 _discard_all(staged)
                 raise
@@ -108,13 +112,7 @@ def commit_group(rank: Folder, commits: Sequence[Commit], sign: Callable[[dict[s
                     failed, staged = (item.step, error), staged[:number]
                     break
             if staged:
-                try:
-                    os.fsync(log.fileno())  # 3. the step lines and the new names durable ...
-                    for folder in dict.fromkeys(item.folder for item in staged if item.folder is not None):
-                        folder.fsync()
-                    append_lines(rank, "index.jsonl", [sign(item.line) for item in staged])  # 4. ... before the index lines
-                except BaseException as error:
-                    raise GroupCommitError(staged[0].step, None) from error
+                _make_durable(rank, log, staged, sign)
     finally:
         for folder in folders.values():
             folder.close()
@@ -123,7 +121,25 @@ def commit_group(rank: Folder, commits: Sequence[Commit], sign: Callable[[dict[s
         raise GroupCommitError(failed_step, staged[-1].step if staged else None) from cause
 
 
-def _stage(rank: Folder, folders: dict[str, Folder], kind: str, step: int, prepared: codec.Prepared) -> _Staged:
+def _make_durable(
+    rank: Folder,
+    log: IO[bytes],
+    staged: list[_Staged],
+    sign: Callable[[dict[str, Any]], dict[str, Any]],
+) -> None:
+    """3. The step lines and the new names durable, 4. before the index lines that commit them."""
+    try:
+        os.fsync(log.fileno())
+        for folder in dict.fromkeys(item.folder for item in staged if item.folder is not None):
+            folder.fsync()
+        append_lines(rank, "index.jsonl", [sign(item.line) for item in staged])
+    except BaseException as error:
+        raise GroupCommitError(staged[0].step, None) from error
+
+
+def _stage(
+    rank: Folder, folders: dict[str, Folder], kind: str, step: int, prepared: codec.Prepared
+) -> _Staged:
     encoding = codec.encoding_of(prepared)
     name = file_name(kind, step)
     where, _, base = name.rpartition("/")

@@ -14,8 +14,8 @@ Design decisions:
   times: on a 17 MB checkpoint, 32 ms of a core against 70 ms (``benchmarks/NOTES.md``).
 - The uncompressed bytes are those of safetensors' own ``save`` for the same tensors and
   metadata: tensors ordered by dtype as safetensors orders them (:data:`SAFETENSORS_ORDER`, larger
-  elements first, so each stays aligned), then by name; the JSON compact, in UTF-8; the header padded with
-  spaces to a multiple of 8 bytes. A property test holds this against the library.
+  elements first, so each stays aligned), then by name; the JSON compact, in UTF-8; the header
+  padded with spaces to a multiple of 8 bytes. A property test holds this against the library.
 - The compressed bytes are those of a fresh compressor: the one kept per thread and level keeps no
   history from one file to the next.
 
@@ -38,7 +38,16 @@ import zstandard
 
 from ..errors import UnstorableError
 
-__all__ = ["CHUNK", "LEVEL", "SAFETENSORS_ORDER", "TENSOR_BYTES", "TENSOR_LEVEL", "Encoding", "level_for", "new_digest"]
+__all__ = [
+    "CHUNK",
+    "LEVEL",
+    "SAFETENSORS_ORDER",
+    "TENSOR_BYTES",
+    "TENSOR_LEVEL",
+    "Encoding",
+    "level_for",
+    "new_digest",
+]
 
 LEVEL = 1
 """The zstandard level of a file that is mostly structure (a snapshot: digests, stream states,
@@ -55,12 +64,41 @@ CHUNK = 1 << 20
 """Compressed bytes handed over to be written at a time."""
 
 _NAMES = {
-    torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.float8_e5m2: "F8_E5M2",
-    torch.float8_e4m3fn: "F8_E4M3", torch.int16: "I16", torch.uint16: "U16", torch.float16: "F16",
-    torch.bfloat16: "BF16", torch.int32: "I32", torch.uint32: "U32", torch.float32: "F32",
-    torch.complex64: "C64", torch.float64: "F64", torch.int64: "I64", torch.uint64: "U64",
-}  # fmt: skip
-SAFETENSORS_ORDER = ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64")
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.int16: "I16",
+    torch.uint16: "U16",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int32: "I32",
+    torch.uint32: "U32",
+    torch.float32: "F32",
+    torch.complex64: "C64",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.uint64: "U64",
+}
+SAFETENSORS_ORDER = (
+    "BOOL",
+    "U8",
+    "I8",
+    "F8_E5M2",
+    "F8_E4M3",
+    "I16",
+    "U16",
+    "F16",
+    "BF16",
+    "I32",
+    "U32",
+    "F32",
+    "C64",
+    "F64",
+    "I64",
+    "U64",
+)
 """safetensors' dtypes in the order of its ``Dtype`` enum; ``save`` writes tensors in the reverse
 of this order, then by name."""
 _RANK = {name: rank for rank, name in enumerate(SAFETENSORS_ORDER)}
@@ -72,11 +110,13 @@ def level_for(tensor_bytes: int) -> int:
 
 
 def new_digest() -> Any:
-    """The hash a file's checksum is made with (BLAKE2b, 16 bytes; its hexadecimal digest is the checksum)."""
+    """The hash a file's checksum is made with (BLAKE2b, 16 bytes; its hexadecimal digest is the
+    checksum)."""
     return hashlib.blake2b(digest_size=16)
 
 
-_COMPRESSORS = threading.local()  # one compressor per thread and level: a new one costs a context allocation
+# one compressor per thread and level: a new one costs a context allocation
+_COMPRESSORS = threading.local()
 
 
 def _compressor(level: int) -> zstandard.ZstdCompressor:
@@ -92,7 +132,10 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
 def _dtype_name(key: str, tensor: torch.Tensor) -> str:
     name = _NAMES.get(tensor.dtype)
     if name is None:
-        raise UnstorableError(f"state tensor {key}: a {tensor.dtype} tensor cannot be stored in safetensors; convert it first")
+        raise UnstorableError(
+            f"state tensor {key}: a {tensor.dtype} tensor cannot be stored in safetensors; convert "
+            "it first"
+        )
     return name
 
 
@@ -107,7 +150,11 @@ def _layout(skeleton: str, tensors: dict[str, torch.Tensor]) -> tuple[bytes, lis
     for key in order:
         tensor = tensors[key]
         size = tensor.numel() * tensor.element_size()
-        header[key] = {"dtype": named[key], "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        header[key] = {
+            "dtype": named[key],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
         if size:  # a host copy: contiguous, on the CPU
             pieces.append(tensor.reshape(-1).view(torch.uint8).numpy().data)
@@ -130,7 +177,9 @@ class Encoding:
 
     def __init__(self, skeleton: str, tensors: dict[str, torch.Tensor], *, level: int) -> None:
         if sys.byteorder != "little":
-            raise UnstorableError("state files are little-endian; this host is not, so it cannot write them")
+            raise UnstorableError(
+                "state files are little-endian; this host is not, so it cannot write them"
+            )
         self._first, self._pieces, self.raw_size = _layout(skeleton, tensors)
         self.level = level
         self.size = 0
@@ -157,5 +206,7 @@ class Encoding:
     def checksum(self) -> str:
         """The checksum of the compressed bytes, once they have all been produced."""
         if self._state != "done":
-            raise RuntimeError("the checksum of an Encoding is known once it has been iterated to its end")
+            raise RuntimeError(
+                "the checksum of an Encoding is known once it has been iterated to its end"
+            )
         return str(self._digest.hexdigest())

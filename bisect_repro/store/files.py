@@ -33,7 +33,12 @@ from ..errors import RunFormatError
 __all__ = ["LINK_FIX", "is_folder", "json_nodes", "lines", "parse_json", "read_file"]
 
 LINK_FIX = "a run directory holds no links; copy the run with its files (cp -rL) or record it again"
-_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
 _FILE_FLAGS = _FLAGS | getattr(os, "O_NOFOLLOW", 0)
 _DIR_FLAGS = _FILE_FLAGS | getattr(os, "O_DIRECTORY", 0)
 # POSIX opens relative to a folder's descriptor; elsewhere (Windows: no FIFOs in its file system)
@@ -60,11 +65,16 @@ def _lstat_walk(root: Path, relative: str) -> None:
         where = where / name
         if stat.S_ISLNK(os.lstat(where).st_mode):
             last = number == relative.count("/") + 1
-            raise RunFormatError(where, f"is a symbolic link, not a {'regular file' if last else 'folder of the run'}", LINK_FIX)
+            raise RunFormatError(
+                where,
+                f"is a symbolic link, not a {'regular file' if last else 'folder of the run'}",
+                LINK_FIX,
+            )
 
 
 def _walk(root: Path, relative: str) -> int:
-    """An open descriptor of ``root / relative``'s folder: each component opened below the last, never through a link."""
+    """An open descriptor of ``root / relative``'s folder: each component opened below the last,
+    never through a link."""
     folder = os.open(root, _FLAGS | getattr(os, "O_DIRECTORY", 0))  # the user's path: followed
     where = root
     try:
@@ -74,9 +84,13 @@ def _walk(root: Path, relative: str) -> int:
                 inner = os.open(name, _DIR_FLAGS, dir_fd=folder)
             except OSError as error:
                 if _linked(error, name, folder):
-                    raise RunFormatError(where, "is a symbolic link, not a folder of the run", LINK_FIX) from None
+                    raise RunFormatError(
+                        where, "is a symbolic link, not a folder of the run", LINK_FIX
+                    ) from None
                 if error.errno == errno.ENOTDIR:
-                    raise RunFormatError(where, "is not a folder", "the run was damaged or tampered with") from None
+                    raise RunFormatError(
+                        where, "is not a folder", "the run was damaged or tampered with"
+                    ) from None
                 raise
             os.close(folder)
             folder = inner
@@ -87,7 +101,8 @@ def _walk(root: Path, relative: str) -> int:
 
 
 def _open(root: Path, relative: str) -> tuple[int, os.stat_result]:
-    """A descriptor of a regular file inside the run and its ``fstat``, or one line saying why not."""
+    """A descriptor of a regular file inside the run and its ``fstat``, or one line saying why
+    not."""
     path = root / relative
     if not _AT:
         _lstat_walk(root, relative)
@@ -99,7 +114,9 @@ def _open(root: Path, relative: str) -> tuple[int, os.stat_result]:
             handle = os.open(name, _FILE_FLAGS, dir_fd=folder)
         except OSError as error:
             if _linked(error, name, folder):
-                raise RunFormatError(path, "is a symbolic link, not a regular file", LINK_FIX) from None
+                raise RunFormatError(
+                    path, "is a symbolic link, not a regular file", LINK_FIX
+                ) from None
             raise
         finally:
             os.close(folder)
@@ -114,7 +131,8 @@ def _open(root: Path, relative: str) -> tuple[int, os.stat_result]:
 
 
 def read_file(root: Path, relative: str, cap: int, what: str, *, size: int | None = None) -> bytes:
-    """The bytes of ``root / relative``: a regular file of at most ``cap`` bytes (exactly ``size`` when given).
+    """The bytes of ``root / relative``: a regular file of at most ``cap`` bytes (exactly ``size``
+    when given).
 
     The size is checked by ``fstat`` before anything is read, and no more than one byte past the
     cap is ever read (a file growing underneath is caught, not followed)."""
@@ -123,21 +141,35 @@ def read_file(root: Path, relative: str, cap: int, what: str, *, size: int | Non
         handle, status = _open(root, relative)
         with os.fdopen(handle, "rb") as file:
             if size is not None and status.st_size != size:
-                raise RunFormatError(path, f"{status.st_size} bytes, the run index declares {size}", "the file is truncated or damaged")
+                raise RunFormatError(
+                    path,
+                    f"{status.st_size} bytes, the run index declares {size}",
+                    "the file is truncated or damaged",
+                )
             if status.st_size > cap:
-                raise RunFormatError(path, f"{status.st_size} bytes, more than {what} can be ({cap})", "the file is damaged")
-            data = file.read(status.st_size + 1)  # one byte more than fstat said: a file that grew is seen
+                raise RunFormatError(
+                    path,
+                    f"{status.st_size} bytes, more than {what} can be ({cap})",
+                    "the file is damaged",
+                )
+            # one byte more than fstat said: a file that grew is seen
+            data = file.read(status.st_size + 1)
     except (RunFormatError, FileNotFoundError):
         raise
     except OSError as error:
-        raise RunFormatError(path, f"cannot be read ({error.strerror or error})", "check its permissions") from None
+        raise RunFormatError(
+            path, f"cannot be read ({error.strerror or error})", "check its permissions"
+        ) from None
     if len(data) > min(cap, status.st_size):
-        raise RunFormatError(path, "changed while it was read", "read the run when nothing writes to it")
+        raise RunFormatError(
+            path, "changed while it was read", "read the run when nothing writes to it"
+        )
     return data
 
 
 def is_folder(root: Path, relative: str) -> bool:
-    """Whether ``root / relative`` is a folder of the run; ``False`` when it is missing, an error when it is a link."""
+    """Whether ``root / relative`` is a folder of the run; ``False`` when it is missing, an error
+    when it is a link."""
     try:
         if not _AT:
             _lstat_walk(root, relative)
@@ -146,12 +178,15 @@ def is_folder(root: Path, relative: str) -> bool:
     except FileNotFoundError:
         return False
     except OSError as error:
-        raise RunFormatError(root / relative, f"cannot be read ({error.strerror or error})", "check its permissions") from None
+        raise RunFormatError(
+            root / relative, f"cannot be read ({error.strerror or error})", "check its permissions"
+        ) from None
     return True
 
 
 def lines(root: Path, relative: str, cap: int) -> Iterator[bytes]:
-    """The lines of a log, each with its newline (the last one may have none), each at most ``cap`` bytes.
+    """The lines of a log, each with its newline (the last one may have none), each at most ``cap``
+    bytes.
 
     Read line by line: a log is never held whole in memory. Nothing when the log is missing."""
     path = root / relative
@@ -160,17 +195,23 @@ def lines(root: Path, relative: str, cap: int) -> Iterator[bytes]:
     except FileNotFoundError:
         return
     except OSError as error:
-        raise RunFormatError(path, f"cannot be read ({error.strerror or error})", "check its permissions") from None
+        raise RunFormatError(
+            path, f"cannot be read ({error.strerror or error})", "check its permissions"
+        ) from None
     with os.fdopen(handle, "rb") as file:
         for number in itertools.count(1):
             try:
                 line = file.readline(cap + 1)
             except OSError as error:
-                raise RunFormatError(path, f"cannot be read ({error.strerror or error})", "check its permissions") from None
+                raise RunFormatError(
+                    path, f"cannot be read ({error.strerror or error})", "check its permissions"
+                ) from None
             if not line:
                 return
             if len(line) > cap and not line.endswith(b"\n"):
-                raise RunFormatError(path, f"line {number} is longer than {cap} bytes", "the file is damaged")
+                raise RunFormatError(
+                    path, f"line {number} is longer than {cap} bytes", "the file is damaged"
+                )
             yield line
 
 
@@ -183,14 +224,24 @@ def json_nodes(text: bytes | str) -> int:
 
 
 def parse_json(text: bytes | str, path: Path, what: str, *, max_nodes: int) -> Any:
-    """JSON text parsed only if it holds at most ``max_nodes`` values and members; one line naming the file otherwise."""
+    """JSON text parsed only if it holds at most ``max_nodes`` values and members; one line naming
+    the file otherwise."""
     nodes = json_nodes(text)
     if nodes > max_nodes:
-        raise RunFormatError(path, f"{what} holds {nodes:,} JSON values, more than {max_nodes:,}", "the file is damaged or crafted")
+        raise RunFormatError(
+            path,
+            f"{what} holds {nodes:,} JSON values, more than {max_nodes:,}",
+            "the file is damaged or crafted",
+        )
     try:
         return json.loads(text)
-    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+    # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+    except ValueError as error:
         problem = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise RunFormatError(path, f"{what} is not valid JSON ({problem})", "the file is damaged or truncated") from None
+        raise RunFormatError(
+            path, f"{what} is not valid JSON ({problem})", "the file is damaged or truncated"
+        ) from None
     except RecursionError:
-        raise RunFormatError(path, f"{what} is not valid JSON (nested too deeply)", "the file is damaged") from None
+        raise RunFormatError(
+            path, f"{what} is not valid JSON (nested too deeply)", "the file is damaged"
+        ) from None

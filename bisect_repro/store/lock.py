@@ -3,7 +3,8 @@
 The lock is held for the writer's lifetime, so the kernel releases it when the process dies,
 however it dies; the lock file stays behind (removing it would let a second writer lock a
 different inode). The file is opened in the folder's descriptor without following a link
-(:mod:`bisect_repro.store.anchor`): a link named ``.lock`` is an error, never a file written through.
+(:mod:`bisect_repro.store.anchor`): a link named ``.lock`` is an error, never a file written
+through.
 
 Where the guarantees stop: the lock is advisory and per host (``flock`` on NFS may not exclude
 writers on other machines); without ``fcntl`` (Windows) there is no lock.
@@ -45,14 +46,16 @@ class RunLock:
         except BlockingIOError:
             os.close(fd)
             raise RunLockedError(
-                f"{folder.path}: another recorder ({self.holder()}) is writing this run; wait for it to finish, or record to another --out"
+                f"{folder.path}: another recorder ({self.holder()}) is writing this run; wait for "
+                "it to finish, or record to another --out"
             ) from None
         except BaseException:
             os.close(fd)
             raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._handle = os.fdopen(fd, "r+b")  # closed (the flock released) when the lock is released or collected
+        # closed (the flock released) when the lock is released or collected
+        self._handle = os.fdopen(fd, "r+b")
 
     def holder(self) -> str:
         try:

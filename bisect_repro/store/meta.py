@@ -56,7 +56,8 @@ _DAMAGED = "the file is damaged or was edited; record the run again"
 
 
 class CodeKind(str, Enum):
-    """What a run's launch ran: a recipe TARGET, a script (``python train.py``) or a module (``-m``)."""
+    """What a run's launch ran: a recipe TARGET, a script (``python train.py``) or a module
+    (``-m``)."""
 
     RECIPE = "recipe"
     SCRIPT = "script"
@@ -64,11 +65,14 @@ class CodeKind(str, Enum):
 
 
 class _Fields:
-    """Reads one JSON object's fields with their types checked; errors name the file and the field."""
+    """Reads one JSON object's fields with their types checked; errors name the file and the
+    field."""
 
     def __init__(self, path: Path, where: str, value: Any) -> None:
         if not isinstance(value, dict):
-            raise RunFormatError(path, f"{where or 'the file'} is a {_kind(value)}, not an object", _DAMAGED)
+            raise RunFormatError(
+                path, f"{where or 'the file'} is a {_kind(value)}, not an object", _DAMAGED
+            )
         self.path, self.where, self.value = path, where, value
 
     def _name(self, key: str) -> str:
@@ -83,17 +87,23 @@ class _Fields:
         value = self.value[key]
         if value is None and default is None:  # null where the field is optional
             return None
-        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in _as_tuple(kinds))
+        ok = isinstance(value, kinds) and not (
+            isinstance(value, bool) and bool not in _as_tuple(kinds)
+        )
         if not ok:
             raise self.bad(key, f"is a {_kind(value)}")
         if isinstance(value, str) and "\x00" in value:
             raise self.bad(key, "holds a NUL character")
         return value
 
-    def count(self, key: str, default: int | None = 0, *, least: int = 0, most: int | None = None) -> Any:
+    def count(
+        self, key: str, default: int | None = 0, *, least: int = 0, most: int | None = None
+    ) -> Any:
         value = self.get(key, (int, type(None)) if default is None else int, default)
         if value is not None and (value < least or (most is not None and value > most)):
-            raise self.bad(key, f"is {value}, below {least}" if value < least else f"is {value}, above {most}")
+            raise self.bad(
+                key, f"is {value}, below {least}" if value < least else f"is {value}, above {most}"
+            )
         return value
 
     def text(self, key: str, default: str | None = None) -> Any:
@@ -116,7 +126,9 @@ def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), type(value).__name__)
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,12 +152,19 @@ class CodeRecord:
         digest = fields.text("sha256")
         if digest is not None and (len(digest) != 64 or not _HEX.fullmatch(digest)):
             raise fields.bad("sha256", "is not a SHA-256 in hexadecimal")
-        return cls(kind=CodeKind(kind), path=fields.text("path"), sha256=digest, target=fields.text("target"), module=fields.text("module"))
+        return cls(
+            kind=CodeKind(kind),
+            path=fields.text("path"),
+            sha256=digest,
+            target=fields.text("target"),
+            module=fields.text("module"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchRecord:
-    """How a run was launched: what ``compare`` may run again (see :mod:`bisect_repro.replay.launch`)."""
+    """How a run was launched: what ``compare`` may run again (see
+    :mod:`bisect_repro.replay.launch`)."""
 
     executable: str | None
     argv: tuple[str, ...]
@@ -190,7 +209,9 @@ class RunOptions:
     @classmethod
     def parse(cls, fields: _Fields) -> RunOptions:
         resumed = fields.get("resumed_from", list, None)
-        if resumed is not None and not (len(resumed) == 2 and isinstance(resumed[0], str) and type(resumed[1]) is int):
+        if resumed is not None and not (
+            len(resumed) == 2 and isinstance(resumed[0], str) and type(resumed[1]) is int
+        ):
             raise fields.bad("resumed_from", "is not [run, step]")
         replay = fields.text("replay", "from_checkpoint")
         if replay not in ("from_checkpoint", "from_start"):
@@ -198,7 +219,9 @@ class RunOptions:
         return cls(
             steps=fields.count("steps", None),
             every=fields.count("every", 10, least=1),
-            checkpoint_every=fields.count("checkpoint_every", None, least=1) if "checkpoint_every" in fields.value else 100,
+            checkpoint_every=fields.count("checkpoint_every", None, least=1)
+            if "checkpoint_every" in fields.value
+            else 100,
             force=fields.get("force", bool, False),
             on_error=fields.text("on_error", "raise"),
             start_step=fields.count("start_step", 0),
@@ -225,10 +248,13 @@ class Distributed:
     def parse(cls, fields: _Fields) -> Distributed:
         mesh = fields.get("mesh", (dict, type(None)), None)
         shape = (mesh or {}).get("shape")
-        if shape is not None and not (isinstance(shape, list) and all(type(n) is int and n > 0 for n in shape)):
+        if shape is not None and not (
+            isinstance(shape, list) and all(type(n) is int and n > 0 for n in shape)
+        ):
             raise fields.bad("mesh", "has a shape that is not a list of sizes")
         return cls(
-            world_size=fields.count("world_size", 1, least=1, most=1 << 20),  # every reader walks the ranks it declares
+            # every reader walks the ranks it declares
+            world_size=fields.count("world_size", 1, least=1, most=1 << 20),
             backend=fields.text("backend"),
             layout=fields.text("layout", "single") or "single",
             mesh=mesh,
@@ -262,7 +288,9 @@ def _environment(fields: _Fields, key: str) -> dict[str, Any]:
     for name, value in environment.items():
         if name.startswith("env."):
             if not _ENV_NAME.fullmatch(name[4:]):
-                raise fields.bad(key, f"names an environment variable {name[4:]!r} that is not a variable name")
+                raise fields.bad(
+                    key, f"names an environment variable {name[4:]!r} that is not a variable name"
+                )
             if value is not None and (not isinstance(value, str) or "\x00" in value):
                 raise fields.bad(key, f"gives {name} a value that is not text")
     threads = environment.get("torch.get_num_threads")
@@ -273,7 +301,9 @@ def _environment(fields: _Fields, key: str) -> dict[str, Any]:
             raise fields.bad(key, f"has {name} = {environment[name]!r}, not true or false")
     precision = environment.get("torch.get_float32_matmul_precision")
     if precision is not None and precision not in _PRECISIONS:
-        raise fields.bad(key, f"has a matmul precision of {precision!r}, not one of {', '.join(_PRECISIONS)}")
+        raise fields.bad(
+            key, f"has a matmul precision of {precision!r}, not one of {', '.join(_PRECISIONS)}"
+        )
     return environment
 
 
@@ -282,10 +312,21 @@ def _model(fields: _Fields) -> dict[str, dict[str, Any]]:
     for kind, tensors in model.items():
         if not isinstance(tensors, dict):
             raise fields.bad("model", "does not map kinds to tensors")
-        for name, described in tensors.items() if kind in ("parameters", "buffers") else ():  # others: placements, data only
-            ok = isinstance(described, list) and len(described) == 2 and isinstance(described[1], str)
-            if not ok or not isinstance(described[0], list) or not all(type(n) is int and n >= 0 for n in described[0]):
-                raise fields.bad("model", f"describes {kind} {name!r} as something other than [shape, dtype]")
+        # others: placements, data only
+        for name, described in tensors.items() if kind in ("parameters", "buffers") else ():
+            ok = (
+                isinstance(described, list)
+                and len(described) == 2
+                and isinstance(described[1], str)
+            )
+            if (
+                not ok
+                or not isinstance(described[0], list)
+                or not all(type(n) is int and n >= 0 for n in described[0])
+            ):
+                raise fields.bad(
+                    "model", f"describes {kind} {name!r} as something other than [shape, dtype]"
+                )
     return model
 
 
@@ -303,7 +344,8 @@ class RunMeta:
     environment: dict[str, Any] = field(default_factory=dict)
     """The environment fingerprint (:func:`bisect_repro.capture.env.fingerprint`), validated."""
     model: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """``{kind: {name: [shape, dtype]}}`` for parameters and buffers (``dtensors``: their placements)."""
+    """``{kind: {name: [shape, dtype]}}`` for parameters and buffers (``dtensors``: their
+    placements)."""
     loader: dict[str, Any] = field(default_factory=dict)
     streams: tuple[str, ...] = ()
     resumes: tuple[Resume, ...] = ()
@@ -315,20 +357,27 @@ class RunMeta:
 
     @classmethod
     def parse(cls, path: Path, value: Any) -> RunMeta:
-        """Validate ``run.json``'s parsed JSON; one :class:`RunFormatError` for the first bad field."""
+        """Validate ``run.json``'s parsed JSON; one :class:`RunFormatError` for the first bad
+        field."""
         if not isinstance(value, dict) or type(value.get("format")) is not int:
-            raise RunFormatError(path, "no format version", "the file is damaged or not a bisect-repro run")
+            raise RunFormatError(
+                path, "no format version", "the file is damaged or not a bisect-repro run"
+            )
         version = value["format"]
         if version > DISTRIBUTED_FORMAT:
             raise RunFormatError(
-                path, f"format {version} is newer than this bisect-repro reads ({DISTRIBUTED_FORMAT})", "upgrade bisect-repro"
+                path,
+                f"format {version} is newer than this bisect-repro reads ({DISTRIBUTED_FORMAT})",
+                "upgrade bisect-repro",
             )
         if version < 1:
             raise RunFormatError(path, f"unknown format version {version}", "the file is damaged")
         fields = _Fields(path, "", value)
         if (version >= 2) != ("distributed" in value):
             without = "out" if version >= 2 else ""
-            raise RunFormatError(path, f"format {version} with{without} 'distributed'", "the file is damaged")
+            raise RunFormatError(
+                path, f"format {version} with{without} 'distributed'", "the file is damaged"
+            )
         options, distributed, launch, signature = (
             fields.sub("options"),
             fields.sub("distributed"),
@@ -339,7 +388,11 @@ class RunMeta:
         for item in fields.get("resumes", list, []):
             resume = _Fields(path, "resumes[]", item)
             resumes.append(
-                Resume(step=resume.count("step"), created=resume.text("created"), environment=resume.get("environment", dict, {}))
+                Resume(
+                    step=resume.count("step"),
+                    created=resume.text("created"),
+                    environment=resume.get("environment", dict, {}),
+                )
             )
         if signature is not None:
             key, mac = signature.text("key") or "", signature.text("mac") or ""
@@ -369,7 +422,8 @@ class RunMeta:
 
 @dataclass(frozen=True, kw_only=True)
 class RankMeta:
-    """``rank{r}/rank.json`` of a distributed run: who the rank was, where it ran, its environment."""
+    """``rank{r}/rank.json`` of a distributed run: who the rank was, where it ran, its
+    environment."""
 
     rank: int
     world_size: int | None = None
@@ -383,7 +437,9 @@ class RankMeta:
     def parse(cls, path: Path, value: Any, rank: int) -> RankMeta:
         fields = _Fields(path, "", value)
         if fields.value.get("rank") != rank or type(fields.value.get("rank")) is not int:
-            raise RunFormatError(path, f"does not describe rank {rank}", "the file is damaged or was moved")
+            raise RunFormatError(
+                path, f"does not describe rank {rank}", "the file is damaged or was moved"
+            )
         group = fields.get("replica_group", (list, type(None)), None)
         if group is not None and not all(type(r) is int and r >= 0 for r in group):
             raise fields.bad("replica_group", "is not a list of ranks")

@@ -1,4 +1,5 @@
-"""A distributed run's nodes and ranks, read from every rank's folder and checked against ``run.json``.
+"""A distributed run's nodes and ranks, read from every rank's folder and checked against
+``run.json``.
 
 Each rank of a run recorded under torchrun wrote its own ``rank{r}/rank.json``, keyed by its
 global rank: the run id it read from ``run.json``, its node (torchrun's ``GROUP_RANK``), its local
@@ -32,7 +33,8 @@ _REDO = "record the run again with the same torchrun options on every node"
 
 @dataclass(frozen=True)
 class NodeRanks:
-    """One node of the run: its number (``None`` when not launched by torchrun), its hosts, its global ranks."""
+    """One node of the run: its number (``None`` when not launched by torchrun), its hosts, its
+    global ranks."""
 
     node: int | None
     hosts: tuple[str, ...]
@@ -85,13 +87,20 @@ def _run_id(run: Run, rank: Run) -> str | None:
 
 def _world(run: Run, rank: Run) -> str | None:
     said = rank.rank_meta.world_size if rank.rank_meta is not None else None
-    return f"says a world size of {said}, run.json {run.world_size}" if said is not None and said != run.world_size else None
+    return (
+        f"says a world size of {said}, run.json {run.world_size}"
+        if said is not None and said != run.world_size
+        else None
+    )
 
 
 def _shape(run: Run, rank: Run) -> str | None:
     raw = rank.rank_meta.raw if rank.rank_meta is not None else {}
     launcher = run.distributed.launcher if run.distributed is not None else {}
-    said, ours = (raw.get("nnodes"), raw.get("local_world_size")), (launcher.get("nnodes"), launcher.get("nproc_per_node"))
+    said, ours = (
+        (raw.get("nnodes"), raw.get("local_world_size")),
+        (launcher.get("nnodes"), launcher.get("nproc_per_node")),
+    )
     if None in said or None in ours or said == ours:
         return None
     return f"was launched as {said[0]} nodes x {said[1]} ranks, the run as {ours[0]} x {ours[1]}"
@@ -109,11 +118,14 @@ def _place(rank: Run) -> tuple[int | None, int | None, str | None]:
 
 
 def _open(run: Run, rank: int) -> Run | None:
-    """The rank, or ``None`` when its folder or ``rank.json`` is missing (any other damage is an error)."""
+    """The rank, or ``None`` when its folder or ``rank.json`` is missing (any other damage is an
+    error)."""
     try:
         return run.open_rank(rank)
     except RunFormatError as error:
-        if error.path.name in (rank_folder(rank), "rank.json") and ("has no records" in error.problem or error.problem == "missing"):
+        if error.path.name in (rank_folder(rank), "rank.json") and (
+            "has no records" in error.problem or error.problem == "missing"
+        ):
             return None
         raise
 
@@ -122,7 +134,11 @@ def read_layout(run: Run) -> tuple[Layout, list[Run]]:
     """The run's :class:`Layout` and the ranks that could be opened, in rank order."""
     launcher = run.distributed.launcher if run.distributed is not None else {}
     nnodes, nproc = launcher.get("nnodes"), launcher.get("nproc_per_node")
-    layout = Layout(run.world_size, nnodes if type(nnodes) is int else None, nproc if type(nproc) is int else None)
+    layout = Layout(
+        run.world_size,
+        nnodes if type(nnodes) is int else None,
+        nproc if type(nproc) is int else None,
+    )
     opened: list[Run] = []
     places: dict[tuple[int, int], int] = {}
     hosts: dict[int | None, tuple[list[str], list[int]]] = {}
@@ -140,7 +156,12 @@ def read_layout(run: Run) -> tuple[Layout, list[Run]]:
         if node is not None and local is not None:
             other = places.setdefault((node, local), number)
             if other != number:
-                raise RunFormatError(where, f"rank {number} duplicates rank {other}: both say node {node}, local rank {local}", _REDO)
+                raise RunFormatError(
+                    where,
+                    f"rank {number} duplicates rank {other}: both say node {node}, local rank "
+                    f"{local}",
+                    _REDO,
+                )
         names, ranks = hosts.setdefault(node, ([], []))
         if host is not None and host not in names:
             names.append(host)
@@ -149,6 +170,7 @@ def read_layout(run: Run) -> tuple[Layout, list[Run]]:
             layout.incomplete[number] = rank.last_step
         opened.append(rank)
     layout.nodes = [
-        NodeRanks(n, tuple(h), tuple(r)) for n, (h, r) in sorted(hosts.items(), key=lambda item: (item[0] is None, item[0] or 0))
+        NodeRanks(n, tuple(h), tuple(r))
+        for n, (h, r) in sorted(hosts.items(), key=lambda item: (item[0] is None, item[0] or 0))
     ]
     return layout, opened

@@ -30,13 +30,22 @@ _LOGS: _Table = (
     (r"snapshots|checkpoints", "folder", _STEP_FILES),
 )
 _RESUMES: _Table = ((r"resume-\d{3,}", "folder", _LOGS),)
-_RANK: _Table = (*_LOGS, (r"\.lock|rank\.json|\.rank\.json\.tmp", "file", None), (r"superseded", "folder", _RESUMES))
-_RUN: _Table = ((r"\.lock|run\.json|\.run\.json\.tmp", "file", None), (r"rank\d{1,6}", "folder", _RANK))
-"""Every name a run of this tool holds, by folder: (name pattern, kind, the table of its contents)."""
+_RANK: _Table = (
+    *_LOGS,
+    (r"\.lock|rank\.json|\.rank\.json\.tmp", "file", None),
+    (r"superseded", "folder", _RESUMES),
+)
+_RUN: _Table = (
+    (r"\.lock|run\.json|\.run\.json\.tmp", "file", None),
+    (r"rank\d{1,6}", "folder", _RANK),
+)
+"""Every name a run of this tool holds, by folder: (name pattern, kind, the table of its
+contents)."""
 
 
 def foreign_entry(folder: Folder, table: _Table = _RUN, where: str = "") -> str | None:
-    """The first name under ``folder`` (relative to the run) that is not this tool's, or ``None``."""
+    """The first name under ``folder`` (relative to the run) that is not this tool's, or
+    ``None``."""
     for name in folder.names():
         kind = folder.kind(name)
         rule = next((rule for rule in table if re.fullmatch(rule[0], name)), None)
@@ -66,7 +75,8 @@ def not_a_run(root: Folder) -> str | None:
 def remove_contents_but_lock(root: Folder) -> None:
     """Empty a run directory (proved a run by :func:`~bisect_repro.store.overwrite.foreign_entry`)
     but its lock: only once every rank folder's lock is taken (refused while a rank holds one), and
-    ``run.json`` last, so that an interrupted overwrite leaves a run that can be overwritten again."""
+    ``run.json`` last, so that an interrupted overwrite leaves a run that can be overwritten
+    again."""
     held: list[RunLock] = []
     opened: list[Folder] = []
     try:

@@ -1,4 +1,5 @@
-"""Text from a run, made safe to show: what a terminal or a page receives is what the run says, visibly.
+"""Text from a run, made safe to show: what a terminal or a page receives is what the run says,
+visibly.
 
 A run directory is hostile input, and its strings (argv, paths, config values, stream names,
 file names) reach the terminal in the replay announcement, the reports and the errors, and a page
@@ -34,11 +35,18 @@ def _escaped(match: re.Match[str]) -> str:
     if unicodedata.category(char) not in _HIDDEN:
         return char
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )
 
 
 def printable(text: object) -> str:
-    """``text`` with every control, surrogate, format or separator character written as an escape (``\\x1b``)."""
+    """``text`` with every control, surrogate, format or separator character written as an escape
+    (``\\x1b``)."""
     return _SUSPECT.sub(_escaped, str(text))
 
 

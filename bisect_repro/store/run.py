@@ -3,17 +3,18 @@
 Layout (format 1: one process; format 2: a distributed run, one ``rank{r}/`` per rank)::
 
     RUN/
-      run.json                    metadata: versions, target, config, options, environment, model;
-                                  a distributed run's also ``distributed`` (world size, backend, layout, mesh)
-      .lock                       held by the recorder writing the run (rank 0's in a distributed run)
-      rank0/                      one sub-record per rank: a single process writes rank0/ only
-        rank.json                 a distributed run's rank: who it was, where it ran, its environment
-        .lock                     held by the rank writing this folder (ranks other than 0)
-        steps.jsonl               one line per step: step, loss, data-order hash, batch hash
-        index.jsonl               one line per committed snapshot or checkpoint, then "end"
+      run.json                  metadata: versions, target, config, options, environment, model;
+                                a distributed run's also ``distributed`` (world size, backend,
+                                layout, mesh)
+      .lock                     held by the recorder writing the run (rank 0's if distributed)
+      rank0/                    one sub-record per rank: a single process writes rank0/ only
+        rank.json               a distributed run's rank: who, where it ran, its environment
+        .lock                   held by the rank writing this folder (ranks other than 0)
+        steps.jsonl             one line per step: step, loss, data-order hash, batch hash
+        index.jsonl             one line per committed snapshot or checkpoint, then "end"
         snapshots/step-00000050.st.zst
         checkpoints/step-00000100.st.zst
-        superseded/resume-001/    what a resume dropped: its log lines and files, kept, never read
+        superseded/resume-001/  what a resume dropped: its log lines and files, kept, never read
       rank1/ ...
 
 Design decisions (writing, crash safety, the locks and resume: :mod:`bisect_repro.store.writer`):
@@ -75,7 +76,8 @@ _LINE_CAP = 1024 * 1024
 _LINE_NODES = 65_536
 _KINDS = ("snapshot", "checkpoint")
 MAX_STEP = 2**53
-"""The largest step a run may name: every step is exact as a float, and no loop over steps is unbounded."""
+"""The largest step a run may name: every step is exact as a float, and no loop over steps is
+unbounded."""
 _LARGEST_FLOAT = int(sys.float_info.max)
 _HEX = re.compile(r"[0-9a-f]+")
 
@@ -101,7 +103,8 @@ class FileEntry:
     raw_bytes: int
     checksum: str
     mac: str | None = field(default=None, compare=False)
-    """This user's MAC over the line and the run's signature (:mod:`bisect_repro.store.signing`); ``None``: unsigned."""
+    """This user's MAC over the line and the run's signature (:mod:`bisect_repro.store.signing`);
+    ``None``: unsigned."""
 
     def line(self) -> dict[str, Any]:
         """The index line as signed: every field but the MAC."""
@@ -121,28 +124,38 @@ class FileEntry:
             if type(value) is not int or not 0 <= value <= MAX_STEP:
                 raise ValueError(f"{name} {value!r:.40} is not a count")
         if entry.file != file_name(entry.kind, entry.step):  # never a path out of the run
-            raise ValueError(f"file {entry.file!r} is not the name of a {entry.kind} at step {entry.step}")
+            raise ValueError(
+                f"file {entry.file!r} is not the name of a {entry.kind} at step {entry.step}"
+            )
         if not isinstance(entry.checksum, str) or not _HEX.fullmatch(entry.checksum):
             raise ValueError(f"checksum {entry.checksum!r} is not hexadecimal")
         return entry
 
 
 def _log_lines(path: Path, root: Path | None = None) -> list[tuple[bytes, dict[str, Any]]]:
-    """Every whole JSON line with its bytes (newline included); a torn last line is skipped with a warning.
+    """Every whole JSON line with its bytes (newline included); a torn last line is skipped with a
+    warning.
 
     ``path`` is reached from ``root`` (the run directory; its parent when not given) through no
     link; each line is at most ``_LINE_CAP`` bytes and ``_LINE_NODES`` JSON values."""
     root = path.parent if root is None else root
     found: list[tuple[bytes, dict[str, Any]]] = []
-    bad: int | None = None  # a line that is not a JSON object: torn if it is the last, damage if any line follows
-    for number, line in enumerate(files.lines(root, path.relative_to(root).as_posix(), _LINE_CAP), 1):
+    # a line that is not a JSON object: torn if it is the last, damage if any line follows
+    bad: int | None = None
+    for number, line in enumerate(
+        files.lines(root, path.relative_to(root).as_posix(), _LINE_CAP), 1
+    ):
         if bad is not None:
             raise RunFormatError(path, f"line {bad} is not a JSON object", "the file is damaged")
         line = line.removesuffix(b"\n")
         if not line.strip():
             continue
         if files.json_nodes(line) > _LINE_NODES:
-            raise RunFormatError(path, f"line {number} holds more than {_LINE_NODES:,} JSON values", "the file is damaged or crafted")
+            raise RunFormatError(
+                path,
+                f"line {number} holds more than {_LINE_NODES:,} JSON values",
+                "the file is damaged or crafted",
+            )
         try:
             record = json.loads(line)
             if not isinstance(record, dict):
@@ -152,7 +165,10 @@ def _log_lines(path: Path, root: Path | None = None) -> list[tuple[bytes, dict[s
             continue
         found.append((line + b"\n", record))
     if bad is not None:
-        warnings.warn(f"{path}: line {bad} is torn (the recorder was interrupted); it is skipped", stacklevel=3)
+        warnings.warn(
+            f"{path}: line {bad} is torn (the recorder was interrupted); it is skipped",
+            stacklevel=3,
+        )
     return found
 
 
@@ -162,9 +178,12 @@ def _read_lines(path: Path, root: Path) -> list[dict[str, Any]]:
 
 
 def _read_json(root: Path, relative: str, what: str) -> Any:
-    """A JSON file of the run of at most ``_META_CAP`` bytes and ``_META_NODES`` values, or one line naming what is wrong with it."""
+    """A JSON file of the run of at most ``_META_CAP`` bytes and ``_META_NODES`` values, or one line
+    naming what is wrong with it."""
     path = root / relative
-    return files.parse_json(files.read_file(root, relative, _META_CAP, what), path, what, max_nodes=_META_NODES)
+    return files.parse_json(
+        files.read_file(root, relative, _META_CAP, what), path, what, max_nodes=_META_NODES
+    )
 
 
 _SEEDING_TEXT = ("call", "stream", "where")
@@ -174,7 +193,8 @@ def _check_step_line(record: dict[str, Any]) -> int:
     """A ``steps.jsonl`` line's step, after checking every field a reader uses: ``loss`` a number or
     null, ``order`` and ``batch`` text or null, ``seeded`` a list of seeding calls (``call``,
     ``stream``, ``where`` text, ``entropy`` true or false, ``value`` what entropy gave the call, as
-    :func:`~bisect_repro.capture.entropy.check_value` allows). ``ValueError`` names the first bad field."""
+    :func:`~bisect_repro.capture.entropy.check_value` allows). ``ValueError`` names the first bad
+    field."""
     step = record["step"]
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         raise ValueError(f"step {step!r:.40} is not a step number (0 to {MAX_STEP})")
@@ -190,12 +210,18 @@ def _check_step_line(record: dict[str, Any]) -> int:
     if not isinstance(seeded, list):
         raise ValueError(f"step {step}: seeded is not a list")
     for call in seeded:
-        ok = isinstance(call, dict) and all(call.get(k) is None or isinstance(call[k], str) for k in _SEEDING_TEXT)
+        ok = isinstance(call, dict) and all(
+            call.get(k) is None or isinstance(call[k], str) for k in _SEEDING_TEXT
+        )
         if not ok or not isinstance(call.get("entropy", False), bool):
-            raise ValueError(f"step {step}: a seeding call {call!r:.80} is not call, stream, where and entropy")
+            raise ValueError(
+                f"step {step}: a seeding call {call!r:.80} is not call, stream, where and entropy"
+            )
         wrong = check_value(call.get("call") or "", call.get("value"))
         if wrong is not None:
-            raise ValueError(f"step {step}: the value of seeding call {call.get('call')!r:.40} {wrong}")
+            raise ValueError(
+                f"step {step}: the value of seeding call {call.get('call')!r:.40} {wrong}"
+            )
     return step
 
 
@@ -212,15 +238,20 @@ class Run:
     complete: bool = False
     rank: int = 0
     rank_meta: RankMeta | None = None
-    """``rank{r}/rank.json`` of a distributed run (who the rank was, its environment); ``None`` otherwise."""
+    """``rank{r}/rank.json`` of a distributed run (who the rank was, its environment); ``None``
+    otherwise."""
 
     @classmethod
     def open(cls, path: Path | str, rank: int = 0) -> Run:
-        """Open a run at one of its ranks (rank 0 by default: the only one of a single-process run)."""
+        """Open a run at one of its ranks (rank 0 by default: the only one of a single-process
+        run)."""
         path = Path(path)
         if not path.exists():
             raise RunNotFoundError(f"{path}: no such run directory; check the path")
-        missing = RunNotFoundError(f"{path}: not a bisect-repro run (no {_META}); give a directory written by 'bisect-repro record'")
+        missing = RunNotFoundError(
+            f"{path}: not a bisect-repro run (no {_META}); give a directory written by "
+            "'bisect-repro record'"
+        )
         if not path.is_dir():  # the run directory itself may be a link: the user named it
             raise missing
         meta_path = path / _META
@@ -238,16 +269,27 @@ class Run:
     def _open_rank(cls, path: Path, meta: RunMeta, rank: int) -> Run:
         world = meta.world_size
         if type(rank) is not int or not 0 <= rank < world:
-            raise RunNotFoundError(f"{path}: has no rank {rank} (its world size is {world}); give a rank from 0 to {world - 1}")
+            raise RunNotFoundError(
+                f"{path}: has no rank {rank} (its world size is {world}); give a rank from 0 to "
+                f"{world - 1}"
+            )
         run = cls(path, meta, rank=rank)
         folder = path / rank_folder(rank)
         if meta.distributed is not None:
             if not files.is_folder(path, rank_folder(rank)):
-                raise RunFormatError(folder, f"rank {rank} of {world} has no records", "the run was partly copied, or the rank never ran")
+                raise RunFormatError(
+                    folder,
+                    f"rank {rank} of {world} has no records",
+                    "the run was partly copied, or the rank never ran",
+                )
             try:
                 rank_meta = _read_json(path, f"{rank_folder(rank)}/{_RANK_META}", "rank metadata")
             except FileNotFoundError:
-                raise RunFormatError(folder / _RANK_META, "missing", "the rank was stopped as it started; record the run again") from None
+                raise RunFormatError(
+                    folder / _RANK_META,
+                    "missing",
+                    "the rank was stopped as it started; record the run again",
+                ) from None
             run.rank_meta = RankMeta.parse(folder / _RANK_META, rank_meta, rank)
         log = folder
         try:
@@ -263,14 +305,19 @@ class Run:
                 (run.snapshots if entry.kind == "snapshot" else run.checkpoints)[entry.step] = entry
         except (KeyError, TypeError, ValueError) as error:
             problem = " ".join(str(error).split())[:200]
-            raise RunFormatError(log, f"a log line has missing or bad fields ({problem})", "the file is damaged") from None
+            raise RunFormatError(
+                log, f"a log line has missing or bad fields ({problem})", "the file is damaged"
+            ) from None
         except OSError as error:
-            raise RunFormatError(log, f"cannot be read ({error.strerror or error})", "check its permissions") from None
+            raise RunFormatError(
+                log, f"cannot be read ({error.strerror or error})", "check its permissions"
+            ) from None
         return run
 
     @property
     def distributed(self) -> Distributed | None:
-        """``run.json``'s ``distributed`` (world size, backend, layout, mesh); ``None`` for a single process."""
+        """``run.json``'s ``distributed`` (world size, backend, layout, mesh); ``None`` for a single
+        process."""
         return self.meta.distributed
 
     @property
@@ -279,13 +326,16 @@ class Run:
 
     @property
     def layout(self) -> str:
-        """``single``, ``ddp``, ``fsdp`` or ``dtensor`` (see :mod:`bisect_repro.capture.parallel`)."""
+        """``single``, ``ddp``, ``fsdp`` or ``dtensor`` (see
+        :mod:`bisect_repro.capture.parallel`)."""
         return self.meta.distributed.layout if self.meta.distributed is not None else "single"
 
     @property
     def environment(self) -> dict[str, Any]:
         """This rank's environment fingerprint (``rank.json``'s, else ``run.json``'s)."""
-        return (self.rank_meta.environment if self.rank_meta is not None else None) or self.meta.environment
+        return (
+            self.rank_meta.environment if self.rank_meta is not None else None
+        ) or self.meta.environment
 
     @property
     def folder(self) -> Path:
@@ -306,26 +356,46 @@ class Run:
             problem = f"the run index declares {entry.bytes} bytes, more than this machine's memory"
             raise RunFormatError(file, problem, "read the run on a larger machine")
         try:  # no more than the index declares is read: fstat must agree before a byte is
-            data = files.read_file(self.path, f"{rank_folder(self.rank)}/{entry.file}", entry.bytes, entry.kind, size=entry.bytes)
+            data = files.read_file(
+                self.path,
+                f"{rank_folder(self.rank)}/{entry.file}",
+                entry.bytes,
+                entry.kind,
+                size=entry.bytes,
+            )
         except FileNotFoundError:
             raise RunFormatError(
-                file, f"{entry.kind} for step {entry.step} is in the index but missing", "the run was damaged or partly copied"
+                file,
+                f"{entry.kind} for step {entry.step} is in the index but missing",
+                "the run was damaged or partly copied",
             ) from None
         if len(data) != entry.bytes:
-            raise RunFormatError(file, f"{len(data)} bytes, the run index declares {entry.bytes}", "the file is truncated or damaged")
+            raise RunFormatError(
+                file,
+                f"{len(data)} bytes, the run index declares {entry.bytes}",
+                "the file is truncated or damaged",
+            )
         tree = codec.decode(data, file, raw_size=entry.raw_bytes, digest=entry.checksum)
         if not isinstance(tree, dict):
-            raise RunFormatError(file, f"holds a {type(tree).__name__}, not a {entry.kind}", "the file is damaged")
+            raise RunFormatError(
+                file, f"holds a {type(tree).__name__}, not a {entry.kind}", "the file is damaged"
+            )
         return tree
 
     def snapshot(self, step: int) -> dict[str, Any]:
         if step not in self.snapshots:
-            raise RunFormatError(self._where, f"no snapshot at step {step}", f"snapshots are at {sorted(self.snapshots)}")
+            raise RunFormatError(
+                self._where,
+                f"no snapshot at step {step}",
+                f"snapshots are at {sorted(self.snapshots)}",
+            )
         tree = self._load(self.snapshots[step])
         for key in ("hashes", "streams", "data"):
             if key in tree and not isinstance(tree[key], dict):
                 file = self.folder / self.snapshots[step].file
-                raise RunFormatError(file, f"{key!r} is a {type(tree[key]).__name__}", "the file is damaged")
+                raise RunFormatError(
+                    file, f"{key!r} is a {type(tree[key]).__name__}", "the file is damaged"
+                )
         return tree
 
     def sketches(self, step: int) -> Sketches | None:
@@ -335,7 +405,11 @@ class Run:
 
     def checkpoint(self, step: int) -> dict[str, Any]:
         if step not in self.checkpoints:
-            raise RunFormatError(self._where, f"no checkpoint at step {step}", f"checkpoints are at {sorted(self.checkpoints)}")
+            raise RunFormatError(
+                self._where,
+                f"no checkpoint at step {step}",
+                f"checkpoints are at {sorted(self.checkpoints)}",
+            )
         return self._load(self.checkpoints[step])
 
     def losses(self) -> dict[int, float | None]:

@@ -43,7 +43,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["key_path", "key_problem", "launch_claim", "line_mac", "line_signer", "sign", "verify", "verify_line"]
+__all__ = [
+    "key_path",
+    "key_problem",
+    "launch_claim",
+    "line_mac",
+    "line_signer",
+    "sign",
+    "verify",
+    "verify_line",
+]
 
 _KEY_BYTES = 32
 _CLAIM_KEYS = ("target", "config", "launch", "distributed")
@@ -61,14 +70,20 @@ def launch_claim(meta: Mapping[str, Any]) -> bytes:
     environment = meta.get("environment")
     if not isinstance(environment, dict):
         environment = {}
-    claim["variables"] = {k: v for k, v in environment.items() if isinstance(k, str) and k.startswith("env.")}
-    return json.dumps(claim, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True).encode()
+    claim["variables"] = {
+        k: v for k, v in environment.items() if isinstance(k, str) and k.startswith("env.")
+    }
+    return json.dumps(
+        claim, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True
+    ).encode()
 
 
 def _read_key(path: Path) -> bytes | None:
     """The key, if the file is this user's own regular file that nobody else can read."""
     try:
-        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        handle = os.open(
+            path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        )
     except OSError:
         return None
     try:
@@ -113,7 +128,11 @@ def key_problem() -> str | None:
     """Why this user's key cannot sign (one line with the fix), or ``None`` when it can."""
     path = key_path()
     if not path.exists() and not path.is_symlink():
-        return None if _create_key(path) is not None else f"{path}: cannot be created; make its folder writable by you"
+        return (
+            None
+            if _create_key(path) is not None
+            else f"{path}: cannot be created; make its folder writable by you"
+        )
     if _read_key(path) is not None:
         return None
     try:
@@ -125,18 +144,25 @@ def key_problem() -> str | None:
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
         return f"{path}: is not yours; remove it, and a new key is made on the next record"
     if info.st_mode & 0o077:
-        return f"{path}: can be read by others (mode {stat.S_IMODE(info.st_mode):o}); run chmod 600 on it (or remove it for a new key)"
+        return (
+            f"{path}: can be read by others (mode {stat.S_IMODE(info.st_mode):o}); run chmod "
+            "600 on it (or remove it for a new key)"
+        )
     return f"{path}: is not a key; remove it, and a new key is made on the next record"
 
 
 def _line_claim(run_mac: str, rank: int, line: Mapping[str, Any]) -> bytes:
     claim = {"run": run_mac, "rank": rank, "line": {k: v for k, v in line.items() if k != "mac"}}
-    return json.dumps(claim, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True).encode()
+    return json.dumps(
+        claim, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True
+    ).encode()
 
 
 def line_mac(key: bytes, run_mac: str, rank: int, line: Mapping[str, Any]) -> str:
     """The MAC of one index line of rank ``rank``, bound to the run's own signature ``run_mac``."""
-    return hmac.new(key, b"bisect-repro index line\0" + _line_claim(run_mac, rank, line), hashlib.sha256).hexdigest()
+    return hmac.new(
+        key, b"bisect-repro index line\0" + _line_claim(run_mac, rank, line), hashlib.sha256
+    ).hexdigest()
 
 
 def line_signer(meta: Mapping[str, Any], rank: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -152,10 +178,16 @@ def line_signer(meta: Mapping[str, Any], rank: int) -> Callable[[dict[str, Any]]
 
 
 def verify_line(meta: Mapping[str, Any], rank: int, line: Mapping[str, Any], mac: object) -> bool:
-    """Whether ``mac`` is this user's MAC over ``line`` of rank ``rank`` of the run ``meta`` describes."""
+    """Whether ``mac`` is this user's MAC over ``line`` of rank ``rank`` of the run ``meta``
+    describes."""
     key = _read_key(key_path())
     signature = meta.get("signature")
-    if key is None or not isinstance(mac, str) or not isinstance(signature, dict) or not isinstance(signature.get("mac"), str):
+    if (
+        key is None
+        or not isinstance(mac, str)
+        or not isinstance(signature, dict)
+        or not isinstance(signature.get("mac"), str)
+    ):
         return False
     return hmac.compare_digest(line_mac(key, signature["mac"], rank, line), mac)
 
@@ -171,7 +203,10 @@ def sign(meta: Mapping[str, Any]) -> dict[str, str] | None:
     key = _read_key(path) if path.exists() else _create_key(path)
     if key is None:
         return None
-    return {"key": _key_id(key), "mac": hmac.new(key, launch_claim(meta), hashlib.sha256).hexdigest()}
+    return {
+        "key": _key_id(key),
+        "mac": hmac.new(key, launch_claim(meta), hashlib.sha256).hexdigest(),
+    }
 
 
 def verify(meta: Mapping[str, Any]) -> bool:

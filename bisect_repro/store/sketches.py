@@ -4,8 +4,8 @@ previous snapshot (:mod:`bisect_repro.capture.activations`) by module, in the or
 
 A snapshot holds ``sketch``: ``{"width": int, "seed": int, "names": [str, ...], "values":
 float64[len(names), width]}``, and may hold ``activations``: the same with ``step``, the step
-whose forward pass they were taken in. :func:`read_sketches` accepts it only whole: ``width`` from 1 to
-``MAX_WIDTH``, ``names`` distinct text, ``values`` a finite-or-not float64 tensor of exactly that
+whose forward pass they were taken in. :func:`read_sketches` accepts it only whole: ``width`` from 1
+to ``MAX_WIDTH``, ``names`` distinct text, ``values`` a finite-or-not float64 tensor of exactly that
 shape; anything else is a :class:`RunFormatError` naming the file. A snapshot without ``sketch``
 (recorded before sketches existed) reads as ``None``, which compare treats as "no distance".
 
@@ -49,9 +49,17 @@ def _problem(found: Any) -> str | None:
         return f"sketch width {width!r} is not from 1 to {MAX_WIDTH}"
     if type(seed) is not int:
         return f"sketch seed {seed!r} is not an integer"
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+    if (
+        not isinstance(names, list)
+        or not all(isinstance(n, str) for n in names)
+        or len(set(names)) != len(names)
+    ):
         return "sketch names are not distinct text"
-    if not isinstance(values, torch.Tensor) or values.dtype != torch.float64 or tuple(values.shape) != (len(names), width):
+    if (
+        not isinstance(values, torch.Tensor)
+        or values.dtype != torch.float64
+        or tuple(values.shape) != (len(names), width)
+    ):
         shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
         return f"sketch values {shape} are not float64[{len(names)}, {width}]"
     return None
@@ -68,6 +76,15 @@ def read_sketches(tree: dict[str, Any], file: Path, key: str = "sketch") -> Sket
     if problem is None and key != "sketch" and (type(step) is not int or step < 0):
         problem = f"{key} step {step!r} is not a step number"
     if problem is not None:
-        raise RunFormatError(file, problem.replace("sketch ", f"{key} ", 1), "the file is damaged; record the run again")
+        raise RunFormatError(
+            file,
+            problem.replace("sketch ", f"{key} ", 1),
+            "the file is damaged; record the run again",
+        )
     values = found["values"].numpy()
-    return Sketches(found["width"], found["seed"], {name: values[i] for i, name in enumerate(found["names"])}, step)
+    return Sketches(
+        found["width"],
+        found["seed"],
+        {name: values[i] for i, name in enumerate(found["names"])},
+        step,
+    )

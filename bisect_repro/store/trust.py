@@ -27,7 +27,8 @@ __all__ = ["Provenance", "provenance"]
 
 @dataclass(frozen=True)
 class Provenance:
-    """Who wrote a run: ``signed`` (its launch claim is this user's) and the files ``edited`` since."""
+    """Who wrote a run: ``signed`` (its launch claim is this user's) and the files ``edited``
+    since."""
 
     signed: bool
     edited: tuple[str, ...] = ()

@@ -28,12 +28,12 @@ See :mod:`bisect_repro.store.run` for the layout and the reader. Design decision
   deleted: dropped lines and files move to ``rank{r}/superseded/resume-NNN/``, because a run that is
   not reproducible may record different snapshots the second time, and the first ones are
   evidence.
-- ``run.json`` carries this user's signature over its launch claim (:mod:`bisect_repro.store.signing`),
-  and every index line carries this user's MAC bound to that signature, so that ``compare``
-  replays the runs this user recorded, as written, with no flag and any other only with consent
-  (:mod:`bisect_repro.store.trust`). A resume rewrites ``run.json`` with the signature it had and
-  signs the lines it adds only when that signature is this user's: it never signs a launch it
-  did not write.
+- ``run.json`` carries this user's signature over its launch claim
+  (:mod:`bisect_repro.store.signing`), and every index line carries this user's MAC bound to that
+  signature, so that ``compare`` replays the runs this user recorded, as written, with no flag and
+  any other only with consent (:mod:`bisect_repro.store.trust`). A resume rewrites ``run.json`` with
+  the signature it had and signs the lines it adds only when that signature is this user's: it never
+  signs a launch it did not write.
 
 Where the guarantees stop: durability is what ``fsync`` gives on the file system (a network file
 system or a disk that lies about flushes may lose the last commits, never tear a committed file);
@@ -85,7 +85,9 @@ __all__ = ["RunLock", "RunWriter", "write_atomic"]
 def _recording_error(path: Path, doing: str, error: OSError) -> RecordingError:
     cause = error.strerror or str(error)
     where = f" ({error.filename})" if error.filename else ""
-    return RecordingError(f"{path}: cannot {doing}: {cause}{where}; check the path, its permissions and free space")
+    return RecordingError(
+        f"{path}: cannot {doing}: {cause}{where}; check the path, its permissions and free space"
+    )
 
 
 def _signed_meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +103,8 @@ def _signed_meta(meta: dict[str, Any]) -> dict[str, Any]:
     else:
         problem = signing.key_problem() or f"{signing.key_path()}: cannot be used"
         warnings.warn(
-            f"{problem}; this run is recorded unsigned, and compare replays it only with your consent (--trust)",
+            f"{problem}; this run is recorded unsigned, and compare replays it only with your "
+            "consent (--trust)",
             RecordingWarning,
             stacklevel=4,
         )
@@ -119,7 +122,8 @@ class Resumed:
 
 
 class RunWriter:
-    """Writes one run directory (or one rank's folder of it), holding its lock; see the module docstring.
+    """Writes one run directory (or one rank's folder of it), holding its lock; see the module
+    docstring.
 
     Every write goes through the descriptors of the run folder and the rank folder
     (:mod:`bisect_repro.store.anchor`): nothing outside the run is written, moved or removed."""
@@ -142,7 +146,14 @@ class RunWriter:
         return self._folder
 
     @classmethod
-    def create(cls, path: Path | str, meta: dict[str, Any], *, force: bool = False, rank_meta: dict[str, Any] | None = None) -> RunWriter:
+    def create(
+        cls,
+        path: Path | str,
+        meta: dict[str, Any],
+        *,
+        force: bool = False,
+        rank_meta: dict[str, Any] | None = None,
+    ) -> RunWriter:
         """Create the run (rank 0 of a distributed one, whose ``meta`` has ``distributed`` and who
         writes its own ``rank_meta``)."""
         writer = cls(path)
@@ -152,19 +163,23 @@ class RunWriter:
             if any(name not in (_LOCK, f".{_META}.tmp") for name in root.names()):
                 if not force:
                     raise RunExistsError(
-                        f"{path}: already exists; pass --force to overwrite it, --resume to continue it, or choose another --out"
+                        f"{path}: already exists; pass --force to overwrite it, --resume to "
+                        "continue it, or choose another --out"
                     )
                 refused = not_a_run(root)
                 if refused is not None:
                     raise RunExistsError(
-                        f"{path}: not provably a bisect-repro run: {refused}; --force removes only a run, so nothing was removed; "
+                        f"{path}: not provably a bisect-repro run: {refused}; --force removes only "
+                        "a run, so nothing was removed; "
                         "move the folder's files away or choose another --out"
                     )
-                writer._lock = RunLock(root)  # before deleting anything: never pull a run from under its recorder
+                # before deleting anything: never pull a run from under its recorder
+                writer._lock = RunLock(root)
                 remove_contents_but_lock(root)
             else:
                 writer._lock = RunLock(root)
-            # run.json first: a directory killed before it holds only the lock file and counts as empty
+            # run.json first: a directory killed before it holds only the lock file and counts as
+            # empty
             written = _signed_meta(meta)
             write_atomic(root, _META, json.dumps(written, indent=2).encode())
             writer._sign = signing.line_signer(written, 0)
@@ -174,7 +189,8 @@ class RunWriter:
 
     @contextlib.contextmanager
     def _closed_on_error(self, path: Path, doing: str) -> Iterator[None]:
-        """Release the lock if what the block does fails; a failure of the disk becomes a one-line RecordingError."""
+        """Release the lock if what the block does fails; a failure of the disk becomes a one-line
+        RecordingError."""
         try:
             yield
         except RecordingError:
@@ -197,34 +213,43 @@ class RunWriter:
         for name in ("snapshots", "checkpoints"):
             folder.sub(name, create=True).close()
         for log in ("steps.jsonl", "index.jsonl"):
-            os.close(folder.open_existing(log, os.O_RDONLY | os.O_CREAT))  # empty: the fsync below makes the names durable
+            # empty: the fsync below makes the names durable
+            os.close(folder.open_existing(log, os.O_RDONLY | os.O_CREAT))
         folder.fsync()
 
     @classmethod
     def join(cls, path: Path | str, rank: int, rank_meta: dict[str, Any]) -> RunWriter:
-        """Rank ``rank`` (not 0) of a distributed run that rank 0 has just created: lock and write its folder."""
+        """Rank ``rank`` (not 0) of a distributed run that rank 0 has just created: lock and write
+        its folder."""
         path = Path(path)
         run = Run.open(path)
         if rank_meta.get("rank") != rank or not 0 < rank < run.world_size:
-            raise RecordingError(f"{path}: rank {rank} cannot join a run of world size {run.world_size}")
+            raise RecordingError(
+                f"{path}: rank {rank} cannot join a run of world size {run.world_size}"
+            )
         writer = cls(path, rank)
         with writer._closed_on_error(writer.rank, "create the rank's folder"):
             writer._root = Folder.open(path)
             writer._folder = writer._root.sub(rank_folder(rank), create=True)
             writer._lock = RunLock(writer._folder)
             if any(name not in (_LOCK, f".{_RANK_META}.tmp") for name in writer._folder.names()):
-                raise RunExistsError(f"{writer.rank}: already holds records; record the run again with --force")
+                raise RunExistsError(
+                    f"{writer.rank}: already holds records; record the run again with --force"
+                )
             writer._sign = signing.line_signer(run.meta.raw, rank)
             writer._make_folder(rank_meta)
             writer._root.fsync()
         return writer
 
     @classmethod
-    def resume(cls, path: Path | str, rank: int = 0, at: int | None = None) -> tuple[RunWriter, Resumed]:
+    def resume(
+        cls, path: Path | str, rank: int = 0, at: int | None = None
+    ) -> tuple[RunWriter, Resumed]:
         """Lock an interrupted run (one rank of it), go back to its last readable checkpoint (or to
         the checkpoint at step ``at``), and reopen it for writing."""
         path = Path(path)
-        Run.open(path, rank)  # a missing or foreign directory gets the reader's error, before anything is created
+        # a missing or foreign directory gets the reader's error, before anything is created
+        Run.open(path, rank)
         writer = cls(path, rank)
         with writer._closed_on_error(path, "resume the run"):
             writer._root = Folder.open(path)
@@ -236,25 +261,18 @@ class RunWriter:
     def _go_back(self, rank: int, at: int | None) -> Resumed:
         run = Run.open(self.path, rank)
         if run.complete and at is None:
-            raise RecordingError(f"{self.path}: the run is complete; nothing to resume (pass --force to record it again)")
-        checkpoint: dict[str, Any] | None = None
-        for step in sorted(run.checkpoints, reverse=True):
-            if at is not None and step != at:
-                continue
-            try:
-                checkpoint = run.checkpoint(step)
-                break
-            except RunFormatError as error:
-                warnings.warn(f"{error}; resuming from an earlier checkpoint", stacklevel=3)
-        if checkpoint is None:
-            where = f"at step {at}" if at is not None else "to resume from"
-            raise RecordingError(f"{self.path}: no readable checkpoint {where}; record it again with --force")
+            raise RecordingError(
+                f"{self.path}: the run is complete; nothing to resume (pass --force to record it "
+                "again)"
+            )
+        step, checkpoint = self._last_readable_checkpoint(run, at)
         self._sign = signing.line_signer(run.meta.raw, rank)
         keep_index: list[bytes] = []
         drop_index: list[bytes] = []
         named: set[str] = set()
         for raw, record in _log_lines(self.rank / "index.jsonl", self.path):
-            if record.get("kind") in _KINDS and record["step"] <= step:  # Run.open checked every field
+            # Run.open checked every field
+            if record.get("kind") in _KINDS and record["step"] <= step:
                 keep_index.append(raw)
                 named.add(record["file"])
             else:
@@ -267,11 +285,21 @@ class RunWriter:
         try:
             for name in ("snapshots", "checkpoints"):
                 folders[name] = self.folder.sub(name, create=True)
-            strays = [(name, f) for name, folder in folders.items() for f in folder.names() if f"{name}/{f}" not in named]
+            strays = [
+                (name, f)
+                for name, folder in folders.items()
+                for f in folder.names()
+                if f"{name}/{f}" not in named
+            ]
             moved = [(folders[name], name, f) for name, f in strays]
-            superseded = self._supersede(drop_index, drop_steps) if drop_index or drop_steps or strays else None
+            superseded = (
+                self._supersede(drop_index, drop_steps)
+                if drop_index or drop_steps or strays
+                else None
+            )
             try:
-                # Index first: once it is rewritten, the dropped files are no longer part of the run.
+                # Index first: once it is rewritten, the dropped files are no longer part of the
+                # run.
                 write_atomic(self.folder, "index.jsonl", b"".join(keep_index))
                 write_atomic(self.folder, "steps.jsonl", b"".join(keep_steps))
                 if superseded is not None:
@@ -286,11 +314,34 @@ class RunWriter:
                 folder.close()
         return Resumed(step, checkpoint, run.meta, None if superseded is None else superseded.path)
 
+    def _last_readable_checkpoint(self, run: Run, at: int | None) -> tuple[int, dict[str, Any]]:
+        """The step and tree of the checkpoint to resume from: ``at``'s, or the last readable."""
+        for step in sorted(run.checkpoints, reverse=True):
+            if at is not None and step != at:
+                continue
+            try:
+                return step, run.checkpoint(step)
+            except RunFormatError as error:
+                warnings.warn(f"{error}; resuming from an earlier checkpoint", stacklevel=4)
+        where = f"at step {at}" if at is not None else "to resume from"
+        raise RecordingError(
+            f"{self.path}: no readable checkpoint {where}; record it again with --force"
+        )
+
     def _supersede(self, drop_index: list[bytes], drop_steps: list[bytes]) -> Folder:
-        """A new ``superseded/resume-NNN/`` holding the dropped log lines (its files are moved in afterwards)."""
+        """A new ``superseded/resume-NNN/`` holding the dropped log lines (its files are moved in
+        afterwards)."""
         with self.folder.sub("superseded", create=True) as root:
-            number = 1 + max((int(m.group(1)) for name in root.names() if (m := re.fullmatch(r"resume-(\d+)", name))), default=0)
-            os.mkdir(f"resume-{number:03d}", 0o777, dir_fd=root.fd)  # new: an existing name is an error
+            number = 1 + max(
+                (
+                    int(m.group(1))
+                    for name in root.names()
+                    if (m := re.fullmatch(r"resume-(\d+)", name))
+                ),
+                default=0,
+            )
+            # new: an existing name is an error
+            os.mkdir(f"resume-{number:03d}", 0o777, dir_fd=root.fd)
             folder = root.sub(f"resume-{number:03d}")
             root.fsync()
         try:
@@ -302,7 +353,8 @@ class RunWriter:
         return folder
 
     def _move_strays(self, superseded: Folder, strays: list[tuple[Folder, str, str]]) -> None:
-        """Files no kept index line names: a temporary removed (never complete under its own name), the rest moved."""
+        """Files no kept index line names: a temporary removed (never complete under its own name),
+        the rest moved."""
         for folder, kind, name in strays:
             if name.endswith(".tmp"):
                 folder.remove(name)
@@ -326,7 +378,8 @@ class RunWriter:
         return self.commit_prepared(kind, step, codec.prepare(tree))
 
     def commit_prepared(self, kind: str, step: int, prepared: codec.Prepared) -> FileEntry:
-        """:meth:`commit` for a tree already taken apart (on another thread) by :func:`codec.prepare`."""
+        """:meth:`commit` for a tree already taken apart (on another thread) by
+        :func:`codec.prepare`."""
         encoding = codec.encoding_of(prepared)
         name = file_name(kind, step)
         where, _, base = name.rpartition("/")
@@ -337,7 +390,8 @@ class RunWriter:
         return entry
 
     def commit_group(self, commits: Sequence[Commit]) -> None:
-        """Commit ``commits`` (in step order) sharing their fsyncs: see :mod:`bisect_repro.store.commit`.
+        """Commit ``commits`` (in step order) sharing their fsyncs: see
+        :mod:`bisect_repro.store.commit`.
 
         Raises :class:`GroupCommitError` (from the cause) when a write fails, after committing
         everything before the failed one."""

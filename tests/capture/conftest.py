@@ -28,13 +28,18 @@ SOURCE = Path(_hash_cpu.__file__).with_name("_hash_c.c")
 
 def compiler(folder: Path) -> list[str] | None:
     """The C compiler command that setuptools would use, if it exists here and builds a shared
-    library from a trivial source (``CC=/bin/false``, how the fallback install is tried, does not)."""
+    library from a trivial source (``CC=/bin/false``, how the fallback install is tried, does
+    not)."""
     command = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
     if not command or not shutil.which(command[0]):
         return None
     probe = folder / "probe.c"
     probe.write_text("int probe(void) { return 1; }\n")
-    done = subprocess.run([*command, "-shared", "-fPIC", str(probe), "-o", str(folder / "probe.so")], capture_output=True, timeout=120)
+    done = subprocess.run(
+        [*command, "-shared", "-fPIC", str(probe), "-o", str(folder / "probe.so")],
+        capture_output=True,
+        timeout=120,
+    )
     return command if done.returncode == 0 else None
 
 
@@ -53,7 +58,10 @@ def build_kernel(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., _has
             return _hash_cpu.Kernel(out)
         flags = [f"-D{k}={v}" for k, v in defines.items()]
         done = subprocess.run(
-            [*cc, "-O2", "-shared", "-fPIC", "-pthread", *flags, str(SOURCE), "-o", str(out)], capture_output=True, text=True, timeout=120
+            [*cc, "-O2", "-shared", "-fPIC", "-pthread", *flags, str(SOURCE), "-o", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert done.returncode == 0, done.stderr  # a working compiler must build the kernel
         return _hash_cpu.Kernel(out)
@@ -83,7 +91,10 @@ def backend(request: pytest.FixtureRequest) -> Iterator[str]:
         return
     if request.param == "c":
         kernel = request.getfixturevalue("c_kernel")
-        with mock.patch.object(hashing, "_BACKEND", "c"), mock.patch.object(_hash_cpu, "load", lambda: kernel):
+        with (
+            mock.patch.object(hashing, "_BACKEND", "c"),
+            mock.patch.object(_hash_cpu, "load", lambda: kernel),
+        ):
             yield "c"
     else:
         with mock.patch.object(hashing, "_BACKEND", "torch"):

@@ -15,7 +15,8 @@ from bisect_repro.capture import compiled
 
 @pytest.fixture
 def watched(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(torch, "compile", torch.compile)  # the watch's wrapper and setting are undone after the test
+    # the watch's wrapper and setting are undone after the test
+    monkeypatch.setattr(torch, "compile", torch.compile)
     monkeypatch.setattr(compiled, "_original", None)
     monkeypatch.setattr(compiled, "_noted", [])
     with torch._dynamo.config.patch(skip_nnmodule_hook_guards=True):
@@ -34,7 +35,12 @@ def test_a_compiled_module_is_noted_and_compiles_again_in_place(watched: None) -
     x = torch.randn(3, 4)
     assert torch.equal(held(x), model(x))
     [call] = compiled.calls()
-    assert (call.target, call.backend, call.settings, call.replayable) == ("Linear", "eager", '{"dynamic": false}', True)
+    assert (call.target, call.backend, call.settings, call.replayable) == (
+        "Linear",
+        "eager",
+        '{"dynamic": false}',
+        True,
+    )
     before = _graphs()
     compiled.recompile()
     held(x)
@@ -58,8 +64,16 @@ def test_a_function_or_a_callable_backend_cannot_be_compiled_again(watched: None
     torch.compile(step, backend="eager")
     torch.compile(nn.Linear(2, 2), backend=lambda gm, inputs: gm)
     function, module = compiled.calls()
-    assert not function.replayable and function.why_not == "a function compiled on its own" and function.target.endswith("step")
-    assert not module.replayable and module.why_not == "its backend is a callable" and module.backend == "<lambda>"
+    assert (
+        not function.replayable
+        and function.why_not == "a function compiled on its own"
+        and function.target.endswith("step")
+    )
+    assert (
+        not module.replayable
+        and module.why_not == "its backend is a callable"
+        and module.backend == "<lambda>"
+    )
     assert compiled.CompileCall.from_json(function.to_json()) == function
 
 
@@ -78,13 +92,17 @@ def test_hooks_added_after_a_compiled_call_fire(watched: None) -> None:
     x = torch.randn(2, 4)
     held(x)  # compiled without hooks, as a replay's untraced steps run it
     seen: list[torch.Tensor] = []
-    handle = model[0].register_forward_hook(lambda module, args, output: seen.append(output.detach().clone()))
+    handle = model[0].register_forward_hook(
+        lambda module, args, output: seen.append(output.detach().clone())
+    )
     held(x)
     handle.remove()
     assert len(seen) == 1 and torch.equal(seen[0], model[0](x))
 
 
-def test_another_backend_is_tried_without_inductors_mode_and_options(watched: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_backend_is_tried_without_inductors_mode_and_options(
+    watched: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = nn.Linear(2, 2)
     model.compile(mode="max-autotune", dynamic=False)
     given: list[dict] = []
@@ -98,4 +116,7 @@ def test_a_trainee_holds_the_module_torch_compile_wrapped() -> None:
     model = nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     trainee = Trainee(torch.compile(model, backend="eager"), optimizer, [])
-    assert trainee.model is model and [n for n, _ in trainee.model.named_parameters()] == ["weight", "bias"]
+    assert trainee.model is model and [n for n, _ in trainee.model.named_parameters()] == [
+        "weight",
+        "bias",
+    ]

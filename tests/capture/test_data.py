@@ -18,7 +18,9 @@ class Augmented(Dataset):
         return 40
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.tensor([float(index), torch.rand(()).item(), float(np.random.rand()), random.random()])
+        return torch.tensor(
+            [float(index), torch.rand(()).item(), float(np.random.rand()), random.random()]
+        )
 
 
 def seed_worker(worker_id: int) -> None:
@@ -43,9 +45,13 @@ def stream_for(loader: DataLoader) -> DataStream:
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("stop", [3, 10, 17, 20])  # 10 and 20: at the end of an epoch, before the loader says so
-@pytest.mark.parametrize("seeded", [False, True])  # True: the sampler draws from the loader's generator, also as an epoch ends
-def test_resuming_mid_epoch_gives_the_batches_of_the_uninterrupted_run(num_workers: int, stop: int, seeded: bool) -> None:
+# 10 and 20: at the end of an epoch, before the loader says so
+@pytest.mark.parametrize("stop", [3, 10, 17, 20])
+# True: the sampler draws from the loader's generator, also as an epoch ends
+@pytest.mark.parametrize("seeded", [False, True])
+def test_resuming_mid_epoch_gives_the_batches_of_the_uninterrupted_run(
+    num_workers: int, stop: int, seeded: bool
+) -> None:
     torch.manual_seed(0)
     np.random.seed(0)
     random.seed(0)
@@ -54,7 +60,8 @@ def test_resuming_mid_epoch_gives_the_batches_of_the_uninterrupted_run(num_worke
     for _ in range(stop):
         original.next_batch()
     saved_position, saved_streams = original.state_dict(), original.streams.state_dict()
-    expected = [original.next_batch() for _ in range(12)]  # crosses an epoch boundary (10 batches per epoch)
+    # crosses an epoch boundary (10 batches per epoch)
+    expected = [original.next_batch() for _ in range(12)]
     original.close()
 
     torch.manual_seed(123)  # a different process state before the resume
@@ -70,7 +77,9 @@ def test_resuming_mid_epoch_gives_the_batches_of_the_uninterrupted_run(num_worke
 
 def test_indices_are_the_samplers_and_the_sampler_is_given_back() -> None:
     dataset = TensorDataset(torch.arange(20.0))
-    loader = DataLoader(dataset, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        dataset, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     original_sampler = loader.batch_sampler
     stream = stream_for(loader)
     batch, indices = stream.next_batch()
@@ -112,5 +121,14 @@ def test_a_distributed_sampler_gets_each_epoch_and_its_state_is_recorded() -> No
         expected += [order[:5], order[5:]]
     assert seen == expected and seen[:2] != seen[2:]  # set_epoch reshuffles each epoch
     state = stream.state_dict()["sampler"]
-    assert state == {"type": "DistributedSampler", "seed": 7, "epoch": 1, "rank": 1, "num_replicas": 2, "shuffle": True, "drop_last": False}
-    assert "sampler" not in stream_for(make_loader(0)).state_dict()  # nothing for a sampler that does not split the data
+    assert state == {
+        "type": "DistributedSampler",
+        "seed": 7,
+        "epoch": 1,
+        "rank": 1,
+        "num_replicas": 2,
+        "shuffle": True,
+        "drop_last": False,
+    }
+    # nothing for a sampler that does not split the data
+    assert "sampler" not in stream_for(make_loader(0)).state_dict()

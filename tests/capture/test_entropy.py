@@ -41,8 +41,12 @@ def test_each_call_from_entropy_is_given_back_the_value_its_run_recorded_once() 
     logged = [call.to_record() for call in calls]
     assert all(check_value(c["call"], c["value"]) is None for c in logged), logged
     assert [c["call"] for c in logged] == [
-        "torch.seed()", "random.seed()", "np.random.seed()", "np.random.default_rng()", "random.Random.seed()",
-    ]  # fmt: skip
+        "torch.seed()",
+        "random.seed()",
+        "np.random.seed()",
+        "np.random.default_rng()",
+        "random.Random.seed()",
+    ]
     feed = EntropyFeed.of_steps({3: {"seeded": logged}}, 0, lambda: 3)
     replayed, seen = _watched(feed)
     assert replayed == recorded
@@ -55,11 +59,15 @@ def test_a_step_rewound_is_given_its_recorded_values_again_and_earlier_steps_are
     recorded, calls = _watched()
     logged = [call.to_record() for call in calls]
     now = {"step": 2}
-    feed = EntropyFeed.of_steps({2: {"seeded": logged[:1]}, 3: {"seeded": logged[1:]}}, 0, lambda: now["step"])
+    feed = EntropyFeed.of_steps(
+        {2: {"seeded": logged[:1]}, 3: {"seeded": logged[1:]}}, 0, lambda: now["step"]
+    )
     _watched(feed)  # step 2 takes its one recorded call
     now["step"] = 3
     replayed, seen = _watched(feed)
-    assert [c.replayed for c in seen] == ["other"] + ["recorded"] * 4 and replayed[1:] == recorded[1:]
+    assert [c.replayed for c in seen] == ["other"] + ["recorded"] * 4 and replayed[1:] == recorded[
+        1:
+    ]
     feed.give_again(3)  # rewound to step 3: its calls are given again, step 2's stay given
     again, seen = _watched(feed)
     assert [c.replayed for c in seen] == ["other"] + ["recorded"] * 4 and again[1:] == recorded[1:]
@@ -70,7 +78,9 @@ def test_a_recorded_value_is_never_given_to_another_call_site_or_step() -> None:
     logged = [{**call.to_record(), "where": "elsewhere.py:1"} for call in calls]
     _, seen = _watched(EntropyFeed.of_steps({3: {"seeded": logged}}, 0, lambda: 3))
     assert [c.replayed for c in seen] == ["other"] * 5
-    _, seen = _watched(EntropyFeed.of_steps({3: {"seeded": [c.to_record() for c in calls]}}, 0, lambda: 4))
+    _, seen = _watched(
+        EntropyFeed.of_steps({3: {"seeded": [c.to_record() for c in calls]}}, 0, lambda: 4)
+    )
     assert [c.replayed for c in seen] == ["beyond"] * 5
 
 
@@ -115,5 +125,7 @@ _STATE = {"mt19937": "00" * 2496, "pos": 624, "gauss": None}
         ("torch.manual_seed(3)", 3, True),
     ],
 )
-def test_a_recorded_value_is_checked_against_what_its_call_produces(call: str, value: Any, wrong: bool) -> None:
+def test_a_recorded_value_is_checked_against_what_its_call_produces(
+    call: str, value: Any, wrong: bool
+) -> None:
     assert (check_value(call, value) is not None) is wrong

@@ -32,7 +32,11 @@ def test_diff_names_what_changed_and_ignores_machine_names() -> None:
 
 
 def test_apply_sets_what_can_be_set_and_returns_the_previous() -> None:
-    recorded = {**env.fingerprint(), "torch.get_num_threads": 1, "torch.are_deterministic_algorithms_enabled": True}
+    recorded = {
+        **env.fingerprint(),
+        "torch.get_num_threads": 1,
+        "torch.are_deterministic_algorithms_enabled": True,
+    }
     before = env.apply(recorded)
     try:
         assert torch.get_num_threads() == 1 and torch.are_deterministic_algorithms_enabled()
@@ -42,7 +46,9 @@ def test_apply_sets_what_can_be_set_and_returns_the_previous() -> None:
     assert not torch.are_deterministic_algorithms_enabled()
 
 
-def test_fingerprint_of_a_process_that_has_not_used_cuda_leaves_cuda_uninitialised(monkeypatch) -> None:
+def test_fingerprint_of_a_process_that_has_not_used_cuda_leaves_cuda_uninitialised(
+    monkeypatch,
+) -> None:
     """On a machine with a GPU, a CPU-only run's fingerprint asks nothing that initialises CUDA
     (cuDNN's version does: it reads every device's capability), so that no CUDA generator joins
     its streams; a fake GPU whose every query would initialise CUDA stands in for one."""

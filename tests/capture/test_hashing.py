@@ -38,7 +38,9 @@ def reference(tensor: torch.Tensor) -> str:
 
 
 DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.int16, np.bool_, np.float16]
-arrays = st.sampled_from(DTYPES).flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=3, max_side=9)))
+arrays = st.sampled_from(DTYPES).flatmap(
+    lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=3, max_side=9))
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -49,7 +51,13 @@ def test_matches_the_documented_algorithm(array: np.ndarray) -> None:
 
 
 def test_large_tensors_take_the_chunked_path_and_match_the_algorithm() -> None:
-    tensor = torch.randint(-(2**31), 2**31 - 1, (300_001,), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    tensor = torch.randint(
+        -(2**31),
+        2**31 - 1,
+        (300_001,),
+        dtype=torch.int32,
+        generator=torch.Generator().manual_seed(1),
+    )
     assert hash_tensor(tensor) == reference(tensor)
 
 
@@ -60,7 +68,9 @@ def test_any_single_bit_flip_changes_the_hash(data: st.DataObject) -> None:
     flipped = array.copy().view(np.uint8)
     byte = data.draw(st.integers(0, flipped.size - 1))
     flipped[byte] ^= 1 << data.draw(st.integers(0, 7))
-    assert hash_tensor(torch.from_numpy(array)) != hash_tensor(torch.from_numpy(flipped.view(np.float32)))
+    assert hash_tensor(torch.from_numpy(array)) != hash_tensor(
+        torch.from_numpy(flipped.view(np.float32))
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -114,7 +124,11 @@ def test_numpy_arrays_hash_like_tensors() -> None:
 
 @pytest.mark.cuda
 def test_cuda_and_cpu_give_the_same_hash() -> None:
-    for tensor in (torch.randn(1000, 33), torch.randint(0, 255, (5_000_001,), dtype=torch.uint8), torch.randn(17, dtype=torch.bfloat16)):
+    for tensor in (
+        torch.randn(1000, 33),
+        torch.randint(0, 255, (5_000_001,), dtype=torch.uint8),
+        torch.randn(17, dtype=torch.bfloat16),
+    ):
         assert hash_tensor(tensor.cuda()) == hash_tensor(tensor)
 
 
@@ -171,7 +185,9 @@ def tensors(draw: st.DrawFn, max_side: int = 30) -> torch.Tensor:
     count = int(np.prod(shape)) if shape else 1
     seed = draw(st.integers(0, 2**32 - 1))
     nbytes = (count + offset) * torch.empty((), dtype=dtype).element_size()
-    raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    raw = torch.randint(
+        0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
     if dtype == torch.bool:  # a bool byte other than 0 or 1 is not a valid bool
         raw &= 1
     base = raw.view(dtype)[offset : offset + count].reshape(shape)
@@ -187,9 +203,17 @@ def tensors(draw: st.DrawFn, max_side: int = 30) -> torch.Tensor:
 
 def test_the_fast_reference_is_the_documented_algorithm() -> None:
     for seed in range(20):
-        tensor = torch.randint(-(2**31), 2**31 - 1, (seed * 37 + 1,), dtype=torch.int32, generator=torch.Generator().manual_seed(seed))
+        tensor = torch.randint(
+            -(2**31),
+            2**31 - 1,
+            (seed * 37 + 1,),
+            dtype=torch.int32,
+            generator=torch.Generator().manual_seed(seed),
+        )
         assert fast_reference(tensor) == reference(tensor)
-    assert fast_reference(torch.tensor([True, False, True])) == reference(torch.tensor([True, False, True]))
+    assert fast_reference(torch.tensor([True, False, True])) == reference(
+        torch.tensor([True, False, True])
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -199,21 +223,28 @@ def test_the_fast_reference_is_the_documented_algorithm() -> None:
     st.sampled_from([1, 8, 100]),
     st.sampled_from([1, 16, 300]),
 )
-def test_the_chunked_and_packed_paths_match_the_definition(batch: list[torch.Tensor], chunk: int, pack: int, pack_chunk: int) -> None:
+def test_the_chunked_and_packed_paths_match_the_definition(
+    batch: list[torch.Tensor], chunk: int, pack: int, pack_chunk: int
+) -> None:
     # Tiny chunk and pack sizes so that small tensors cross every boundary the real sizes have.
     from unittest import mock
 
     from bisect_repro.capture import _hash_torch, hashing
 
     named = {f"t{i}": t for i, t in enumerate(batch)}
-    with mock.patch.object(_hash_torch, "CHUNK_WORDS", chunk), mock.patch.multiple(hashing, _PACK_WORDS=pack, _PACK_CHUNK=pack_chunk):
+    with (
+        mock.patch.object(_hash_torch, "CHUNK_WORDS", chunk),
+        mock.patch.multiple(hashing, _PACK_WORDS=pack, _PACK_CHUNK=pack_chunk),
+    ):
         found = hash_tensors(named)
     assert found == {name: fast_reference(t) for name, t in named.items()}
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(tensors(), min_size=1, max_size=5), st.sampled_from([2, 64, 1000]))
-def test_the_device_side_accumulation_matches_the_host_one(batch: list[torch.Tensor], chunk: int) -> None:
+def test_the_device_side_accumulation_matches_the_host_one(
+    batch: list[torch.Tensor], chunk: int
+) -> None:
     # The branches that CUDA without Triton (and other devices) take, run on CPU tensors.
     from unittest import mock
 
@@ -222,11 +253,16 @@ def test_the_device_side_accumulation_matches_the_host_one(batch: list[torch.Ten
     words = [_hash_torch.words_of(t) for t in batch]
     expected = [list(fast_reference_lanes(t)) for t in batch]
     with mock.patch.object(_hash_torch, "CHUNK_WORDS", chunk):
-        large = [_hash_torch.lanes_of_large(w, host_sums=False).tolist() if w.numel() else [0, 0] for w in words]
+        large = [
+            _hash_torch.lanes_of_large(w, host_sums=False).tolist() if w.numel() else [0, 0]
+            for w in words
+        ]
     assert large == expected
     present = [w for w in words if w.numel()]
     if present:
-        assert _hash_torch.lanes_of_small(present, numpy=False).tolist() == [e for w, e in zip(words, expected, strict=True) if w.numel()]
+        assert _hash_torch.lanes_of_small(present, numpy=False).tolist() == [
+            e for w, e in zip(words, expected, strict=True) if w.numel()
+        ]
 
 
 def test_chunk_boundaries_at_the_real_sizes() -> None:
@@ -235,9 +271,13 @@ def test_chunk_boundaries_at_the_real_sizes() -> None:
     generator = torch.Generator().manual_seed(3)
     chunk, pack = _hash_torch.CHUNK_WORDS, hashing._PACK_WORDS
     for words in (chunk - 1, chunk, 2 * chunk + 3, pack - 1, pack):
-        tensor = torch.randint(-(2**31), 2**31 - 1, (words,), dtype=torch.int32, generator=generator)
+        tensor = torch.randint(
+            -(2**31), 2**31 - 1, (words,), dtype=torch.int32, generator=generator
+        )
         assert hash_tensor(tensor) == fast_reference(tensor)
-    odd_bytes = torch.randint(0, 255, (4 * _hash_torch.CHUNK_WORDS + 5,), dtype=torch.uint8, generator=generator)
+    odd_bytes = torch.randint(
+        0, 255, (4 * _hash_torch.CHUNK_WORDS + 5,), dtype=torch.uint8, generator=generator
+    )
     assert hash_tensor(odd_bytes[1:]) == fast_reference(odd_bytes[1:])
 
 
@@ -261,7 +301,11 @@ def test_a_failing_kernel_falls_back_to_torch_ops_with_a_warning() -> None:
 
     batch = [torch.randn(3, 5), torch.zeros(0), torch.arange(300_000, dtype=torch.int32)]
     broken = mock.patch.object(hashing, "_triton_kernel", lambda: BrokenKernel())
-    with broken, mock.patch.object(hashing, "_triton_failed", False), mock.patch.object(hashing, "_BACKEND", "auto"):
+    with (
+        broken,
+        mock.patch.object(hashing, "_triton_failed", False),
+        mock.patch.object(hashing, "_BACKEND", "auto"),
+    ):
         with pytest.warns(UserWarning, match="Triton hash kernel failed"):
             lanes = hashing._fused_lanes([_hash_torch.words_of(t) for t in batch])
         assert hashing._triton_failed and hashing._triton_module() is None  # not tried again

@@ -22,7 +22,9 @@ from bisect_repro.store import codec
 
 @pytest.fixture
 def group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     yield parallel.rank_info()
     dist.destroy_process_group()
 
@@ -50,20 +52,45 @@ def test_a_rank_without_a_process_group_is_told_to_initialise_it(monkeypatch) ->
     assert parallel.rank_info() is None  # one rank of one: a single process
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    with pytest.raises(RecordingError, match=r"rank 1 of 2 .* call torch.distributed.init_process_group\(\)"):
+    with pytest.raises(
+        RecordingError, match=r"rank 1 of 2 .* call torch.distributed.init_process_group\(\)"
+    ):
         parallel.rank_info()
 
 
 def test_layouts_and_what_the_replicas_share(group) -> None:
-    assert parallel.layout(network()) == "single" and parallel.describe(network(), group)["replicated"] == "none"
+    assert (
+        parallel.layout(network()) == "single"
+        and parallel.describe(network(), group)["replicated"] == "none"
+    )
     ddp = parallel.describe(DistributedDataParallel(network()), group)
-    assert ddp["layout"] == "ddp" and ddp["replicated"] == "all" and ddp["world_size"] == 1 and ddp["backend"] == "gloo"
-    assert ddp["rank_local"] == ["module.1.running_mean", "module.1.running_var"]  # a BatchNorm's own statistics
-    unsynced = {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters else {}
-    alone = parallel.describe(DistributedDataParallel(network(), **(unsynced or {"broadcast_buffers": False})), group)
-    assert alone["rank_local"] == ["module.1.running_mean", "module.1.running_var", "module.1.num_batches_tracked"]
+    assert (
+        ddp["layout"] == "ddp"
+        and ddp["replicated"] == "all"
+        and ddp["world_size"] == 1
+        and ddp["backend"] == "gloo"
+    )
+    # a BatchNorm's own statistics
+    assert ddp["rank_local"] == ["module.1.running_mean", "module.1.running_var"]
+    unsynced = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        else {}
+    )
+    alone = parallel.describe(
+        DistributedDataParallel(network(), **(unsynced or {"broadcast_buffers": False})), group
+    )
+    assert alone["rank_local"] == [
+        "module.1.running_mean",
+        "module.1.running_var",
+        "module.1.num_batches_tracked",
+    ]
     sharded = parallel.describe(sharded_trainee().model, group)
-    assert sharded["layout"] == "fsdp" and sharded["replicated"] == "dtensor" and sharded["mesh"]["ranks"] == [0]
+    assert (
+        sharded["layout"] == "fsdp"
+        and sharded["replicated"] == "dtensor"
+        and sharded["mesh"]["ranks"] == [0]
+    )
     assert parallel.rank_identity(DistributedDataParallel(network()), group)["replica_group"] == [0]
 
 
@@ -76,7 +103,10 @@ def test_dtensors_are_hashed_and_checkpointed_as_local_shards_and_restored(group
     assert not any(parallel.is_dtensor(t) for t in tensors.values())
     placed = state.placements()
     assert placed["dtensors"]["0.weight"] == {"placements": ["S(0)"], "mesh": "0"}
-    assert "optimizer.0.weight.exp_avg" in placed["dtensors"] and "optimizer.0.weight.step" not in placed["dtensors"]
+    assert (
+        "optimizer.0.weight.exp_avg" in placed["dtensors"]
+        and "optimizer.0.weight.step" not in placed["dtensors"]
+    )
     assert model_structure(trainee.model)["dtensors"]["2.bias"]["placements"] == ["S(0)"]
     data, raw = codec.encode(state.state_dict())
     saved = codec.decode(data, Path("checkpoint"), raw_size=raw)  # as a checkpoint reads back

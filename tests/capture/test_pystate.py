@@ -57,18 +57,28 @@ def test_a_saved_state_is_put_back_in_place_and_survives_json() -> None:
         made.step(None), made.advance()
     made.flags["warm"] = True
     state.load_state_dict(saved)
-    assert made.iter_num == 1 and made.step(None) == 2  # the closure counter is back at 1, then counts on
+    # the closure counter is back at 1, then counts on
+    assert made.iter_num == 1 and made.step(None) == 2
     assert made.flags == {"warm": False, "seen": [1, 2]}
-    assert made.flags is flags and made.step.__closure__[0].cell_contents is closure_dict  # updated in place
+    # updated in place
+    assert made.flags is flags and made.step.__closure__[0].cell_contents is closure_dict
 
 
 def test_hostile_saved_state_changes_nothing_it_should_not() -> None:
     made = module()
     state = PythonState(Scope(made.__dict__))
-    state.load_state_dict({
-        "globals": {"iter_num": "import os", "name": 5, "missing": 1, "best": [0] * (MAX_ITEMS + 1), "flags": {"warm": object()}},
-        "cells": {"make_step.<locals>.step.count": "x", "other.cell": 1},
-    })  # fmt: skip
+    state.load_state_dict(
+        {
+            "globals": {
+                "iter_num": "import os",
+                "name": 5,
+                "missing": 1,
+                "best": [0] * (MAX_ITEMS + 1),
+                "flags": {"warm": object()},
+            },
+            "cells": {"make_step.<locals>.step.count": "x", "other.cell": 1},
+        }
+    )
     assert (made.iter_num, made.name, made.best, made.flags["warm"]) == (0, "run-a", 1.5, False)
     assert "missing" not in made.__dict__ and made.step(None) == 1
     state.load_state_dict(None)
@@ -77,8 +87,19 @@ def test_hostile_saved_state_changes_nothing_it_should_not() -> None:
 
 
 def test_small_values() -> None:
-    assert is_small(3) and is_small(2.5) and is_small(True) and is_small({"a": [1, 2]}) and is_small((1, 2))
-    assert not is_small("text") and not is_small({1: 2}) and not is_small([[[1]]]) and not is_small(list(range(MAX_ITEMS + 1)))
+    assert (
+        is_small(3)
+        and is_small(2.5)
+        and is_small(True)
+        and is_small({"a": [1, 2]})
+        and is_small((1, 2))
+    )
+    assert (
+        not is_small("text")
+        and not is_small({1: 2})
+        and not is_small([[[1]]])
+        and not is_small(list(range(MAX_ITEMS + 1)))
+    )
     assert not is_small(None) and not is_small(object())
 
 

@@ -12,7 +12,13 @@ from bisect_repro.store import codec
 
 
 def draws(extra: dict[str, object]) -> list[object]:
-    out: list[object] = [random.random(), random.gauss(0, 1), float(np.random.rand()), np.random.normal(), torch.rand(3).tolist()]
+    out: list[object] = [
+        random.random(),
+        random.gauss(0, 1),
+        float(np.random.rand()),
+        np.random.normal(),
+        torch.rand(3).tolist(),
+    ]
     for source in extra.values():
         if isinstance(source, torch.Generator):
             out.append(torch.rand(3, generator=source).tolist())
@@ -54,7 +60,10 @@ def test_only_restores_the_named_streams() -> None:
 
 def test_one_generator_under_two_names_is_one_stream() -> None:
     generator = torch.Generator()
-    assert RandomStreams({"loader.generator": generator, "sampler.generator": generator}).names()[-1] == "loader.generator"
+    assert (
+        RandomStreams({"loader.generator": generator, "sampler.generator": generator}).names()[-1]
+        == "loader.generator"
+    )
 
 
 def test_digest_tells_states_apart() -> None:
@@ -74,8 +83,12 @@ def test_unknown_generator_types_are_refused_by_name() -> None:
 
 def test_a_random_state_on_another_bit_generator_than_mt19937_is_refused_with_the_fix() -> None:
     streams = RandomStreams({"legacy": np.random.RandomState(np.random.PCG64(0))})
-    refused = pytest.raises(BisectReproError, match=r"drawing from PCG64, not MT19937.*numpy.random.Generator\(PCG64\(\)\)")
-    with refused, pytest.warns(RuntimeWarning, match="MT19937"):  # the warning is numpy's own, from get_state(legacy=True)
+    refused = pytest.raises(
+        BisectReproError,
+        match=r"drawing from PCG64, not MT19937.*numpy.random.Generator\(PCG64\(\)\)",
+    )
+    # the warning is numpy's own, from get_state(legacy=True)
+    with refused, pytest.warns(RuntimeWarning, match="MT19937"):
         streams.state_dict()
 
 

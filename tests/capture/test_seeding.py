@@ -24,7 +24,11 @@ def test_each_seeding_call_is_noted_with_its_stream_and_call_site() -> None:
     finally:
         watch.uninstall()
     calls = [(c.stream, c.call, c.entropy) for c in watch.calls]
-    assert calls[0] == ("torch", "torch.seed()", True) and calls[1] == ("python", "random.seed(3)", False)
+    assert calls[0] == ("torch", "torch.seed()", True) and calls[1] == (
+        "python",
+        "random.seed(3)",
+        False,
+    )
     assert calls[2] == ("new numpy Generator", "np.random.default_rng()", True)
     assert watch.calls[0].where == f"{__file__}:{line}"
 
@@ -32,11 +36,14 @@ def test_each_seeding_call_is_noted_with_its_stream_and_call_site() -> None:
 def test_the_standard_library_seeding_its_own_private_random_is_not_noted() -> None:
     watch = SeedingWatch().install()
     try:
-        next(tempfile._RandomNameSequence())  # tempfile seeds a private Random() from entropy, as mkstemp does
+        # tempfile seeds a private Random() from entropy, as mkstemp does
+        next(tempfile._RandomNameSequence())
         mine = random.Random()
     finally:
         watch.uninstall()
-    assert [(c.stream, c.call, c.entropy) for c in watch.calls] == [("random.Random", "random.Random.seed()", True)]
+    assert [(c.stream, c.call, c.entropy) for c in watch.calls] == [
+        ("random.Random", "random.Random.seed()", True)
+    ]
     assert mine.random() != random.Random().random()
 
 
@@ -47,8 +54,11 @@ def test_a_private_random_made_by_torchs_compiler_or_at_a_librarys_import_is_not
     watch = SeedingWatch().install()
     try:
         exec(compile("import random\nrandom.Random()\n", inside, "exec"), {})
-        installed = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "some_library", "recipes.py")
-        exec(compile("import random\n_private = random.Random()\n", installed, "exec"), {})  # at import, module level
+        installed = os.path.join(
+            os.path.dirname(os.path.dirname(torch.__file__)), "some_library", "recipes.py"
+        )
+        # at import, module level
+        exec(compile("import random\n_private = random.Random()\n", installed, "exec"), {})
         random.Random()
     finally:
         watch.uninstall()
@@ -78,7 +88,13 @@ def test_watches_installed_and_removed_in_any_order_restore_the_functions() -> N
     first.uninstall()
     torch.manual_seed(2)
     second.uninstall()
-    assert (torch.seed, torch.manual_seed, random.seed, np.random.seed, random.Random.seed) == originals
+    assert (
+        torch.seed,
+        torch.manual_seed,
+        random.seed,
+        np.random.seed,
+        random.Random.seed,
+    ) == originals
     assert [c.call for c in first.calls] == ["torch.manual_seed(1)"]
     assert [c.call for c in second.calls] == ["torch.manual_seed(1)", "torch.manual_seed(2)"]
 
@@ -94,6 +110,9 @@ def test_a_seeding_call_names_its_call_site_only_when_it_is_known() -> None:
 def test_a_seeding_call_reads_back_from_its_json() -> None:
     call = SeedingCall("numpy", "np.random.seed()", True, "x.py:1")
     assert SeedingCall.from_json(call.to_json()) == call
-    logged = {"stream": "torch", "call": "torch.seed()", "entropy": True, "where": None}  # as a step log holds it
+    # as a step log holds it
+    logged = {"stream": "torch", "call": "torch.seed()", "entropy": True, "where": None}
     assert str(SeedingCall.from_json(logged)) == "torch.seed()"
-    assert SeedingCall.from_json({"call": "torch.seed()", "where": ""}) == SeedingCall("", "torch.seed()", False, None)
+    assert SeedingCall.from_json({"call": "torch.seed()", "where": ""}) == SeedingCall(
+        "", "torch.seed()", False, None
+    )

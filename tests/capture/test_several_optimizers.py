@@ -1,4 +1,5 @@
-"""A trainee with several optimizers: each one's state hashed, named, saved and restored, and its settings recorded."""
+"""A trainee with several optimizers: each one's state hashed, named, saved and restored, and its
+settings recorded."""
 
 from __future__ import annotations
 
@@ -45,10 +46,19 @@ def test_every_optimizers_state_is_hashed_and_its_settings_recorded() -> None:
     trainee.step(next(iter(trainee.source)))  # type: ignore[misc]
     state = TrainingState(trainee)
     names = set(state.tensors())
-    assert {"optimizer.netD.weight.exp_avg", "optimizer1.netG.weight.exp_avg", "optimizer1.netG.bias.exp_avg_sq"} <= names
-    assert not any(name.startswith("optimizer.netG") or name.startswith("optimizer1.netD") for name in names)
+    assert {
+        "optimizer.netD.weight.exp_avg",
+        "optimizer1.netG.weight.exp_avg",
+        "optimizer1.netG.bias.exp_avg_sq",
+    } <= names
+    assert not any(
+        name.startswith("optimizer.netG") or name.startswith("optimizer1.netD") for name in names
+    )
     settings = state.settings()
-    assert settings["optimizer.group0.lr"] == 0.01 and settings["optimizer1.group0.betas"] == [0.5, 0.9]
+    assert settings["optimizer.group0.lr"] == 0.01 and settings["optimizer1.group0.betas"] == [
+        0.5,
+        0.9,
+    ]
     assert TrainingState(_gan(lr_g=0.02)).settings()["optimizer1.group0.lr"] == 0.02
 
 
@@ -56,12 +66,15 @@ def test_a_checkpoint_restores_the_second_optimizer_too() -> None:
     trainee = _gan()
     batch = next(iter(trainee.source))
     trainee.step(batch)  # type: ignore[misc]
-    saved = copy.deepcopy(TrainingState(trainee).state_dict())  # state_dict() shares the live tensors
+    # state_dict() shares the live tensors
+    saved = copy.deepcopy(TrainingState(trainee).state_dict())
     assert set(saved) >= {"optimizer", "optimizer1"}
     before = {k: v.clone() for k, v in TrainingState(trainee).tensors().items()}
     trainee.step(batch)  # type: ignore[misc]
     moved = TrainingState(trainee).tensors()
-    assert not torch.equal(moved["optimizer1.netG.weight.exp_avg"], before["optimizer1.netG.weight.exp_avg"])
+    assert not torch.equal(
+        moved["optimizer1.netG.weight.exp_avg"], before["optimizer1.netG.weight.exp_avg"]
+    )
     TrainingState(trainee).load_state_dict(saved)
     after = TrainingState(trainee).tensors()
     assert all(torch.equal(after[name], before[name]) for name in before)
@@ -69,7 +82,10 @@ def test_a_checkpoint_restores_the_second_optimizer_too() -> None:
 
 def test_optimizers_given_as_a_field_or_a_list_agree_and_bad_ones_are_refused() -> None:
     model = nn.Linear(2, 2)
-    one, two = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.2)
+    one, two = (
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        torch.optim.SGD(model.parameters(), lr=0.2),
+    )
     assert Trainee(model, None, [], optimizers=[one, two]).optimizers == (one, two)
     assert Trainee(model, one, [], optimizers=[one, two]).optimizers == (one, two)
     assert Trainee(model, one, []).optimizers == (one,)

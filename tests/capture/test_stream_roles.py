@@ -51,8 +51,15 @@ def seeded(seed: int) -> torch.Generator:
 def test_the_names_the_loaders_streams_are_given_tell_their_roles() -> None:
     made = {
         **loader_generators(DataLoader(Noisy(), batch_size=2, shuffle=True, generator=seeded(0))),
-        **loader_generators(DataLoader(Noisy(), sampler=RandomSampler(range(8), generator=seeded(1)))),
-        **loader_generators(DataLoader(Noisy(), batch_sampler=BatchSampler(RandomSampler(range(8), generator=seeded(2)), 2, False))),
+        **loader_generators(
+            DataLoader(Noisy(), sampler=RandomSampler(range(8), generator=seeded(1)))
+        ),
+        **loader_generators(
+            DataLoader(
+                Noisy(),
+                batch_sampler=BatchSampler(RandomSampler(range(8), generator=seeded(2)), 2, False),
+            )
+        ),
         **find_streams(DataLoader(Noisy(), sampler=Shuffled())),
     }
     roles = {name: stream_role(name) for name in made}
@@ -66,7 +73,11 @@ def test_the_names_the_loaders_streams_are_given_tell_their_roles() -> None:
 
 
 def test_a_frameworks_loaders_streams_keep_their_roles_when_numbered() -> None:
-    loaders = [DataLoader(Noisy(), generator=seeded(0)), DataLoader(Noisy(), generator=seeded(1)), DataLoader(Noisy(), shuffle=True)]
+    loaders = [
+        DataLoader(Noisy(), generator=seeded(0)),
+        DataLoader(Noisy(), generator=seeded(1)),
+        DataLoader(Noisy(), shuffle=True),
+    ]
     roles = {name: stream_role(name) for name in loader_streams(loaders)}
     assert roles == {
         "loader.dataset.rng": StreamRole.DATASET,
@@ -75,8 +86,13 @@ def test_a_frameworks_loaders_streams_keep_their_roles_when_numbered() -> None:
         "loader.generator#1": StreamRole.LOADER,
         "loader.dataset.rng#2": StreamRole.DATASET,
     }
-    shuffled = loader_streams([DataLoader(Noisy()), DataLoader(Noisy(), shuffle=True, generator=seeded(2))])
-    assert stream_role("loader.sampler.generator#1") is StreamRole.SAMPLER and "loader.sampler.generator#1" in shuffled
+    shuffled = loader_streams(
+        [DataLoader(Noisy()), DataLoader(Noisy(), shuffle=True, generator=seeded(2))]
+    )
+    assert (
+        stream_role("loader.sampler.generator#1") is StreamRole.SAMPLER
+        and "loader.sampler.generator#1" in shuffled
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,7 +101,8 @@ def test_a_frameworks_loaders_streams_keep_their_roles_when_numbered() -> None:
         *((name, StreamRole.GLOBAL) for name in GLOBAL_STREAMS),
         ("cuda:0", StreamRole.CUDA),
         ("cuda:7", StreamRole.CUDA),
-        ("noise_generator", StreamRole.RECIPE),  # a generator's name, but the recipe's own: it does not shuffle the data
+        # a generator's name, but the recipe's own: it does not shuffle the data
+        ("noise_generator", StreamRole.RECIPE),
         ("my_sampler_rng", StreamRole.RECIPE),
         ("loader.samplers", StreamRole.RECIPE),  # not a path below loader.sampler
         ("loader.dataset.transforms[0].rng", StreamRole.DATASET),
@@ -97,7 +114,22 @@ def test_each_kind_of_name_has_one_role(name: str, role: StreamRole) -> None:
 
 
 def test_a_loader_draws_from_its_generators_its_samplers_and_torchs_global_stream() -> None:
-    draws = ["torch", "loader.generator", "sampler.generator", "batch_sampler.generator", "loader.sampler.rng", "loader.generator#1"]
+    draws = [
+        "torch",
+        "loader.generator",
+        "sampler.generator",
+        "batch_sampler.generator",
+        "loader.sampler.rng",
+        "loader.generator#1",
+    ]
     assert all(loader_draws_from(name) for name in draws)
-    others = ["python", "numpy", "cuda:0", "loader.dataset.rng", "loader.dataset.generator", "noise_generator", "sampler_seed"]
+    others = [
+        "python",
+        "numpy",
+        "cuda:0",
+        "loader.dataset.rng",
+        "loader.dataset.generator",
+        "noise_generator",
+        "sampler_seed",
+    ]
     assert not any(loader_draws_from(name) for name in others)

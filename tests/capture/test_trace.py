@@ -4,7 +4,13 @@ import torch
 from torch import nn
 
 from bisect_repro.capture.state import parameter_names
-from bisect_repro.capture.trace import OpTracer, StepTracer, first_difference, first_divergent_op, uninitialised
+from bisect_repro.capture.trace import (
+    OpTracer,
+    StepTracer,
+    first_difference,
+    first_divergent_op,
+    uninitialised,
+)
 
 
 def make() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -32,7 +38,9 @@ def test_entries_follow_execution_order_through_every_phase() -> None:
     assert names[:2] == ["batch.indices", "batch[0]"]
     assert names.index("0.output") < names.index("2.input[0]") < names.index("2.output")
     # backward runs from the last layer to the first
-    assert names.index("2.grad_output") < names.index("2.weight.grad") < names.index("0.weight.grad")
+    assert (
+        names.index("2.grad_output") < names.index("2.weight.grad") < names.index("0.weight.grad")
+    )
     assert {"0.weight", "optimizer.0.weight.exp_avg", "optimizer.2.bias.exp_avg_sq"} <= set(names)
     assert next(e for e in entries if e.tensor == "0.weight.grad").layer == "0"
     assert all(len(e.digest) == 16 for e in entries)
@@ -77,7 +85,11 @@ def test_op_tracer_counts_python_arguments_as_inputs() -> None:
     index, inputs_match = found
     record = a[index]
     assert record.op == "aten.mul.Tensor" and record.layer is None
-    assert not inputs_match and record.inputs == b[index].inputs and record.arguments != b[index].arguments
+    assert (
+        not inputs_match
+        and record.inputs == b[index].inputs
+        and record.arguments != b[index].arguments
+    )
     assert first_divergent_op(a, run(2.0)) is None
 
 
@@ -89,14 +101,23 @@ def test_ops_returning_uninitialised_memory_are_never_compared() -> None:
         return tracer.result()
 
     a = run()
-    assert [r.op for r in a if not r.outputs] == ["aten.empty.memory_format", "aten.empty_like.default"]
-    assert uninitialised("aten.empty_like.default") and uninitialised("aten.resize_.default") and not uninitialised("aten.add.Tensor")
+    assert [r.op for r in a if not r.outputs] == [
+        "aten.empty.memory_format",
+        "aten.empty_like.default",
+    ]
+    assert (
+        uninitialised("aten.empty_like.default")
+        and uninitialised("aten.resize_.default")
+        and not uninitialised("aten.add.Tensor")
+    )
     assert first_divergent_op(a, run()) is None
 
 
-def _hand_updated_step(model: nn.Module, batch: torch.Tensor, *, evaluate: bool, frozen_first: bool = False) -> list:
-    """A loop with no optimizer: forward, backward, the update by hand, then (``evaluate``) a forward
-    under ``torch.no_grad()`` on another batch, before the next step begins."""
+def _hand_updated_step(
+    model: nn.Module, batch: torch.Tensor, *, evaluate: bool, frozen_first: bool = False
+) -> list:
+    """A loop with no optimizer: forward, backward, the update by hand, then (``evaluate``) a
+    forward under ``torch.no_grad()`` on another batch, before the next step begins."""
     tracer = StepTracer(model, [], {id(p): name for name, p in model.named_parameters()})
     tracer.note_batch((batch,), None)
     with tracer:
@@ -117,4 +138,5 @@ def test_an_evaluation_under_no_grad_after_the_backward_is_no_part_of_the_step()
     evaluated = _hand_updated_step(make()[0], torch.ones(2, 3), evaluate=True)
     assert first_difference(plain, evaluated) is None  # the same update: the step is the same
     frozen = _hand_updated_step(make()[0], torch.ones(2, 3), evaluate=False, frozen_first=True)
-    assert len(frozen) > len(plain) and [e.phase for e in frozen[1:4]] == ["forward"] * 3  # no_grad before the backward: traced
+    # no_grad before the backward: traced
+    assert len(frozen) > len(plain) and [e.phase for e in frozen[1:4]] == ["forward"] * 3

@@ -26,9 +26,12 @@ def test_a_fresh_process_has_settled_before_the_code_it_records_runs() -> None:
         "torch.Tensor.sqrt = lambda self: calls.append(self.numel()) or sqrt(self)\n"
         "import bisect_repro\n"
         "from bisect_repro.capture import vml\n"
-        "print(json.dumps({'calls': calls, 'settled': vml.settled, 'mkl': torch.backends.mkl.is_available()}))\n"
+        "print(json.dumps({'calls': calls, 'settled': vml.settled, 'mkl': "
+        "torch.backends.mkl.is_available()}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", f"import json\n{probe}"], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", f"import json\n{probe}"], capture_output=True, text=True, check=True
+    )
     seen = json.loads(done.stdout.splitlines()[-1])
     if not seen["mkl"]:
         pytest.skip("torch built without MKL: nothing to settle")

@@ -44,7 +44,9 @@ class _Started:
 def recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A recipe TARGET whose file exists (a fake replica never runs it)."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "recipe.py").write_text("def build(config):\n    raise SystemExit('a fake replica never runs this')\n")
+    (tmp_path / "recipe.py").write_text(
+        "def build(config):\n    raise SystemExit('a fake replica never runs this')\n"
+    )
     return "recipe.py:build"
 
 
@@ -52,19 +54,26 @@ def recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     ("step", "errors", "processes"),
     [
         (one_layer, [], 2),
-        (_hashing, ["pythonhashseed"], 4),  # two more processes tell string hashing from other entropy
+        # two more processes tell string hashing from other entropy
+        (_hashing, ["pythonhashseed"], 4),
         (reseeding, ["reseeded-stream:torch"], 2),
     ],
     ids=["reproducible", "string-hashing", "reseeded"],
 )
-def test_doctor_decides_on_fake_replicas(recipe: str, step: Callable[[Call], Outcome], errors: list[str], processes: int) -> None:
+def test_doctor_decides_on_fake_replicas(
+    recipe: str, step: Callable[[Call], Outcome], errors: list[str], processes: int
+) -> None:
     started = _Started(Program(step))
     report = doctor(recipe, steps=2, replica=started)
     assert [f.id for f in report.findings if f.severity.value == "error"] == errors
     assert report.reproducible is not errors
     assert len(started.started) == processes
     assert all(replica.closed for replica in started.started)
-    assert {replica.spec.variables["PYTHONHASHSEED"] for replica in started.started if replica.spec is not None} == {"1", "2"}
+    assert {
+        replica.spec.variables["PYTHONHASHSEED"]
+        for replica in started.started
+        if replica.spec is not None
+    } == {"1", "2"}
 
 
 def _seeded_init(width: str = "8") -> Callable[[LaunchSpec | None], Mapping[str, str]]:
@@ -72,7 +81,10 @@ def _seeded_init(width: str = "8") -> Callable[[LaunchSpec | None], Mapping[str,
 
     def build(spec: LaunchSpec | None) -> Mapping[str, str]:
         seeds: dict[str, Any] = (spec.seeds if spec is not None else None) or {}
-        return {"fc.weight": digest("init", seeds.get("torch"), width), "fc.bias": digest("zeros", width)}
+        return {
+            "fc.weight": digest("init", seeds.get("torch"), width),
+            "fc.bias": digest("zeros", width),
+        }
 
     return build
 
@@ -85,7 +97,10 @@ def _from_entropy(spec: LaunchSpec | None) -> Mapping[str, str]:
     return {"fc.weight": digest("init", next(_OS))}
 
 
-SPECS = (LaunchSpec(kind=CodeKind.SCRIPT, path="/code/a.py"), LaunchSpec(kind=CodeKind.SCRIPT, path="/code/b.py"))
+SPECS = (
+    LaunchSpec(kind=CodeKind.SCRIPT, path="/code/a.py"),
+    LaunchSpec(kind=CodeKind.SCRIPT, path="/code/b.py"),
+)
 
 
 @pytest.mark.parametrize(
@@ -98,11 +113,26 @@ SPECS = (LaunchSpec(kind=CodeKind.SCRIPT, path="/code/a.py"), LaunchSpec(kind=Co
     ids=["seeded-alike", "other-code", "entropy"],
 )
 def test_the_streams_deciding_the_initial_state_are_proven_on_fake_builds(
-    builds: tuple[Callable[[LaunchSpec | None], Mapping[str, str]], ...], cause: Cause, confidence: Confidence, streams: list[str]
+    builds: tuple[Callable[[LaunchSpec | None], Mapping[str, str]], ...],
+    cause: Cause,
+    confidence: Confidence,
+    streams: list[str],
 ) -> None:
-    launcher = Launcher({spec.path or "": Program(one_layer, build=build) for spec, build in zip(SPECS, builds, strict=True)})
+    launcher = Launcher(
+        {
+            spec.path or "": Program(one_layer, build=build)
+            for spec, build in zip(SPECS, builds, strict=True)
+        }
+    )
     found = streams_deciding_init(SPECS, launcher)
-    assert (found.cause, found.confidence, found.streams, found.reseeds) == (cause, confidence, streams, [])
-    assert found.evidence[0].outcome.value == ("differs" if builds[0] is _from_entropy else "matches")
+    assert (found.cause, found.confidence, found.streams, found.reseeds) == (
+        cause,
+        confidence,
+        streams,
+        [],
+    )
+    assert found.evidence[0].outcome.value == (
+        "differs" if builds[0] is _from_entropy else "matches"
+    )
     assert all(replica.closed for replica in launcher.started)
     assert all(replica.spec is not None and replica.spec.seeds for replica in launcher.started)

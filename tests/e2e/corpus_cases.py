@@ -26,7 +26,8 @@ class Run:
 
 @dataclass(frozen=True)
 class Expected:
-    """The truth about a pair. ``None`` leaves a field unchecked (where nothing in the bug fixes it)."""
+    """The truth about a pair. ``None`` leaves a field unchecked (where nothing in the bug fixes
+    it)."""
 
     identical: bool = False
     step: int | None = None
@@ -60,23 +61,30 @@ CASES = [
         Run(py("mnist_classifier.py", "--epochs", "2")),
         Run(py("mnist_classifier.py", "--epochs", "2", "--gamma", "0.5")),
         Expected(step=6, phase="optimizer", cause="config", flag="--gamma"),
-        "96 samples in batches of 16: 6 steps an epoch; StepLR lowers the lr after epoch 1, so Adadelta's update of "
-        "step 6 (epoch 2's first) is the first to use 1.0*0.5 instead of 1.0*0.7; nothing else differs",
+        "96 samples in batches of 16: 6 steps an epoch; StepLR lowers the lr after epoch 1, so "
+        "Adadelta's update of "
+        "step 6 (epoch 2's first) is the first to use 1.0*0.5 instead of 1.0*0.7; nothing else "
+        "differs",
     ),
     Case(
         "vae_reseeded_after_sampling",
         Run(py("vae.py", "--epochs", "2")),
         Run(py("vae.py", "--epochs", "2", "--sample-seed", "-1")),
-        Expected(step=5, phase="data", cause="rng_state", rng=("torch",), reseeded_at="torch.seed()"),
-        "80 samples in batches of 16: 5 steps an epoch; sample() calls torch.seed() after epoch 1's evaluation, so "
-        "epoch 2's shuffle, drawn from the global stream when its loader is iterated, is the first thing that differs",
+        Expected(
+            step=5, phase="data", cause="rng_state", rng=("torch",), reseeded_at="torch.seed()"
+        ),
+        "80 samples in batches of 16: 5 steps an epoch; sample() calls torch.seed() after epoch "
+        "1's evaluation, so "
+        "epoch 2's shuffle, drawn from the global stream when its loader is iterated, is the first "
+        "thing that differs",
     ),
     Case(
         "gan_generator_lr",
         Run(py("dcgan.py", "--niter", "1", "--manualSeed", "7")),
         Run(py("dcgan.py", "--niter", "1", "--manualSeed", "7", "--lrG", "0.0004")),
         Expected(step=0, phase="optimizer", cause="config", flag="--lrG"),
-        "iteration 0 steps the discriminator's Adam (same lr) and then the generator's (0.0002 vs 0.0004): the "
+        "iteration 0 steps the discriminator's Adam (same lr) and then the generator's (0.0002 vs "
+        "0.0004): the "
         "generator's first update is the first difference",
     ),
     Case(
@@ -84,15 +92,18 @@ CASES = [
         Run(py("dcgan.py", "--niter", "1", "--manualSeed", "7")),
         Run(py("dcgan.py", "--niter", "1")),
         Expected(step=0, phase="init", cause="config", flag="--manualSeed"),
-        "without --manualSeed the script seeds torch from random.randint(1, 10000): the weights differ at init",
+        "without --manualSeed the script seeds torch from random.randint(1, 10000): the weights "
+        "differ at init",
     ),
     Case(
         "char_rnn_data_file_edited",
         Run(py("char_rnn.py", *CHAR_ARGS)),
         Run(py("char_rnn.py", *CHAR_ARGS), tree="edited_text"),
         Expected(step=2, phase="data", cause="data_content"),
-        "run B's input.txt has one word reversed (same length, same characters, same vocabulary); the sampler is "
-        "seeded, so the sample indices are equal and the first batch whose windows cover the word differs: the word is chosen to be "
+        "run B's input.txt has one word reversed (same length, same characters, same vocabulary); "
+        "the sampler is "
+        "seeded, so the sample indices are equal and the first batch whose windows cover the word "
+        "differs: the word is chosen to be "
         "first read by step 2",
     ),
     Case(
@@ -100,22 +111,26 @@ CASES = [
         Run(py("char_rnn.py", *CHAR_ARGS)),
         Run(py("char_rnn.py", *CHAR_ARGS, "--num-workers", "2")),
         Expected(identical=True),
-        "the sampler has its own seeded generator and the dataset draws nothing: 4 or 2 workers load the same batches",
+        "the sampler has its own seeded generator and the dataset draws nothing: 4 or 2 workers "
+        "load the same batches",
     ),
     Case(
         "seq2seq_worker_count",
         Run(py("seq2seq.py", "--epochs", "1")),
         Run(py("seq2seq.py", "--epochs", "1", "--workers", "2")),
         Expected(step=0, phase="data", cause="data_content"),
-        "the dataset's token dropout draws from Python's random: in the main process (seeded by --seed) with 0 "
-        "workers, in each worker (seeded by the loader's base seed) with 2; the shuffle is the same",
+        "the dataset's token dropout draws from Python's random: in the main process (seeded by "
+        "--seed) with 0 "
+        "workers, in each worker (seeded by the loader's base seed) with 2; the shuffle is the "
+        "same",
     ),
     Case(
         "regression_eval_draws_from_the_training_stream",
         Run(py("regression.py", "--steps", "6")),
         Run(py("regression.py", "--steps", "6", "--eval-every", "2")),
         Expected(step=2, phase="data", cause="config", flag="--eval-every"),
-        "get_batch() draws from torch's global stream; with --eval-every 2 the evaluation after step 1 draws a batch "
+        "get_batch() draws from torch's global stream; with --eval-every 2 the evaluation after "
+        "step 1 draws a batch "
         "of 256 from it, so step 2's training batch differs",
     ),
     Case(
@@ -123,7 +138,8 @@ CASES = [
         Run(py("split_seeded.py", "--epochs", "1")),
         Run(py("split_seeded.py", "--epochs", "1", "--split-seed", "7")),
         Expected(step=0, phase="data", cause="config", flag="--split-seed"),
-        "random_split's generator is seeded from --split-seed: another training subset from the first batch on "
+        "random_split's generator is seeded from --split-seed: another training subset from the "
+        "first batch on "
         "(the loader's indices into the subset are the same)",
     ),
     Case(
@@ -131,7 +147,8 @@ CASES = [
         Run(py("tabular_numpy_split.py", "--epochs", "1")),
         Run(py("tabular_numpy_split.py", "--epochs", "1"), copy=1),
         Expected(step=0, phase="data", cause="rng_state", rng=("numpy",)),
-        "set_seed() seeds random and torch, not NumPy; the hold-out split is np.random.permutation, so each run "
+        "set_seed() seeds random and torch, not NumPy; the hold-out split is "
+        "np.random.permutation, so each run "
         "trains on other rows (standardised with other statistics) from the first batch",
     ),
     Case(
@@ -139,28 +156,32 @@ CASES = [
         Run(py("bow_sentiment.py", "--epochs", "1")),
         Run(py("bow_sentiment.py", "--epochs", "1"), copy=1),
         Expected(step=0, phase="init", cause="config", flag="--seed"),
-        "--seed defaults to random.randint(...) drawn from entropy: the parsed seed differs and the weights differ at init",
+        "--seed defaults to random.randint(...) drawn from entropy: the parsed seed differs and "
+        "the weights differ at init",
     ),
     Case(
         "config_file_edited",
         Run(py("config_train.py", "--config", "configs/base.json")),
         Run(py("config_train.py", "--config", "configs/base.json"), tree="edited_config"),
         Expected(step=0, phase="optimizer", cause="config", flag="weight_decay"),
-        "run B's configs/base.json has weight_decay 0.05 instead of 0.01; AdamW's decay is applied in its first step",
+        "run B's configs/base.json has weight_decay 0.05 instead of 0.01; AdamW's decay is applied "
+        "in its first step",
     ),
     Case(
         "package_module_dropout_flag",
         Run(py("-m", "imgclf.train", "--epochs", "1")),
         Run(py("-m", "imgclf.train", "--epochs", "1", "--dropout", "0.3")),
         Expected(step=0, phase="forward", layer="drop", cause="config", flag="--dropout"),
-        "the dropout probability is a flag of `python -m imgclf.train`: the first mask (and its scale) differs",
+        "the dropout probability is a flag of `python -m imgclf.train`: the first mask (and its "
+        "scale) differs",
     ),
     Case(
         "accumulation_gradient_clipping_flag",
         Run(py("accumulate_ema.py", "--steps", "3")),
         Run(py("accumulate_ema.py", "--steps", "3", "--clip-grad", "0.5")),
         Expected(step=0, phase="optimizer", cause="config", flag="--clip-grad"),
-        "two micro-batches accumulate the same gradients; their norm (about 370) is clipped to 0.5 before AdamW's first step in run B only",
+        "two micro-batches accumulate the same gradients; their norm (about 370) is clipped to 0.5 "
+        "before AdamW's first step in run B only",
     ),
 ]
 
@@ -174,10 +195,17 @@ SAME_TWICE = {  # the same command recorded twice (run A2)
 # --- run B's edited data file ---------------------------------------------------------------------
 
 
-def window_batches(length: int, steps: int, block: int = 16, batch: int = 8, seed: int = 3407) -> list[set[int]]:
-    """The text positions each of char_rnn.py's first batches reads: its sampler, rebuilt with the same seed."""
+def window_batches(
+    length: int, steps: int, block: int = 16, batch: int = 8, seed: int = 3407
+) -> list[set[int]]:
+    """The text positions each of char_rnn.py's first batches reads: its sampler, rebuilt with the
+    same seed."""
     generator = torch.Generator().manual_seed(seed)
-    sampler = iter(RandomSampler(range(length - block), replacement=True, num_samples=int(1e10), generator=generator))
+    sampler = iter(
+        RandomSampler(
+            range(length - block), replacement=True, num_samples=int(1e10), generator=generator
+        )
+    )
     batches = [[next(sampler) for _ in range(batch)] for _ in range(steps)]
     return [{p for start in starts for p in range(start, start + block + 1)} for starts in batches]
 

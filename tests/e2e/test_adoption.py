@@ -1,6 +1,6 @@
-"""The scripts of ``test_unchanged_scripts`` adopted with the Recorder API instead: each needs at most
-five changed lines (blank lines aside), none re-indented, and records the run it should; a planted
-bug in one of them is found from a checkpoint."""
+"""The scripts of ``test_unchanged_scripts`` adopted with the Recorder API instead: each needs at
+most five changed lines (blank lines aside), none re-indented, and records the run it should; a
+planted bug in one of them is found from a checkpoint."""
 
 from __future__ import annotations
 
@@ -42,13 +42,18 @@ def changed_lines(before: list[str], after: list[str]) -> tuple[int, list[str]]:
 def test_changed_lines_counts_rewrites_once_and_sees_reindentation() -> None:
     before = ["a = 1", "for x in y:", "    f(x)", "", "g()"]
     after = ["import r", "a = 1", "for x in r(y):", "        f(x)", "g()"]
-    assert changed_lines(before, after) == (3, ["        f(x)"])  # the import, the loop, the body moved right
+    # the import, the loop, the body moved right
+    assert changed_lines(before, after) == (3, ["        f(x)"])
     assert changed_lines(before, before) == (0, [])
 
 
 @pytest.mark.parametrize(("script", "adopted"), ADOPTED.items())
-def test_each_script_takes_the_recorder_in_at_most_five_lines_none_reindented(script: str, adopted: str) -> None:
-    changed, reindented = changed_lines((SCRIPTS / script).read_text().splitlines(), (SCRIPTS / adopted).read_text().splitlines())
+def test_each_script_takes_the_recorder_in_at_most_five_lines_none_reindented(
+    script: str, adopted: str
+) -> None:
+    changed, reindented = changed_lines(
+        (SCRIPTS / script).read_text().splitlines(), (SCRIPTS / adopted).read_text().splitlines()
+    )
     assert 0 < changed <= 5 and reindented == [], (changed, reindented)
 
 
@@ -58,13 +63,24 @@ def _run(folder: Path, *command: str) -> None:
 
 
 def _shown(folder: Path) -> dict:
-    shown = subprocess.run([sys.executable, "-m", "bisect_repro.cli", "show", "run", "--json"], cwd=folder, capture_output=True, text=True)
+    shown = subprocess.run(
+        [sys.executable, "-m", "bisect_repro.cli", "show", "run", "--json"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(shown.stdout)
 
 
 @pytest.mark.slow
 def test_the_adopted_scripts_record_their_steps(tmp_path: Path) -> None:
-    steps = {"gpt_style.py": 10, "word_lm.py": 6, "loader_loop.py": 16, "library/trainer.py": 10, "ddp_torchrun.py": 12}
+    steps = {
+        "gpt_style.py": 10,
+        "word_lm.py": 6,
+        "loader_loop.py": 16,
+        "library/trainer.py": 10,
+        "ddp_torchrun.py": 12,
+    }
     for script, adopted in ADOPTED.items():
         folder = tmp_path / Path(script).stem
         folder.mkdir()
@@ -73,7 +89,16 @@ def test_the_adopted_scripts_record_their_steps(tmp_path: Path) -> None:
             shutil.copy(SCRIPTS / "library" / "train.py", folder / "train.py")
             _run(folder, sys.executable, "train.py")
         elif script == "ddp_torchrun.py":
-            _run(folder, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "ddp_torchrun.py")
+            _run(
+                folder,
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "ddp_torchrun.py",
+            )
         else:
             _run(folder, sys.executable, Path(script).name)
         shown = _shown(folder)
@@ -81,7 +106,9 @@ def test_the_adopted_scripts_record_their_steps(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_reseed_in_the_adopted_gpt_style_script_is_proven_from_a_checkpoint(tmp_path: Path) -> None:
+def test_a_reseed_in_the_adopted_gpt_style_script_is_proven_from_a_checkpoint(
+    tmp_path: Path,
+) -> None:
     for name, extra in (("a", ()), ("b", ("--reseed-at", "6"))):
         (tmp_path / name).mkdir()
         shutil.copy(SCRIPTS / "adopted" / "gpt_style.py", tmp_path / name / "train.py")
@@ -91,7 +118,15 @@ def test_a_reseed_in_the_adopted_gpt_style_script_is_proven_from_a_checkpoint(tm
     assert done.returncode == 1, done.stderr[-2000:]
     result = json.loads(done.stdout)
     verdict = result["verdict"]
-    where = (verdict["step"], verdict["phase"], verdict["layer"], verdict["cause"], verdict["rng"], verdict["confidence"])
+    where = (
+        verdict["step"],
+        verdict["phase"],
+        verdict["layer"],
+        verdict["cause"],
+        verdict["rng"],
+        verdict["confidence"],
+    )
     assert where == (6, "forward", "drop", "rng_state", ["torch"], "proven"), verdict
-    replay = result["replay"]  # the global iter_num is held by the checkpoint: replayed from it, not from the start
+    # the global iter_num is held by the checkpoint: replayed from it, not from the start
+    replay = result["replay"]
     assert (replay["from_step"], replay["replayed_steps"]) == (4, 3), replay

@@ -37,7 +37,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("compiled")
     target = f"{RECIPE}:build"
     eager = record(target, root / "a", "--steps", "2")
-    return eager, *(record(target, root / name, "--steps", "2", "--set", "compile=true") for name in ("b", "c"))  # type: ignore[return-value]
+    return eager, *(
+        record(target, root / name, "--steps", "2", "--set", "compile=true") for name in ("b", "c")
+    )  # type: ignore[return-value]
 
 
 def _step_zero(build: Any, compiled: bool, settings: dict[str, Any]) -> list[torch.Tensor]:
@@ -56,7 +58,10 @@ def _by_hand(**settings: Any) -> BisectionResult | None:
 
     def passes() -> bool:
         torch._dynamo.reset()
-        return all(torch.equal(x, y) for x, y in zip(eager, _step_zero(module.build, True, settings), strict=True))
+        return all(
+            torch.equal(x, y)
+            for x, y in zip(eager, _step_zero(module.build, True, settings), strict=True)
+        )
 
     assert not passes()  # compiled, the step differs from eager's
     try:
@@ -65,11 +70,18 @@ def _by_hand(**settings: Any) -> BisectionResult | None:
         torch._dynamo.reset()
 
 
-def test_compare_bisects_the_compiler_to_the_stage_found_by_hand(runs: tuple[Path, Path, Path]) -> None:
+def test_compare_bisects_the_compiler_to_the_stage_found_by_hand(
+    runs: tuple[Path, Path, Path],
+) -> None:
     a, b, _ = runs
     code, report = compare(a, b)
     verdict, found = report["verdict"], report["compile_bisect"]
-    assert code == 1 and (verdict["step"], verdict["phase"], verdict["layer"], verdict["tensor"]) == (0, "forward", "norm", "norm.output")
+    assert code == 1 and (
+        verdict["step"],
+        verdict["phase"],
+        verdict["layer"],
+        verdict["tensor"],
+    ) == (0, "forward", "norm", "norm.output")
     assert verdict["cause"] == "config" and verdict["config_keys"] == ["compile"]
     hand = _by_hand()
     assert hand is not None
@@ -79,12 +91,19 @@ def test_compare_bisects_the_compiler_to_the_stage_found_by_hand(runs: tuple[Pat
         hand.bisect_number,
         hand.debug_info,
     )
-    assert (found["backend"], found["subsystem"]) == ("aot_eager_decomp_partition", "decomposition")  # as found by hand here
-    assert "aten.native_layer_norm" in found["debug_info"] and found["run"] == "B" and found["unavailable"] is None
+    # as found by hand here
+    assert (found["backend"], found["subsystem"]) == ("aot_eager_decomp_partition", "decomposition")
+    assert (
+        "aten.native_layer_norm" in found["debug_info"]
+        and found["run"] == "B"
+        and found["unavailable"] is None
+    )
     assert any("Binary search completed" in line for line in found["printed"])
     assert "TORCH_BISECT_SUBSYSTEM=decomposition TORCH_BISECT_MAX=-1" in found["commands"][1]
     assert "decomposition of aten.native_layer_norm.default" in verdict["fix"]
-    assert [e["outcome"] for e in verdict["evidence"] if e["experiment"] == "compile_bisect"] == ["differs"]
+    assert [e["outcome"] for e in verdict["evidence"] if e["experiment"] == "compile_bisect"] == [
+        "differs"
+    ]
     result = CompareResult.from_json(report)
     console = Console(file=io.StringIO(), width=200)
     render_comparison(result, console)
@@ -93,7 +112,9 @@ def test_compare_bisects_the_compiler_to_the_stage_found_by_hand(runs: tuple[Pat
     assert "Compiled against eager" in comparison_html(result)
 
 
-def test_two_compiled_runs_with_the_same_settings_are_identical(runs: tuple[Path, Path, Path]) -> None:
+def test_two_compiled_runs_with_the_same_settings_are_identical(
+    runs: tuple[Path, Path, Path],
+) -> None:
     _, b, c = runs
     code, report = compare(b, c)
     assert code == 0 and report["identical"] and report["compile_bisect"] is None
@@ -107,4 +128,8 @@ def test_on_cuda_with_bf16_autocast_compare_finds_the_stage_found_by_hand(tmp_pa
     code, report = compare(a, b)
     found, hand = report["compile_bisect"], _by_hand(device="cuda", bf16=True)
     assert code == 1 and report["verdict"]["step"] == 0 and hand is not None
-    assert (found["backend"], found["subsystem"], found["bisect_number"]) == (hand.backend, hand.subsystem, hand.bisect_number)
+    assert (found["backend"], found["subsystem"], found["bisect_number"]) == (
+        hand.backend,
+        hand.subsystem,
+        hand.bisect_number,
+    )

@@ -26,7 +26,16 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.corpus_cases import CASES, CORPUS, SAME_TWICE, Case, Run, py, reverse_a_word_first_read_at, window_batches
+from tests.e2e.corpus_cases import (
+    CASES,
+    CORPUS,
+    SAME_TWICE,
+    Case,
+    Run,
+    py,
+    reverse_a_word_first_read_at,
+    window_batches,
+)
 from tests.rules_check import assert_rules_hold
 
 # --- the trees the runs execute in ------------------------------------------------------------
@@ -53,8 +62,12 @@ def _tree(root: Path, name: str) -> Path:
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bisect_repro.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=900
-    )  # fmt: skip
+        [sys.executable, "-m", "bisect_repro.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 class Corpus:
@@ -79,7 +92,8 @@ class Corpus:
             first, second = self.recorded(a), self.recorded(b)
             done = _cli("compare", str(first), str(second), "--json", cwd=self.root)
             assert done.returncode in (0, 1), done.stderr[-2000:]
-            (self.root / "reports").mkdir(exist_ok=True)  # kept beside the runs, to read after a failure
+            # kept beside the runs, to read after a failure
+            (self.root / "reports").mkdir(exist_ok=True)
             (self.root / "reports" / f"{first.name}-{second.name}.json").write_text(done.stdout)
             self.reports[a, b] = (done.returncode, json.loads(done.stdout), done.stderr)
         return self.reports[a, b]
@@ -105,20 +119,38 @@ def _named_streams_differ(report: dict[str, Any]) -> bool:
 
 
 PRECONDITIONS: dict[str, tuple[str, Any]] = {
-    "data_order": ("the sample indices differ at or before the step",
-                   lambda r: _at_or_before(r["first_log_difference"]["order"], r["verdict"]["step"])),
-    "data_content": ("the sample indices are equal up to the step and the batch differs at or before it",
-                     lambda r: not _at_or_before(r["first_log_difference"]["order"], r["verdict"]["step"])
-                     and _at_or_before(r["first_log_difference"]["batch"], r["verdict"]["step"])),
-    "config": ("a config value, an argument of the command line or an optimizer setting differs, and is named",
-               lambda r: bool(r["config_diff"]) or bool(r["verdict"]["config_keys"])),
-    "rng_state": ("the streams it names differ in the records or were reseeded",
-                  _named_streams_differ),
-    "environment": ("an environment setting or variable differs",
-                    lambda r: bool(r["environment_diff"]) or bool(r["verdict"]["environment_keys"])),
-    "nondeterministic_op": ("a run differs from itself",
-                            lambda r: any(e["experiment"] == "self_rerun" and e["outcome"] == "differs" for e in r["verdict"]["evidence"])),
-}  # fmt: skip
+    "data_order": (
+        "the sample indices differ at or before the step",
+        lambda r: _at_or_before(r["first_log_difference"]["order"], r["verdict"]["step"]),
+    ),
+    "data_content": (
+        "the sample indices are equal up to the step and the batch differs at or before it",
+        lambda r: (
+            not _at_or_before(r["first_log_difference"]["order"], r["verdict"]["step"])
+            and _at_or_before(r["first_log_difference"]["batch"], r["verdict"]["step"])
+        ),
+    ),
+    "config": (
+        "a config value, an argument of the command line or an optimizer setting differs, and is "
+        "named",
+        lambda r: bool(r["config_diff"]) or bool(r["verdict"]["config_keys"]),
+    ),
+    "rng_state": (
+        "the streams it names differ in the records or were reseeded",
+        _named_streams_differ,
+    ),
+    "environment": (
+        "an environment setting or variable differs",
+        lambda r: bool(r["environment_diff"]) or bool(r["verdict"]["environment_keys"]),
+    ),
+    "nondeterministic_op": (
+        "a run differs from itself",
+        lambda r: any(
+            e["experiment"] == "self_rerun" and e["outcome"] == "differs"
+            for e in r["verdict"]["evidence"]
+        ),
+    ),
+}
 
 
 def precondition_violations(report: dict[str, Any]) -> list[str]:
@@ -131,18 +163,27 @@ def precondition_violations(report: dict[str, Any]) -> list[str]:
     if rule is not None and not rule[1](report):
         problems.append(f"cause {verdict['cause']} needs: {rule[0]}")
     first = report["first_log_difference"]
-    data_differs = _at_or_before(first["order"], verdict["step"]) or _at_or_before(first["batch"], verdict["step"])
+    data_differs = _at_or_before(first["order"], verdict["step"]) or _at_or_before(
+        first["batch"], verdict["step"]
+    )
     if verdict["phase"] == "data" and not data_differs:
-        problems.append("phase data needs the sample indices or the batch to differ at or before the step")
+        problems.append(
+            "phase data needs the sample indices or the batch to differ at or before the step"
+        )
     if verdict["phase"] in ("forward", "backward", "optimizer") and data_differs:
-        problems.append(f"phase {verdict['phase']} while the records show the step's data differing: the data comes first")
+        problems.append(
+            f"phase {verdict['phase']} while the records show the step's data differing: the data "
+            "comes first"
+        )
     lines = [verdict["explanation"], verdict["fix"], *(e["detail"] for e in verdict["evidence"])]
     problems += [f"prints None: {line}" for line in lines if re.search(r"\bNone\b", line)]
     return problems
 
 
 def _line_of(script: Path, text: str) -> int:
-    return next(number for number, line in enumerate(script.read_text().splitlines(), 1) if text in line)
+    return next(
+        number for number, line in enumerate(script.read_text().splitlines(), 1) if text in line
+    )
 
 
 def check_verdict(case: Case, corpus: Corpus) -> None:
@@ -163,7 +204,9 @@ def check_verdict(case: Case, corpus: Corpus) -> None:
         assert expected.flag.lstrip("-") in named, verdict
     if expected.reseeded_at is not None:
         script = _tree(corpus.root, case.b.tree) / case.b.command[1]
-        assert verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, expected.reseeded_at)}", verdict
+        assert (
+            verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, expected.reseeded_at)}"
+        ), verdict
 
 
 def _marked(case: Case, reason: str | None) -> Any:
@@ -184,15 +227,23 @@ def test_the_verdict_on_a_corpus_script_is_the_planted_bug(case: Case, corpus: C
 @pytest.mark.parametrize("case", [_marked(case, case.precondition_broken) for case in CASES])
 def test_every_corpus_verdict_satisfies_its_causes_precondition(case: Case, corpus: Corpus) -> None:
     _, report, _ = corpus.compared(case.a, case.b)
-    assert precondition_violations(report) == [], (report["verdict"], report["first_log_difference"], report["config_diff"])
-    assert_rules_hold(report)  # the package's own rule table (bisect_repro/diagnose/compare/rules.py) agrees
+    assert precondition_violations(report) == [], (
+        report["verdict"],
+        report["first_log_difference"],
+        report["config_diff"],
+    )
+    # the package's own rule table (bisect_repro/diagnose/compare/rules.py) agrees
+    assert_rules_hold(report)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("run", list(SAME_TWICE.values()), ids=list(SAME_TWICE))
 def test_the_same_command_recorded_twice_is_identical(run: Run, corpus: Corpus) -> None:
     code, report, stderr = corpus.compared(run, Run(run.command, run.tree, copy=1))
-    assert code == 0 and report["identical"] and report["verdict"] is None, (report["verdict"], stderr[-2000:])
+    assert code == 0 and report["identical"] and report["verdict"] is None, (
+        report["verdict"],
+        stderr[-2000:],
+    )
 
 
 def test_the_planted_word_is_first_read_by_the_step_the_case_expects() -> None:
@@ -205,10 +256,26 @@ def test_the_planted_word_is_first_read_by_the_step_the_case_expects() -> None:
 
 
 def _fake_report(cause: str, **records: Any) -> dict[str, Any]:
-    verdict = {"step": 5, "phase": "data", "cause": cause, "rng": [], "reseeded": [], "config_keys": [], "environment_keys": [],
-               "explanation": "step 5 differs", "fix": "seed it", "evidence": []}  # fmt: skip
-    report = {"verdict": verdict, "first_log_difference": {"order": None, "batch": 5, "loss": None}, "config_diff": {},
-              "environment_diff": {}, "timeline": [], "unused_streams": []}  # fmt: skip
+    verdict = {
+        "step": 5,
+        "phase": "data",
+        "cause": cause,
+        "rng": [],
+        "reseeded": [],
+        "config_keys": [],
+        "environment_keys": [],
+        "explanation": "step 5 differs",
+        "fix": "seed it",
+        "evidence": [],
+    }
+    report = {
+        "verdict": verdict,
+        "first_log_difference": {"order": None, "batch": 5, "loss": None},
+        "config_diff": {},
+        "environment_diff": {},
+        "timeline": [],
+        "unused_streams": [],
+    }
     for key, value in records.items():
         (verdict if key in verdict else report)[key] = value
     return report
@@ -218,37 +285,79 @@ def _fake_report(cause: str, **records: Any) -> dict[str, Any]:
     ("report", "broken"),
     [
         (_fake_report("data_order"), "cause data_order needs"),  # the GAN's verdict: order None
-        (_fake_report("data_order", first_log_difference={"order": 5, "batch": 5, "loss": None}), None),
-        (_fake_report("data_content", first_log_difference={"order": 5, "batch": 5, "loss": None}), "cause data_content needs"),
+        (
+            _fake_report("data_order", first_log_difference={"order": 5, "batch": 5, "loss": None}),
+            None,
+        ),
+        (
+            _fake_report(
+                "data_content", first_log_difference={"order": 5, "batch": 5, "loss": None}
+            ),
+            "cause data_content needs",
+        ),
         (_fake_report("data_content"), None),
         (_fake_report("config"), "cause config needs"),
-        (_fake_report("config", config_diff={"--gamma": [0.7, 0.5]}, config_keys=["--gamma"]), None),
+        (
+            _fake_report("config", config_diff={"--gamma": [0.7, 0.5]}, config_keys=["--gamma"]),
+            None,
+        ),
         (_fake_report("config", config_keys=["--gamma"]), None),
-        (_fake_report("rng_state", rng=["numpy"], timeline=[{"streams": ["python"]}]), "cause rng_state needs"),
+        (
+            _fake_report("rng_state", rng=["numpy"], timeline=[{"streams": ["python"]}]),
+            "cause rng_state needs",
+        ),
         (_fake_report("rng_state", rng=["numpy"], timeline=[{"streams": ["numpy"]}]), None),
         (_fake_report("rng_state", rng=["torch"], reseeded=[{"where": "vae.py:9"}]), None),
-        (_fake_report("unknown", first_log_difference={"order": None, "batch": None, "loss": None}), "phase data needs"),
+        (
+            _fake_report(
+                "unknown", first_log_difference={"order": None, "batch": None, "loss": None}
+            ),
+            "phase data needs",
+        ),
         (_fake_report("unknown", explanation="equal up to step None"), "prints None"),
-        (_fake_report("rng_state", phase="forward", rng=["torch"], reseeded=[{"where": "vae.py:9"}]), "the data comes first"),
+        (
+            _fake_report(
+                "rng_state", phase="forward", rng=["torch"], reseeded=[{"where": "vae.py:9"}]
+            ),
+            "the data comes first",
+        ),
     ],
 )
-def test_the_precondition_check_catches_a_verdict_its_records_contradict(report: dict[str, Any], broken: str | None) -> None:
+def test_the_precondition_check_catches_a_verdict_its_records_contradict(
+    report: dict[str, Any], broken: str | None
+) -> None:
     problems = precondition_violations(report)
-    assert (broken is None and problems == []) or (broken is not None and any(broken in p for p in problems)), problems
+    assert (broken is None and problems == []) or (
+        broken is not None and any(broken in p for p in problems)
+    ), problems
 
 
 @pytest.mark.slow
 def test_doctor_on_a_seeded_corpus_script_finds_it_reproducible(corpus: Corpus) -> None:
     """A package run with ``-m`` (the script whose doctor run is cheapest of the seeded ones)."""
-    done = _cli("doctor", "--json", "--", *py("-m", "imgclf.train", "--epochs", "1"), cwd=_tree(corpus.root, "pristine"))
+    done = _cli(
+        "doctor",
+        "--json",
+        "--",
+        *py("-m", "imgclf.train", "--epochs", "1"),
+        cwd=_tree(corpus.root, "pristine"),
+    )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     report = json.loads(done.stdout)
-    assert report["reproducible"] and not [f for f in report["findings"] if f["severity"] == "error"], report
+    assert report["reproducible"] and not [
+        f for f in report["findings"] if f["severity"] == "error"
+    ], report
 
 
 @pytest.mark.slow
 def test_doctor_on_a_corpus_script_with_an_unseeded_split_finds_numpy(corpus: Corpus) -> None:
-    done = _cli("doctor", "--json", "--", *py("tabular_numpy_split.py", "--epochs", "1"), cwd=_tree(corpus.root, "pristine"))
+    done = _cli(
+        "doctor",
+        "--json",
+        "--",
+        *py("tabular_numpy_split.py", "--epochs", "1"),
+        cwd=_tree(corpus.root, "pristine"),
+    )
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
     report = json.loads(done.stdout)
     found = [f for f in report["findings"] if f["severity"] == "error"]

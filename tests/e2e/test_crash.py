@@ -40,8 +40,18 @@ from bisect_repro.store import codec
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 TRIALS = int(os.environ.get("BISECT_REPRO_CRASH_TRIALS", "12"))
 STEPS, EVERY, CHECKPOINT_EVERY, HIDDEN = 24, 2, 4, 256
-OPTIONS = ["--steps", str(STEPS), "--every", str(EVERY), "--checkpoint-every", str(CHECKPOINT_EVERY), "--set", f"hidden={HIDDEN}"]
-INDEX_LINES = (STEPS // EVERY + 1) + (STEPS // CHECKPOINT_EVERY + 1) + 1  # snapshots, checkpoints, end
+OPTIONS = [
+    "--steps",
+    str(STEPS),
+    "--every",
+    str(EVERY),
+    "--checkpoint-every",
+    str(CHECKPOINT_EVERY),
+    "--set",
+    f"hidden={HIDDEN}",
+]
+# snapshots, checkpoints, end
+INDEX_LINES = (STEPS // EVERY + 1) + (STEPS // CHECKPOINT_EVERY + 1) + 1
 runner = CliRunner()
 
 
@@ -63,15 +73,28 @@ def index_lines(out: Path) -> int:
 
 def checkpoint_being_written(out: Path) -> bool:
     try:
-        return any(entry.name.endswith(".tmp") for entry in os.scandir(out / "rank0" / "checkpoints"))
+        return any(
+            entry.name.endswith(".tmp") for entry in os.scandir(out / "rank0" / "checkpoints")
+        )
     except OSError:
         return False
 
 
 def run_trial(trial: Trial) -> Trial:
     rng = random.Random(trial.number)
-    command = [sys.executable, "-m", "bisect_repro.cli", "record", f"{EXAMPLES / 'mlp.py'}:build", "--out", str(trial.out), *OPTIONS]
-    process = subprocess.Popen([*command, "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    command = [
+        sys.executable,
+        "-m",
+        "bisect_repro.cli",
+        "record",
+        f"{EXAMPLES / 'mlp.py'}:build",
+        "--out",
+        str(trial.out),
+        *OPTIONS,
+    ]
+    process = subprocess.Popen(
+        [*command, "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     if trial.trigger == "checkpoint":
         target = lambda: checkpoint_being_written(trial.out)  # noqa: E731
         delay = 0.0
@@ -95,7 +118,11 @@ def run_trial(trial: Trial) -> Trial:
 def reference(tmp_path_factory) -> Run:
     trainee = build(f"{EXAMPLES / 'mlp.py'}:build", {"hidden": HIDDEN})
     out = tmp_path_factory.mktemp("reference") / "run"
-    return Run.open(record(trainee, out, RecordOptions(steps=STEPS, every=EVERY, checkpoint_every=CHECKPOINT_EVERY)))
+    return Run.open(
+        record(
+            trainee, out, RecordOptions(steps=STEPS, every=EVERY, checkpoint_every=CHECKPOINT_EVERY)
+        )
+    )
 
 
 def triggers(count: int) -> list[str]:
@@ -127,8 +154,11 @@ def check_committed(trial: Trial) -> Run:
     for step in run.checkpoints:
         assert set(run.checkpoint(step)) >= {"model", "optimizer", "streams", "data"}
     if run.last_step is not None:
-        assert set(range(run.last_step)) <= set(run.steps), f"trial {trial.number}: step lines missing before the last snapshot"
-    assert set(run.checkpoints) <= set(run.snapshots)  # a checkpoint is committed after its step's snapshot
+        assert set(range(run.last_step)) <= set(run.steps), (
+            f"trial {trial.number}: step lines missing before the last snapshot"
+        )
+    # a checkpoint is committed after its step's snapshot
+    assert set(run.checkpoints) <= set(run.snapshots)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         shown = runner.invoke(app, ["show", str(trial.out), "--json"])
@@ -136,12 +166,21 @@ def check_committed(trial: Trial) -> Run:
     summary = json.loads(shown.stdout)
     assert summary["last_step"] == run.last_step and summary["complete"] == run.complete
     if run.complete:
-        assert sorted(run.snapshots) == list(range(0, STEPS + 1, EVERY))  # killed after the end line only
+        # killed after the end line only
+        assert sorted(run.snapshots) == list(range(0, STEPS + 1, EVERY))
     return run
 
 
 def resume_and_compare(trial: Trial, reference: Run) -> None:
-    args = ["record", f"{EXAMPLES / 'mlp.py'}:build", "--out", str(trial.out), *OPTIONS, "--quiet", "--resume"]
+    args = [
+        "record",
+        f"{EXAMPLES / 'mlp.py'}:build",
+        "--out",
+        str(trial.out),
+        *OPTIONS,
+        "--quiet",
+        "--resume",
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = runner.invoke(app, args)
@@ -149,20 +188,27 @@ def resume_and_compare(trial: Trial, reference: Run) -> None:
     resumed = Run.open(trial.out)
     assert resumed.complete and sorted(resumed.snapshots) == sorted(reference.snapshots)
     for step in reference.snapshots:
-        assert resumed.snapshot(step)["hashes"] == reference.snapshot(step)["hashes"], f"trial {trial.number}, step {step}"
+        assert resumed.snapshot(step)["hashes"] == reference.snapshot(step)["hashes"], (
+            f"trial {trial.number}, step {step}"
+        )
     assert resumed.steps == reference.steps
 
 
 @pytest.mark.slow
 def test_sigkill_at_any_moment_leaves_a_readable_resumable_run(tmp_path, reference) -> None:
     started = time.monotonic()
-    trials = [Trial(number, tmp_path / f"run-{number:02d}", trigger) for number, trigger in enumerate(triggers(TRIALS))]
+    trials = [
+        Trial(number, tmp_path / f"run-{number:02d}", trigger)
+        for number, trigger in enumerate(triggers(TRIALS))
+    ]
     with ThreadPoolExecutor(max_workers=2) as pool:
         done = list(pool.map(run_trial, trials))
     last_steps: list[int | None] = []
     resumed = 0
     for trial in done:
-        assert trial.returncode in (-signal.SIGKILL, 0), f"trial {trial.number} failed on its own: {trial.returncode}"
+        assert trial.returncode in (-signal.SIGKILL, 0), (
+            f"trial {trial.number} failed on its own: {trial.returncode}"
+        )
         if not (trial.out / "run.json").exists():  # killed before the run existed: nothing to keep
             result = runner.invoke(app, ["show", str(trial.out)])
             assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
@@ -170,16 +216,20 @@ def test_sigkill_at_any_moment_leaves_a_readable_resumable_run(tmp_path, referen
         check_no_half_written_file(trial.out)
         run = check_committed(trial)
         last_steps.append(run.last_step)
-        if run.checkpoints and not run.complete and resumed < 3:  # the first three that can resume, wherever the kills landed
+        # the first three that can resume, wherever the kills landed
+        if run.checkpoints and not run.complete and resumed < 3:
             resume_and_compare(trial, reference)
             resumed += 1
     killed = [t for t in done if t.returncode == -signal.SIGKILL]
     assert len(killed) >= TRIALS * 3 // 4, [t.returncode for t in done]
-    assert any(t.killed_mid_checkpoint for t in done), "no trial was killed while a checkpoint was being written"
+    assert any(t.killed_mid_checkpoint for t in done), (
+        "no trial was killed while a checkpoint was being written"
+    )
     assert len(set(last_steps)) >= min(5, TRIALS // 4), last_steps  # kills spread over the run
     assert resumed >= 2
     print(
         f"\n{TRIALS} trials in {time.monotonic() - started:.1f}s: {len(killed)} killed, "
-        f"{sum(t.killed_mid_checkpoint for t in done)} mid-checkpoint, {resumed} resumed and compared, "
+        f"{sum(t.killed_mid_checkpoint for t in done)} mid-checkpoint, {resumed} resumed and "
+        "compared, "
         f"last complete steps {sorted({s for s in last_steps if s is not None})}"
     )

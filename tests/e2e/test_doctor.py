@@ -13,7 +13,8 @@ from bisect_repro.cli import app
 
 runner = CliRunner()
 
-# What a clean bill may still hold: settings that bite elsewhere, and streams nothing draws from yet.
+# What a clean bill may still hold: settings that bite elsewhere, and streams nothing draws from
+# yet.
 ENVIRONMENT_IDS = {"threads-unpinned", "tf32", "cudnn-benchmark"}
 
 
@@ -47,7 +48,11 @@ def test_model_initialised_without_a_seed(examples) -> None:
     code, report = doctor(f"{examples / 'unseeded_init.py'}:build")
     assert code == 1 and [f["id"] for f in errors(report)] == ["unseeded-init"]
     finding = the(report, "unseeded-init")
-    assert finding["layer"] == "0" and "0.weight" in finding["evidence"] and "torch (" in finding["evidence"]
+    assert (
+        finding["layer"] == "0"
+        and "0.weight" in finding["evidence"]
+        and "torch (" in finding["evidence"]
+    )
     assert "torch.manual_seed(seed)" in finding["fix"]
 
 
@@ -83,18 +88,27 @@ def test_nondeterministic_op_in_the_forward_pass(examples) -> None:
 
 def test_nondeterministic_op_in_the_backward_pass_and_its_fix(examples) -> None:
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)  # the recipe sets 2 threads for itself; doctor must not leave them set here
+    # the recipe sets 2 threads for itself; doctor must not leave them set here
+    torch.set_num_threads(1)
     try:
         code, report = doctor(f"{examples / 'lookup.py'}:build")
-        assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (1, deterministic)
+        assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (
+            1,
+            deterministic,
+        )
     finally:
         torch.set_num_threads(threads)
     assert code == 1
     finding = the(report, "nondeterministic-op")
     assert finding["layer"] == "embed" and "index_put" in finding["op"]
-    assert "backward pass of embed" in finding["evidence"] and "embed.table.grad" in finding["evidence"]
+    assert (
+        "backward pass of embed" in finding["evidence"]
+        and "embed.table.grad" in finding["evidence"]
+    )
     assert "max ULP distance" in finding["evidence"]
-    assert_clean(*doctor(f"{examples / 'lookup.py'}:build", "--steps", "2", "--set", "deterministic=true"))
+    assert_clean(
+        *doctor(f"{examples / 'lookup.py'}:build", "--steps", "2", "--set", "deterministic=true")
+    )
 
 
 def test_fully_seeded_recipe_with_two_workers_gets_a_clean_bill(examples) -> None:
@@ -116,7 +130,11 @@ def test_environment_audit_without_a_target() -> None:
     result = runner.invoke(app, ["doctor", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["schema"] == "bisect-repro/doctor/1" and report["reproducible"] and report["target"] is None
+    assert (
+        report["schema"] == "bisect-repro/doctor/1"
+        and report["reproducible"]
+        and report["target"] is None
+    )
     ids = {f["id"] for f in report["findings"]}
     assert "versions" in ids and not errors(report)
     for finding in report["findings"]:
@@ -144,7 +162,9 @@ def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) ->
 def test_a_recipe_that_fails_to_build_or_cannot_step_is_named(tmp_path) -> None:
     (tmp_path / "broken.py").write_text("def build():\n    raise ValueError('no data here')\n")
     result = runner.invoke(app, ["doctor", f"{tmp_path / 'broken.py'}:build"])
-    assert result.exit_code == 2 and "broken.py" in result.stderr and "no data here" in result.stderr
+    assert (
+        result.exit_code == 2 and "broken.py" in result.stderr and "no data here" in result.stderr
+    )
     assert "Traceback" not in result.output
     (tmp_path / "loop.py").write_text(
         "import torch\nfrom bisect_repro import Trainee\n"
@@ -153,4 +173,8 @@ def test_a_recipe_that_fails_to_build_or_cannot_step_is_named(tmp_path) -> None:
         "    return Trainee(m, torch.optim.SGD(m.parameters(), lr=0.1), [torch.ones(2)])\n"
     )
     result = runner.invoke(app, ["doctor", f"{tmp_path / 'loop.py'}:build"])
-    assert result.exit_code == 2 and "no step function" in result.stderr and "Traceback" not in result.output
+    assert (
+        result.exit_code == 2
+        and "no step function" in result.stderr
+        and "Traceback" not in result.output
+    )

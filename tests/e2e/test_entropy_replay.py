@@ -21,7 +21,13 @@ RECIPE = HERE / "recipes" / "attribute_reseed.py"
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bisect_repro.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "bisect_repro.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _compare(a: str, b: str, cwd: Path) -> tuple[int, dict]:
@@ -32,10 +38,24 @@ def _compare(a: str, b: str, cwd: Path) -> tuple[int, dict]:
 
 def _proven_at_step_9(report: dict, where: str) -> None:
     verdict = report["verdict"]
-    found = (verdict["step"], verdict["phase"], verdict["layer"], verdict["cause"], verdict["rng"], verdict["confidence"])
+    found = (
+        verdict["step"],
+        verdict["phase"],
+        verdict["layer"],
+        verdict["cause"],
+        verdict["rng"],
+        verdict["confidence"],
+    )
     assert found == (9, "forward", "2", "rng_state", ["torch"], "proven"), verdict
-    assert verdict["reseeded"][0]["call"] == "torch.seed()" and verdict["reseeded"][0]["where"] == where, verdict["reseeded"]
-    proof = [(e["subject"].split(" with")[0], e["outcome"]) for e in verdict["evidence"] if e["experiment"] == "reseed_kept"]
+    assert (
+        verdict["reseeded"][0]["call"] == "torch.seed()"
+        and verdict["reseeded"][0]["where"] == where
+    ), verdict["reseeded"]
+    proof = [
+        (e["subject"].split(" with")[0], e["outcome"])
+        for e in verdict["evidence"]
+        if e["experiment"] == "reseed_kept"
+    ]
     assert proof == [("run B", "matches")], verdict["evidence"]
     located = [e["subject"] for e in verdict["evidence"] if e["experiment"] == "location"]
     assert located == ["the replay"], verdict["evidence"]
@@ -43,18 +63,43 @@ def _proven_at_step_9(report: dict, where: str) -> None:
 
 
 def _line_of(path: Path, text: str) -> int:
-    return next(number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+    return next(
+        number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line
+    )
 
 
 @pytest.mark.slow
-def test_an_unchanged_script_reseeding_behind_enumerate_replays_exactly_and_is_proven(tmp_path: Path) -> None:
+def test_an_unchanged_script_reseeding_behind_enumerate_replays_exactly_and_is_proven(
+    tmp_path: Path,
+) -> None:
     script = tmp_path / "train.py"
     script.write_text((HERE / "scripts" / "enumerate_reseed.py").read_text())
     for out, extra in (("a", ()), ("a2", ()), ("b", ("--reseed-at", "9"))):
-        done = _cli("record", "--out", out, "--every", "5", "--checkpoint-every", "5", "--", "python", "train.py", *extra, cwd=tmp_path)
+        done = _cli(
+            "record",
+            "--out",
+            out,
+            "--every",
+            "5",
+            "--checkpoint-every",
+            "5",
+            "--",
+            "python",
+            "train.py",
+            *extra,
+            cwd=tmp_path,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
-    recorded = [line for line in (tmp_path / "b" / "rank0" / "steps.jsonl").read_text().splitlines() if '"seeded"' in line]
-    assert len(recorded) == 1 and json.loads(recorded[0])["step"] == 9 and isinstance(json.loads(recorded[0])["seeded"][0]["value"], int)
+    recorded = [
+        line
+        for line in (tmp_path / "b" / "rank0" / "steps.jsonl").read_text().splitlines()
+        if '"seeded"' in line
+    ]
+    assert (
+        len(recorded) == 1
+        and json.loads(recorded[0])["step"] == 9
+        and isinstance(json.loads(recorded[0])["seeded"][0]["value"], int)
+    )
     code, same = _compare("a", "a2", tmp_path)
     assert code == 0 and same["identical"], same
     code, report = _compare("a", "b", tmp_path)
@@ -63,10 +108,14 @@ def test_an_unchanged_script_reseeding_behind_enumerate_replays_exactly_and_is_p
 
 
 @pytest.mark.slow
-def test_a_recipe_reseeding_behind_an_attribute_is_proven_and_the_closing_note_shows_each_replay(tmp_path: Path) -> None:
+def test_a_recipe_reseeding_behind_an_attribute_is_proven_and_the_closing_note_shows_each_replay(
+    tmp_path: Path,
+) -> None:
     for out, extra in (("a", ()), ("a2", ()), ("b", ("--set", "reseed_at=9"))):
         schedule = ("--steps", "12", "--every", "5", "--checkpoint-every", "5")
-        done = _cli("record", f"{RECIPE}:build", "--out", out, "--quiet", *schedule, *extra, cwd=tmp_path)
+        done = _cli(
+            "record", f"{RECIPE}:build", "--out", out, "--quiet", *schedule, *extra, cwd=tmp_path
+        )
         assert done.returncode == 0, done.stderr[-2000:]
     code, same = _compare("a", "a2", tmp_path)
     assert code == 0 and same["identical"], same
@@ -74,20 +123,38 @@ def test_a_recipe_reseeding_behind_an_attribute_is_proven_and_the_closing_note_s
     assert code == 1
     _proven_at_step_9(report, f"{RECIPE}:{_line_of(RECIPE, 'torch.seed()')}")
     closing = report["notes"][-1]
-    assert closing.startswith("the replays: from the checkpoints at steps 5/5, 5 step(s) replayed, parted from the records"), closing
-    assert "from the checkpoints at steps 0/0, 10 step(s) replayed, matched the records: step 9, rng_state, proven" in closing, closing
+    assert closing.startswith(
+        "the replays: from the checkpoints at steps 5/5, 5 step(s) replayed, parted from the "
+        "records"
+    ), closing
+    assert (
+        "from the checkpoints at steps 0/0, 10 step(s) replayed, matched the records: step 9, "
+        "rng_state, proven" in closing
+    ), closing
 
 
 @pytest.mark.slow
-def test_a_loop_seeding_numpy_and_python_from_entropy_at_its_start_replays_exactly(tmp_path: Path) -> None:
+def test_a_loop_seeding_numpy_and_python_from_entropy_at_its_start_replays_exactly(
+    tmp_path: Path,
+) -> None:
     script = tmp_path / "train.py"
     script.write_text((HERE / "loops" / "seeded_from_entropy.py").read_text())
     for out in ("a", "b"):
-        done = subprocess.run([sys.executable, str(script), "--out", out], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, str(script), "--out", out],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
     code, report = _compare("a", "b", tmp_path)
     verdict = report["verdict"]
-    assert code == 1 and (verdict["step"], verdict["cause"], verdict["confidence"]) == (0, "rng_state", "proven"), verdict
+    assert code == 1 and (verdict["step"], verdict["cause"], verdict["confidence"]) == (
+        0,
+        "rng_state",
+        "proven",
+    ), verdict
     assert sorted(verdict["rng"]) == ["numpy", "python"], verdict
     assert report["replay"]["faithful"] and report["replay"]["parted"] == [], report["replay"]
 
@@ -96,7 +163,20 @@ def test_a_loop_seeding_numpy_and_python_from_entropy_at_its_start_replays_exact
 def test_a_recorded_seed_of_the_wrong_type_is_refused_in_one_line(tmp_path: Path) -> None:
     """A step log is run data: a seed that is not what its call produces is named with its file."""
     run = tmp_path / "a"
-    done = _cli("record", f"{RECIPE}:build", "--out", "a", "--quiet", "--steps", "3", "--every", "1", "--set", "reseed_at=1", cwd=tmp_path)
+    done = _cli(
+        "record",
+        f"{RECIPE}:build",
+        "--out",
+        "a",
+        "--quiet",
+        "--steps",
+        "3",
+        "--every",
+        "1",
+        "--set",
+        "reseed_at=1",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     steps = run / "rank0" / "steps.jsonl"
     lines = [json.loads(line) for line in steps.read_text().splitlines()]

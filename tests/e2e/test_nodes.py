@@ -21,7 +21,13 @@ pytestmark = pytest.mark.slow
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bisect_repro.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "bisect_repro.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _free_port() -> int:
@@ -46,14 +52,29 @@ def _options(node: int, port: int) -> list[str]:
 
 
 def _node(folder: Path, out: str, node: int, words: list[str]) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "bisect_repro.cli", "record", "--out", out, "--every", "1", *words]
+    command = [
+        sys.executable,
+        "-m",
+        "bisect_repro.cli",
+        "record",
+        "--out",
+        out,
+        "--every",
+        "1",
+        *words,
+    ]
     log = open(folder / f"{out}-node{node}.log", "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _two_nodes(folder: Path, out: str, *extra: str) -> list[subprocess.Popen[bytes]]:
     port = _free_port()
-    return [_node(folder, out, node, ["--", "torchrun", *_options(node, port), "train.py", *extra]) for node in (0, 1)]
+    return [
+        _node(folder, out, node, ["--", "torchrun", *_options(node, port), "train.py", *extra])
+        for node in (0, 1)
+    ]
 
 
 def _ended(nodes: list[subprocess.Popen[bytes]], timeout: float = 240) -> list[int]:
@@ -83,7 +104,9 @@ def test_both_nodes_record_one_run_keyed_by_global_rank(runs: Path) -> None:
     layout = shown["layout"]
     assert (layout["nnodes"], layout["nproc_per_node"], layout["partial"]) == (2, 1, False)
     assert sorted(tuple(node["ranks"]) for node in layout["nodes"]) == [(0,), (1,)]
-    assert {node["node"] for node in layout["nodes"]} == {0, 1} and all(node["hosts"] for node in layout["nodes"])
+    assert {node["node"] for node in layout["nodes"]} == {0, 1} and all(
+        node["hosts"] for node in layout["nodes"]
+    )
     text = " ".join(_cli("show", "a", cwd=runs).stdout.split())
     assert "2 x 1 ranks" in text and "partial" not in text
 
@@ -98,7 +121,12 @@ def test_a_reseed_on_global_rank_1_is_found_at_its_step_rank_and_role(runs: Path
     assert done.returncode == 1, done.stderr[-2000:]
     found = json.loads(done.stdout)
     verdict = found["verdict"]
-    assert (verdict["step"], verdict["rank"], verdict["cause"], verdict["rng"]) == (7, 1, "rng_state", ["torch"])
+    assert (verdict["step"], verdict["rank"], verdict["cause"], verdict["rng"]) == (
+        7,
+        1,
+        "rng_state",
+        ["torch"],
+    )
     roles = {rank["rank"]: (rank["node"], rank["role"]) for rank in found["ranks"]}
     assert roles[1][1] == "origin" and roles[0][1] == "receiver" and roles[0][0] != roles[1][0]
 
@@ -128,22 +156,31 @@ def test_a_rank_folder_from_another_run_is_refused_naming_the_rank(runs: Path) -
     ("changes", "says"),
     [
         ({"node": 0}, "rank 1 duplicates rank 0: both say node 0, local rank 0"),
-        ({"nnodes": 1, "local_world_size": 2}, "rank 1 was launched as 1 nodes x 2 ranks, the run as 2 x 1"),
+        (
+            {"nnodes": 1, "local_world_size": 2},
+            "rank 1 was launched as 1 nodes x 2 ranks, the run as 2 x 1",
+        ),
     ],
 )
-def test_a_duplicate_rank_or_another_layout_is_refused_naming_the_rank(runs: Path, changes: dict[str, int], says: str) -> None:
+def test_a_duplicate_rank_or_another_layout_is_refused_naming_the_rank(
+    runs: Path, changes: dict[str, int], says: str
+) -> None:
     edited = _copy(runs, f"edited-{len(changes)}")
     path, found = _rank_json(edited, 1)
     path.write_text(json.dumps({**found, **changes}))
     done = _cli("show", edited.name, cwd=runs)
-    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, (
+        done.stderr
+    )
 
 
 def test_a_rank_with_no_records_makes_the_run_partial(runs: Path) -> None:
     lost = _copy(runs, "lost")
     shutil.rmtree(lost / "rank1")
     shown = json.loads(_cli("show", "lost", "--json", cwd=runs).stdout)
-    assert shown["layout"]["missing"] == [1] and shown["layout"]["partial"] and not shown["complete"]
+    assert (
+        shown["layout"]["missing"] == [1] and shown["layout"]["partial"] and not shown["complete"]
+    )
     assert "rank 1 missing" in " ".join(_cli("show", "lost", cwd=runs).stdout.split())
     done = _cli("compare", "--no-replay", "lost", "a", cwd=runs)
     assert done.returncode == 2 and "partial run: rank 1 has no records" in done.stderr, done.stderr
@@ -154,20 +191,38 @@ def test_a_node_killed_midway_leaves_a_partial_run_that_show_names(tmp_path: Pat
     nodes = _two_nodes(tmp_path, "killed", "--step-seconds", "0.5")
     steps = tmp_path / "killed" / "rank1" / "steps.jsonl"
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and (not steps.is_file() or steps.read_bytes().count(b"\n") < 3):
-        assert all(node.poll() is None for node in nodes), (tmp_path / "killed-node1.log").read_text(errors="replace")[-2000:]
+    while time.monotonic() < deadline and (
+        not steps.is_file() or steps.read_bytes().count(b"\n") < 3
+    ):
+        assert all(node.poll() is None for node in nodes), (
+            tmp_path / "killed-node1.log"
+        ).read_text(errors="replace")[-2000:]
         time.sleep(0.2)
-    os.kill(json.loads((steps.parent / "rank.json").read_text())["pid"], signal.SIGKILL)  # the node of global rank 1 dies
+    # the node of global rank 1 dies
+    os.kill(json.loads((steps.parent / "rank.json").read_text())["pid"], signal.SIGKILL)
     _ended(nodes, timeout=120)
     shown = json.loads(_cli("show", "killed", "--json", cwd=tmp_path).stdout)
-    assert shown["layout"]["partial"] and not shown["complete"] and "1" in shown["layout"]["incomplete"]
+    assert (
+        shown["layout"]["partial"]
+        and not shown["complete"]
+        and "1" in shown["layout"]["incomplete"]
+    )
     text = " ".join(_cli("show", "killed", cwd=tmp_path).stdout.split())
     assert "partial" in text and "rank 1 stopped at step" in text
 
 
 def test_a_recipe_on_two_nodes_takes_the_same_torchrun_options(tmp_path: Path) -> None:
     port, recipe = _free_port(), f"{EXAMPLES / 'ddp.py'}:build"
-    nodes = [_node(tmp_path, "recipe", node, [recipe, "--steps", "3", "--quiet", *_options(node, port)]) for node in (0, 1)]
-    assert _ended(nodes) == [0, 0], (tmp_path / "recipe-node1.log").read_text(errors="replace")[-2000:]
+    nodes = [
+        _node(tmp_path, "recipe", node, [recipe, "--steps", "3", "--quiet", *_options(node, port)])
+        for node in (0, 1)
+    ]
+    assert _ended(nodes) == [0, 0], (tmp_path / "recipe-node1.log").read_text(errors="replace")[
+        -2000:
+    ]
     layout = json.loads(_cli("show", "recipe", "--json", cwd=tmp_path).stdout)["layout"]
-    assert (layout["nnodes"], layout["partial"], sorted(n["node"] for n in layout["nodes"])) == (2, False, [0, 1])
+    assert (layout["nnodes"], layout["partial"], sorted(n["node"] for n in layout["nodes"])) == (
+        2,
+        False,
+        [0, 1],
+    )

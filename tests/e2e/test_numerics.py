@@ -21,12 +21,25 @@ from bisect_repro.report.text import render_comparison
 
 pytestmark = pytest.mark.slow
 
-STEPS, PLANTED = 8, 4  # layer 3 rounds its output from its 5th step on (step 4): the weights at step 5 depart
+# layer 3 rounds its output from its 5th step on (step 4): the weights at step 5 depart
+STEPS, PLANTED = 8, 4
 
 
 def _record(target: str, out: Path, threads: int, **variables: str) -> None:
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads), **variables}
-    command = [sys.executable, "-m", "bisect_repro.cli", "record", target, "--out", str(out), "--steps", str(STEPS), "--every", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "bisect_repro.cli",
+        "record",
+        target,
+        "--out",
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--every",
+        "1",
+    ]
     command.append("--quiet")
     subprocess.run(command, env=environment, check=True, capture_output=True)
 
@@ -53,11 +66,16 @@ def _numerics(a: Path, b: Path) -> tuple[dict, str]:
 
 def test_one_thread_against_two_differs_by_rounding_only(runs: Path) -> None:
     numerics, _ = _numerics(runs / "one", runs / "two")
-    assert numerics["rounding_only"] is True and numerics["departure"] is None and numerics["signals"] == []
+    assert (
+        numerics["rounding_only"] is True
+        and numerics["departure"] is None
+        and numerics["signals"] == []
+    )
     distance = numerics["distance"]
     assert [d["step"] for d in distance] == list(range(STEPS + 1))
     assert distance[0]["relative"] == 0.0 and distance[0]["exact"] == 0.0  # the same initialisation
-    assert all(0 < d["relative"] < 1e-5 for d in distance[1:])  # rounding: tiny, never zero once the threads differ
+    # rounding: tiny, never zero once the threads differ
+    assert all(0 < d["relative"] < 1e-5 for d in distance[1:])
     envelope = numerics["envelope"]
     assert envelope["method"] == "2 torch threads instead of 1" and envelope["from_step"] == 0
     assert max(p["relative"] for p in envelope["points"]) > 0
@@ -66,12 +84,16 @@ def test_one_thread_against_two_differs_by_rounding_only(runs: Path) -> None:
 
 def test_a_planted_departure_is_found_at_its_step_and_layer(runs: Path) -> None:
     numerics, text = _numerics(runs / "one", runs / "planted")
-    assert numerics["rounding_only"] is False and numerics["signals"] == []  # no exact signal shows it
+    # no exact signal shows it
+    assert numerics["rounding_only"] is False and numerics["signals"] == []
     departure = numerics["departure"]
     assert departure["step"] == PLANTED + 1 and departure["last_within"] == PLANTED
     assert departure["layer"] == "3" and departure["cause"] == "numerics"
     assert departure["relative"] > 10 * departure["envelope"]
-    assert f"until step {PLANTED}" in numerics["sentence"] and "layer 3 departs" in numerics["sentence"]
+    assert (
+        f"until step {PLANTED}" in numerics["sentence"]
+        and "layer 3 departs" in numerics["sentence"]
+    )
     assert "layer 3 departs" in text
 
 
@@ -81,45 +103,79 @@ def replicated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (``ddp2``), FSDP2 on two (``fsdp2``)."""
     folder = tmp_path_factory.mktemp("replicated")
     recipe = Path(__file__).parents[2] / "examples" / "rounding.py"
-    for name, build, ranks in (("ddp1", "build_ddp", "1"), ("ddp2", "build_ddp", "2"), ("fsdp2", "build_fsdp", "2")):
-        args = ["record", f"{recipe}:{build}", "--out", str(folder / name), "--nproc-per-node", ranks, "--steps", "4", "--every", "1"]
+    for name, build, ranks in (
+        ("ddp1", "build_ddp", "1"),
+        ("ddp2", "build_ddp", "2"),
+        ("fsdp2", "build_fsdp", "2"),
+    ):
+        args = [
+            "record",
+            f"{recipe}:{build}",
+            "--out",
+            str(folder / name),
+            "--nproc-per-node",
+            ranks,
+            "--steps",
+            "4",
+            "--every",
+            "1",
+        ]
         assert CliRunner().invoke(app, [*args, "--quiet"]).exit_code == 0
     return folder
 
 
-def test_ddp_on_one_rank_against_two_on_the_same_global_batch_differs_by_rounding_only(replicated: Path) -> None:
+def test_ddp_on_one_rank_against_two_on_the_same_global_batch_differs_by_rounding_only(
+    replicated: Path,
+) -> None:
     numerics, text = _numerics(replicated / "ddp1", replicated / "ddp2")
     assert numerics["rounding_only"] is True and numerics["departure"] is None, numerics["sentence"]
-    assert [d["step"] for d in numerics["distance"]] == [0, 1, 2, 3, 4] and numerics["distance"][0]["relative"] == 0.0
+    assert [d["step"] for d in numerics["distance"]] == [0, 1, 2, 3, 4] and numerics["distance"][0][
+        "relative"
+    ] == 0.0
     assert max(d["relative"] for d in numerics["distance"]) < 1e-5
     assert "rounding only" in text
 
 
 def test_fsdp2_against_ddp_on_two_ranks_computes_the_same_weights(replicated: Path) -> None:
     """FSDP2's shards, sketched at their global indices, add up to DDP's whole tensors under the
-    names the model gives them; on two ranks both halve a sum of two gradients, which no order rounds."""
+    names the model gives them; on two ranks both halve a sum of two gradients, which no order
+    rounds."""
     numerics, text = _numerics(replicated / "ddp2", replicated / "fsdp2")
-    assert numerics["rounding_only"] is True and numerics["departure"] is None and numerics["signals"] == []
+    assert (
+        numerics["rounding_only"] is True
+        and numerics["departure"] is None
+        and numerics["signals"] == []
+    )
     assert [d["step"] for d in numerics["distance"]] == [0, 1, 2, 3, 4]
-    assert all(d["relative"] == 0.0 and set(d["layers"]) == {"0", "2", "4"} for d in numerics["distance"])
+    assert all(
+        d["relative"] == 0.0 and set(d["layers"]) == {"0", "2", "4"} for d in numerics["distance"]
+    )
     assert "equal at every snapshot" in numerics["sentence"] and "(fsdp over a 2 mesh)" in text
-    assert "rank 0 holds other tensors in each run (ddp on 2, fsdp on 2)" in text  # why its hashes differ, in the verdict
+    # why its hashes differ, in the verdict
+    assert "rank 0 holds other tensors in each run (ddp on 2, fsdp on 2)" in text
 
 
 def test_fsdp2_on_two_ranks_against_ddp_on_one_differs_by_rounding_only(replicated: Path) -> None:
     numerics, text = _numerics(replicated / "ddp1", replicated / "fsdp2")
     assert numerics["rounding_only"] is True and numerics["departure"] is None, numerics["sentence"]
     distance = numerics["distance"]
-    assert distance[0]["relative"] == 0.0 and all(0 < d["relative"] < 1e-5 for d in distance[1:])  # the halves of the batch round apart
+    # the halves of the batch round apart
+    assert distance[0]["relative"] == 0.0 and all(0 < d["relative"] < 1e-5 for d in distance[1:])
     assert set(distance[-1]["layers"]) == {"0", "2", "4"}
     assert numerics["envelope"] is not None and "rounding only" in text
 
 
-def test_runs_equal_bit_for_bit_until_a_late_step_measure_no_envelope(runs: Path, tmp_path: Path) -> None:
+def test_runs_equal_bit_for_bit_until_a_late_step_measure_no_envelope(
+    runs: Path, tmp_path: Path
+) -> None:
     target = f"{Path(__file__).parents[2] / 'examples' / 'rounding.py'}:build"
     _record(target, tmp_path / "one-planted", 1, ROUNDING_EXAMPLE_BF16_FROM=str(PLANTED))
-    result = CliRunner().invoke(app, ["compare", str(runs / "one"), str(tmp_path / "one-planted"), "--json", "--no-replay"])
+    result = CliRunner().invoke(
+        app, ["compare", str(runs / "one"), str(tmp_path / "one-planted"), "--json", "--no-replay"]
+    )
     numerics = json.loads(result.stdout)["numerics"]
     assert numerics["envelope"] is None and numerics["rounding_only"] is False
     assert f"equal bit for bit up to step {PLANTED}" in numerics["sentence"]
-    assert [d["relative"] == 0 for d in numerics["distance"]] == [s <= PLANTED for s in range(STEPS + 1)]
+    assert [d["relative"] == 0 for d in numerics["distance"]] == [
+        s <= PLANTED for s in range(STEPS + 1)
+    ]

@@ -12,7 +12,9 @@ LOOPS = Path(__file__).resolve().parent / "loops"
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_a_hand_written_sgd_loop_diverging_by_thread_count(tmp_path: Path) -> None:
@@ -21,12 +23,18 @@ def test_a_hand_written_sgd_loop_diverging_by_thread_count(tmp_path: Path) -> No
     for name, threads in (("a", "1"), ("b", "2")):
         done = _run(str(script), "--out", name, "--threads", threads, cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-2000:]
-    done = _run("-m", "bisect_repro", "-v", "compare", "a", "b", "--json", cwd=tmp_path)  # as the console script runs
+    # as the console script runs
+    done = _run("-m", "bisect_repro", "-v", "compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "taken, started ahead" in done.stderr  # the fork server started before the command imported torch
+    # the fork server started before the command imported torch
+    assert "taken, started ahead" in done.stderr
     report = json.loads(done.stdout)
     verdict = report["verdict"]
-    assert (verdict["phase"], verdict["layer"], verdict["op"]) == ("forward", "centre", "aten.mean.default"), verdict
+    assert (verdict["phase"], verdict["layer"], verdict["op"]) == (
+        "forward",
+        "centre",
+        "aten.mean.default",
+    ), verdict
     assert verdict["step"] in (0, 1) and verdict["confidence"] == "proven", verdict
     assert verdict["cause"] == "environment" and "torch.set_num_threads" in verdict["fix"], verdict
     assert "out" not in (verdict.get("config_keys") or []) and "'out'" not in verdict["fix"]
@@ -45,12 +53,20 @@ def test_gradient_accumulation_over_sampled_batches_with_a_global_counter(tmp_pa
     assert done.returncode == 1, done.stderr[-2000:]
     report = json.loads(done.stdout)
     verdict = report["verdict"]
-    assert (verdict["step"], verdict["phase"], verdict["layer"], verdict["cause"], verdict["rng"]) == (
+    assert (
+        verdict["step"],
+        verdict["phase"],
+        verdict["layer"],
+        verdict["cause"],
+        verdict["rng"],
+    ) == (
         6,
         "forward",
         "1",
         "rng_state",
         ["torch"],
     )
-    assert verdict["confidence"] == "proven" and verdict["reseeded"][0]["call"] == "torch.seed()", verdict
+    assert verdict["confidence"] == "proven" and verdict["reseeded"][0]["call"] == "torch.seed()", (
+        verdict
+    )
     assert report["replay"]["from_step"] == 4 and report["replay"]["faithful"], report["replay"]

@@ -20,16 +20,35 @@ runner = CliRunner()
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bisect_repro.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "bisect_repro.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _recorded(folder: Path, out: str, *command: str) -> None:
-    done = _cli("record", "--out", out, "--every", "2", "--checkpoint-every", "4", "--", *command, cwd=folder)
+    done = _cli(
+        "record",
+        "--out",
+        out,
+        "--every",
+        "2",
+        "--checkpoint-every",
+        "4",
+        "--",
+        *command,
+        cwd=folder,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _line_of(script: Path, text: str) -> int:
-    return next(number for number, line in enumerate(script.read_text().splitlines(), 1) if text in line)
+    return next(
+        number for number, line in enumerate(script.read_text().splitlines(), 1) if text in line
+    )
 
 
 def test_a_gpt_style_script_with_prefetch_accumulation_and_a_global_counter(tmp_path: Path) -> None:
@@ -38,17 +57,36 @@ def test_a_gpt_style_script_with_prefetch_accumulation_and_a_global_counter(tmp_
     for out, extra in (("a", ()), ("again", ()), ("b", ("--reseed-at", "6"))):
         _recorded(tmp_path, out, "python", "train.py", *extra)
     shown = json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)
-    assert shown["complete"] and shown["steps_logged"] == 10 and shown["snapshots"] == [0, 2, 4, 6, 8, 10]
+    assert (
+        shown["complete"]
+        and shown["steps_logged"] == 10
+        and shown["snapshots"] == [0, 2, 4, 6, 8, 10]
+    )
     done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "replaying run B by running: python" in " ".join(done.stderr.split()) and "(under bisect-repro's hooks)" in done.stderr
+    assert (
+        "replaying run B by running: python" in " ".join(done.stderr.split())
+        and "(under bisect-repro's hooks)" in done.stderr
+    )
     verdict = json.loads(done.stdout)["verdict"]
-    where = (verdict["step"], verdict["phase"], verdict["layer"], verdict["op"], verdict["cause"], verdict["rng"])
+    where = (
+        verdict["step"],
+        verdict["phase"],
+        verdict["layer"],
+        verdict["op"],
+        verdict["cause"],
+        verdict["rng"],
+    )
     assert where == (6, "forward", "drop", "aten.bernoulli_.float", "rng_state", ["torch"]), verdict
-    assert verdict["confidence"] == "proven" and verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
+    assert (
+        verdict["confidence"] == "proven"
+        and verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
+    )
 
 
-def test_a_dataloader_loop_reseeded_at_an_epoch_or_with_unseeded_noise_is_found_at_the_step_it_parts(tmp_path: Path) -> None:
+def test_a_loader_loop_reseeded_at_an_epoch_or_with_unseeded_noise_is_found_where_it_parts(
+    tmp_path: Path,
+) -> None:
     script = tmp_path / "loop.py"
     script.write_text((SCRIPTS / "loader_loop.py").read_text())
     _recorded(tmp_path, "a", "python", "loop.py")
@@ -56,45 +94,75 @@ def test_a_dataloader_loop_reseeded_at_an_epoch_or_with_unseeded_noise_is_found_
     done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     verdict = json.loads(done.stdout)["verdict"]
-    where = (verdict["step"], verdict["phase"], verdict["cause"], verdict["rng"], verdict["confidence"])
-    assert where == (8, "data", "rng_state", ["torch"], "proven"), verdict  # 128 samples in batches of 16: epoch 1 starts at 8
+    where = (
+        verdict["step"],
+        verdict["phase"],
+        verdict["cause"],
+        verdict["rng"],
+        verdict["confidence"],
+    )
+    # 128 samples in batches of 16: epoch 1 starts at 8
+    assert where == (8, "data", "rng_state", ["torch"], "proven"), verdict
     assert "between steps 7 and 8" in verdict["explanation"], verdict["explanation"]
     assert verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
-    _recorded(tmp_path, "noisy", "python", "loop.py", "--unseeded-noise")  # the same samples, other noise added to them
+    # the same samples, other noise added to them
+    _recorded(tmp_path, "noisy", "python", "loop.py", "--unseeded-noise")
     done = _cli("compare", "a", "noisy", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     verdict = json.loads(done.stdout)["verdict"]
-    assert (verdict["step"], verdict["phase"], verdict["cause"], verdict["confidence"]) == (0, "data", "data_content", "proven"), verdict
+    assert (verdict["step"], verdict["phase"], verdict["cause"], verdict["confidence"]) == (
+        0,
+        "data",
+        "data_content",
+        "proven",
+    ), verdict
     assert "draws another batch" in " ".join(e["detail"] for e in verdict["evidence"])
 
 
 @pytest.mark.parametrize(
     ("command", "says"),
     [
-        (["notpython", "train.py"], "not a Python interpreter or torchrun; give the command as: -- python train.py ARGS"),
+        (
+            ["notpython", "train.py"],
+            "not a Python interpreter or torchrun; give the command as: -- python train.py ARGS",
+        ),
         (["python", "missing.py"], "missing.py: no such script; check the path"),
         (["python", "-O", "train.py"], "names no script (interpreter options are not supported)"),
     ],
 )
-def test_a_command_that_is_not_python_running_a_script_is_refused_in_one_line(tmp_path: Path, command: list[str], says: str) -> None:
+def test_a_command_that_is_not_python_running_a_script_is_refused_in_one_line(
+    tmp_path: Path, command: list[str], says: str
+) -> None:
     result = runner.invoke(app, ["record", "--out", str(tmp_path / "r"), "--", *command])
     assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output
     assert not (tmp_path / "r").exists()
 
 
-def test_a_hand_written_sgd_script_with_no_optimizer_diverging_by_thread_count(tmp_path: Path) -> None:
+def test_a_hand_written_sgd_script_with_no_optimizer_diverging_by_thread_count(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "train.py").write_text((SCRIPTS / "word_lm.py").read_text())
     _recorded(tmp_path, "a", "python", "train.py", "--threads", "1")
     _recorded(tmp_path, "b", "python", "train.py", "--threads", "2")
-    assert json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)["steps_logged"] == 6  # one step per backward()
+    # one step per backward()
+    assert json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)["steps_logged"] == 6
     done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     verdict = json.loads(done.stdout)["verdict"]
-    assert (verdict["step"], verdict["cause"], verdict["confidence"]) == (0, "environment", "proven"), verdict
-    assert verdict["environment_keys"] == ["torch.get_num_threads"] and "torch.set_num_threads" in verdict["fix"]
+    assert (verdict["step"], verdict["cause"], verdict["confidence"]) == (
+        0,
+        "environment",
+        "proven",
+    ), verdict
+    assert (
+        verdict["environment_keys"] == ["torch.get_num_threads"]
+        and "torch.set_num_threads" in verdict["fix"]
+    )
 
 
-def test_a_loop_that_lives_in_a_library_is_recorded_through_its_optimizer_and_model(tmp_path: Path) -> None:
+def test_a_loop_that_lives_in_a_library_is_recorded_through_its_optimizer_and_model(
+    tmp_path: Path,
+) -> None:
     for name in ("train.py", "trainer.py"):
         (tmp_path / name).write_text((SCRIPTS / "library" / name).read_text())
     _recorded(tmp_path, "a", "python", "train.py")
@@ -102,30 +170,63 @@ def test_a_loop_that_lives_in_a_library_is_recorded_through_its_optimizer_and_mo
     done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     verdict = json.loads(done.stdout)["verdict"]
-    where = (verdict["step"], verdict["phase"], verdict["layer"], verdict["cause"], verdict["rng"], verdict["confidence"])
-    assert where == (6, "forward", "2", "rng_state", ["torch"], "proven"), verdict  # reseeded after step 5's optimizer step
-    assert verdict["reseeded"][0]["where"] == f"{tmp_path / 'train.py'}:{_line_of(tmp_path / 'train.py', 'torch.seed()')}"
+    where = (
+        verdict["step"],
+        verdict["phase"],
+        verdict["layer"],
+        verdict["cause"],
+        verdict["rng"],
+        verdict["confidence"],
+    )
+    # reseeded after step 5's optimizer step
+    assert where == (6, "forward", "2", "rng_state", ["torch"], "proven"), verdict
+    assert (
+        verdict["reseeded"][0]["where"]
+        == f"{tmp_path / 'train.py'}:{_line_of(tmp_path / 'train.py', 'torch.seed()')}"
+    )
 
 
 @pytest.mark.slow
-def test_the_users_own_torchrun_is_recorded_on_each_rank_and_replayed_under_torchrun(tmp_path: Path) -> None:
+def test_the_users_own_torchrun_is_recorded_on_each_rank_and_replayed_under_torchrun(
+    tmp_path: Path,
+) -> None:
     script = tmp_path / "train.py"
     script.write_text((SCRIPTS / "ddp_torchrun.py").read_text())
     _recorded(tmp_path, "a", "torchrun", "--nproc-per-node", "2", "train.py")
     _recorded(tmp_path, "b", "torchrun", "--nproc-per-node", "2", "train.py", "--reseed-at", "9")
     shown = json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)
-    assert shown["complete"] and shown["steps_logged"] == 12 and (tmp_path / "a" / "rank1" / "steps.jsonl").is_file()
+    assert (
+        shown["complete"]
+        and shown["steps_logged"] == 12
+        and (tmp_path / "a" / "rank1" / "steps.jsonl").is_file()
+    )
     done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "replaying run B by running: torchrun --standalone --nproc-per-node 2" in " ".join(done.stderr.split())
+    assert "replaying run B by running: torchrun --standalone --nproc-per-node 2" in " ".join(
+        done.stderr.split()
+    )
     result = json.loads(done.stdout)
     verdict = result["verdict"]
-    where = (verdict["step"], verdict["rank"], verdict["phase"], verdict["layer"], verdict["cause"], verdict["rng"], verdict["confidence"])
+    where = (
+        verdict["step"],
+        verdict["rank"],
+        verdict["phase"],
+        verdict["layer"],
+        verdict["cause"],
+        verdict["rng"],
+        verdict["confidence"],
+    )
     assert where == (9, 1, "forward", "module.2", "rng_state", ["torch"], "proven"), verdict
-    assert result["replay"]["faithful"] and result["replay"]["parted"] == [], result["replay"]  # the reseed given its recorded seed
+    # the reseed given its recorded seed
+    assert result["replay"]["faithful"] and result["replay"]["parted"] == [], result["replay"]
     assert verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
-    followed = result["ranks"][0]["verdict"]  # rank 0 reseeded nothing: it parts through DDP's all-reduce
-    assert (followed["step"], followed["cause"], followed["confidence"]) == (9, "rng_state", "inferred")
+    # rank 0 reseeded nothing: it parts through DDP's all-reduce
+    followed = result["ranks"][0]["verdict"]
+    assert (followed["step"], followed["cause"], followed["confidence"]) == (
+        9,
+        "rng_state",
+        "inferred",
+    )
     assert "rank 1 parted first" in followed["explanation"]
 
 
@@ -135,18 +236,28 @@ def scheduled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     scaling its learning rate by its own enumerate counter (``counted``, ``counted_b``)."""
     folder = tmp_path_factory.mktemp("scheduled")
     (folder / "loop.py").write_text((SCRIPTS / "scheduled_loop.py").read_text())
-    runs = {"a": (), "b": ("--reseed-at", "6"), "counted": ("--local-counter",), "counted_b": ("--local-counter", "--reseed-at", "6")}
+    runs = {
+        "a": (),
+        "b": ("--reseed-at", "6"),
+        "counted": ("--local-counter",),
+        "counted_b": ("--local-counter", "--reseed-at", "6"),
+    }
     for out, extra in runs.items():
         _recorded(folder, out, "python", "loop.py", *extra)
     return folder
 
 
-def _compared(folder: Path, a: str, b: str, monkeypatch: pytest.MonkeyPatch, *, rewinds: bool = True) -> dict[str, Any]:
-    """``compare --json`` in this process; ``rewinds=False``: as if the replaying processes could not rewind."""
+def _compared(
+    folder: Path, a: str, b: str, monkeypatch: pytest.MonkeyPatch, *, rewinds: bool = True
+) -> dict[str, Any]:
+    """``compare --json`` in this process; ``rewinds=False``: as if the replaying processes could
+    not rewind."""
     with monkeypatch.context() as patch:
         if not rewinds:
             told = Hello.from_json
-            patch.setattr(Hello, "from_json", classmethod(lambda cls, data: told({**data, "rewinds": False})))
+            patch.setattr(
+                Hello, "from_json", classmethod(lambda cls, data: told({**data, "rewinds": False}))
+            )
         result = runner.invoke(app, ["compare", str(folder / a), str(folder / b), "--json"])
     assert result.exit_code == 1, result.output[-2000:]
     compared: dict[str, Any] = json.loads(result.stdout)
@@ -154,7 +265,15 @@ def _compared(folder: Path, a: str, b: str, monkeypatch: pytest.MonkeyPatch, *, 
 
 
 def _where(verdict: dict[str, Any]) -> tuple[Any, ...]:
-    return (verdict["step"], verdict["phase"], verdict["layer"], verdict["op"], verdict["cause"], verdict["rng"], verdict["confidence"])
+    return (
+        verdict["step"],
+        verdict["phase"],
+        verdict["layer"],
+        verdict["op"],
+        verdict["cause"],
+        verdict["rng"],
+        verdict["confidence"],
+    )
 
 
 RESEEDED = (6, "forward", "1", "aten.bernoulli_.float", "rng_state", ["torch"], "proven")
@@ -168,16 +287,21 @@ def test_a_scripts_experiments_rewind_its_replaying_process_fewer_processes_same
     fresh = _compared(scheduled, "a", "b", monkeypatch, rewinds=False)
     assert _where(rewound["verdict"]) == RESEEDED, rewound["verdict"]
     assert rewound["verdict"] == fresh["verdict"]
-    assert rewound["replay"]["processes"] < fresh["replay"]["processes"], (rewound["replay"], fresh["replay"])
+    assert rewound["replay"]["processes"] < fresh["replay"]["processes"], (
+        rewound["replay"],
+        fresh["replay"],
+    )
     assert not any("not by rewinding" in note for note in rewound["notes"]), rewound["notes"]
 
 
 @pytest.mark.slow
-def test_a_loop_reading_its_own_counter_is_caught_when_rewound_and_its_experiments_run_in_fresh_processes(
+def test_a_loop_reading_its_own_counter_is_caught_when_rewound_and_run_in_fresh_processes(
     scheduled: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     result = _compared(scheduled, "counted", "counted_b", monkeypatch)
     assert _where(result["verdict"]) == RESEEDED, result["verdict"]
     notes = [note for note in result["notes"] if "not by rewinding" in note]
-    assert len(notes) == 2 and "run A's step 6 is repeated in fresh processes" in notes[0], result["notes"]
+    assert len(notes) == 2 and "run A's step 6 is repeated in fresh processes" in notes[0], result[
+        "notes"
+    ]
     assert "traced other tensors than its first run" in notes[0] and "a local counter" in notes[0]

@@ -15,7 +15,13 @@ def train(tmp_path: Path):
     """Run an example training script in ``tmp_path`` (as ``python script.py ...``)."""
 
     def run(script: str, *args: str) -> Path:
-        done = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / script), *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return tmp_path
 
@@ -29,7 +35,11 @@ def compare(tmp_path: Path):
 
     def run(a: str, b: str) -> tuple[int, dict]:
         done = subprocess.run(
-            [sys.executable, "-m", "bisect_repro", "compare", a, b, "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=900
+            [sys.executable, "-m", "bisect_repro", "compare", a, b, "--json"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         assert done.returncode in (0, 1), done.stderr[-3000:]
         return done.returncode, json.loads(done.stdout)

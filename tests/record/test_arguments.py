@@ -1,4 +1,5 @@
-"""A script's command line as its config (record/arguments.py): flag by flag, argparse's values, secrets redacted."""
+"""A script's command line as its config (record/arguments.py): flag by flag, argparse's values,
+secrets redacted."""
 
 from __future__ import annotations
 
@@ -11,7 +12,20 @@ from bisect_repro.record.arguments import argv_flags, capture_arguments, shown_c
 
 
 def test_a_command_line_is_read_flag_by_flag_with_positional_words_by_position() -> None:
-    argv = ["train.py", "data", "--gamma", "0.5", "--dry-run", "--lr=0.1", "--shift", "-1", "--name", "x y", "--", "--raw"]
+    argv = [
+        "train.py",
+        "data",
+        "--gamma",
+        "0.5",
+        "--dry-run",
+        "--lr=0.1",
+        "--shift",
+        "-1",
+        "--name",
+        "x y",
+        "--",
+        "--raw",
+    ]
     assert argv_flags(argv) == {
         "argv[1]": "data",
         "--gamma": "0.5",
@@ -24,13 +38,18 @@ def test_a_command_line_is_read_flag_by_flag_with_positional_words_by_position()
 
 
 def test_a_secrets_value_is_kept_as_a_digest_that_still_tells_two_secrets_apart() -> None:
-    one, two = argv_flags(["t.py", "--api-key", "abc"])["--api-key"], argv_flags(["t.py", "--api-key=abd"])["--api-key"]
+    one, two = (
+        argv_flags(["t.py", "--api-key", "abc"])["--api-key"],
+        argv_flags(["t.py", "--api-key=abd"])["--api-key"],
+    )
     assert one.startswith("<redacted sha256:") and "abc" not in one and one != two
     assert shown_value("--password", None) is None and shown_value("--lr", 0.1) == 0.1
 
 
 def test_commands_are_shown_quoted_with_control_characters_escaped_and_secrets_redacted() -> None:
-    shown = shown_command(["t.py", "--token", "abc", "--password=xyz", "--note", "a\nb", "--lr", "1"])
+    shown = shown_command(
+        ["t.py", "--token", "abc", "--password=xyz", "--note", "a\nb", "--lr", "1"]
+    )
     assert shown == "--token REDACTED --password=REDACTED --note 'a\\nb' --lr 1"
 
 
@@ -45,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def test_the_first_parse_of_sys_argv_is_captured_with_its_defaults_keyed_by_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_first_parse_of_sys_argv_is_captured_with_its_defaults_keyed_by_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     found: dict[str, object] = {}
     undo = capture_arguments(found)
     try:
@@ -62,5 +83,10 @@ def test_the_first_parse_of_sys_argv_is_captured_with_its_defaults_keyed_by_flag
         "--epochs": 2,
         "--milestones": [3, 6],
     }
-    assert isinstance(found["--device"], str) and str(found["--hf-token"]).startswith("<redacted sha256:")
-    assert argparse.ArgumentParser.parse_known_args.__qualname__ == "ArgumentParser.parse_known_args"  # undone
+    assert isinstance(found["--device"], str) and str(found["--hf-token"]).startswith(
+        "<redacted sha256:"
+    )
+    # undone
+    assert (
+        argparse.ArgumentParser.parse_known_args.__qualname__ == "ArgumentParser.parse_known_args"
+    )

@@ -46,15 +46,23 @@ def _expected(step: int, *forward: torch.Tensor) -> tuple[str, str]:
     return order, combine_digests([hash_tensor(x), hash_tensor(y), *map(hash_tensor, forward)])
 
 
-def test_each_loader_batch_is_its_steps_with_its_indices_and_the_same_tensors_at_the_forward_are_not_hashed_again(tmp_path: Path) -> None:
+def test_each_loader_batch_is_its_steps_and_the_same_tensors_at_the_forward_are_not_rehashed(
+    tmp_path: Path,
+) -> None:
     run = _recorded(tmp_path, optimizer=True)
     assert sorted(run.steps) == [0, 1, 2, 3]
-    assert [(run.steps[s]["order"], run.steps[s]["batch"]) for s in range(4)] == [_expected(s) for s in range(4)]
+    assert [(run.steps[s]["order"], run.steps[s]["batch"]) for s in range(4)] == [
+        _expected(s) for s in range(4)
+    ]
 
 
-def test_without_an_optimizer_a_batch_drawn_after_a_backward_starts_the_next_step_and_the_last_ends_at_close(tmp_path: Path) -> None:
+def test_without_an_optimizer_a_batch_drawn_after_a_backward_starts_the_next_step(
+    tmp_path: Path,
+) -> None:
     run = _recorded(tmp_path / "plain", optimizer=False)
-    assert [(run.steps[s]["order"], run.steps[s]["batch"]) for s in sorted(run.steps)] == [_expected(s) for s in range(4)]
+    assert [(run.steps[s]["order"], run.steps[s]["batch"]) for s in sorted(run.steps)] == [
+        _expected(s) for s in range(4)
+    ]
 
 
 def test_what_the_loop_does_to_a_batch_before_the_forward_is_hashed_too(tmp_path: Path) -> None:

@@ -38,7 +38,9 @@ def _gan_loop(out: Path, *, critic_steps: int, iterations: int = 3) -> tuple[Run
             total = 0.0
             for _ in range(critic_steps):
                 opt_c.zero_grad()
-                loss_c = netC(netG(torch.randn(4, 2)).detach()).mean() - netC(torch.randn(4, 3)).mean()
+                loss_c = (
+                    netC(netG(torch.randn(4, 2)).detach()).mean() - netC(torch.randn(4, 3)).mean()
+                )
                 loss_c.backward()
                 opt_c.step()
                 total += loss_c.item()
@@ -53,24 +55,32 @@ def _gan_loop(out: Path, *, critic_steps: int, iterations: int = 3) -> tuple[Run
 
 
 @pytest.mark.parametrize("critic_steps", [1, 3])
-def test_a_step_is_one_iteration_however_often_the_first_optimizer_steps_in_it(tmp_path: Path, critic_steps: int) -> None:
+def test_a_step_is_one_iteration_however_often_the_first_optimizer_steps_in_it(
+    tmp_path: Path, critic_steps: int
+) -> None:
     run, losses = _gan_loop(tmp_path / "r", critic_steps=critic_steps)
     assert sorted(run.steps) == [0, 1, 2]
     logged = run.losses()
-    assert [logged[s] for s in range(3)] == pytest.approx(losses, rel=1e-5)  # the sum of what backward() was called on
+    # the sum of what backward() was called on
+    assert [logged[s] for s in range(3)] == pytest.approx(losses, rel=1e-5)
     names = set(run.snapshot(1)["hashes"])
     assert {"netC.main.weight", "netC.main.bias", "netG.weight", "netG.bias"} <= names
-    assert not any(name.startswith("Critic") for name in names)  # named by the variable, not the class
+    # named by the variable, not the class
+    assert not any(name.startswith("Critic") for name in names)
 
 
 def test_the_parts_are_named_by_the_variables_and_one_module_holding_all_is_the_model() -> None:
     netG, netD = nn.Linear(2, 3), Critic()
-    opt_d, opt_g = torch.optim.SGD(netD.parameters(), lr=0.1), torch.optim.SGD(netG.parameters(), lr=0.1)
+    opt_d, opt_g = (
+        torch.optim.SGD(netD.parameters(), lr=0.1),
+        torch.optim.SGD(netG.parameters(), lr=0.1),
+    )
     model = model_of([opt_d, opt_g], netD, sys._getframe())
     assert isinstance(model, Parts) and list(dict(model.named_children())) == ["netD", "netG"]
     del model
     both = nn.ModuleDict({"d": netD, "g": netG})
-    assert model_of([opt_d, opt_g], netD, sys._getframe()) is both  # a module holding every optimizer's parameters
+    # a module holding every optimizer's parameters
+    assert model_of([opt_d, opt_g], netD, sys._getframe()) is both
     del both
 
     class Trainer:  # a method's self: its attributes are variables too
@@ -80,9 +90,11 @@ def test_the_parts_are_named_by_the_variables_and_one_module_holding_all_is_the_
         def first_forward(self) -> torch.nn.Module:
             return model_of([opt_d, opt_g], netD, sys._getframe())
 
-    # the innermost frame first: its own variables (netD, a closure variable), then its self's attributes
+    # the innermost frame first: its own variables (netD, a closure variable), then its self's
+    # attributes
     assert list(dict(Trainer().first_forward().named_children())) == ["netD", "generator"]
-    unnamed = model_of([opt_d, opt_g], netD, None)  # no frame: only __main__'s globals, which hold neither
+    # no frame: only __main__'s globals, which hold neither
+    unnamed = model_of([opt_d, opt_g], netD, None)
     assert [name for name, _ in unnamed.named_parameters()] == [
         "optimizer1.group0_param0",
         "optimizer1.group0_param1",

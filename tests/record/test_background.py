@@ -1,4 +1,5 @@
-"""The writer thread alone, against a fake commit: groups of what waits, the bound, the first failure."""
+"""The writer thread alone, against a fake commit: groups of what waits, the bound, the first
+failure."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from bisect_repro.store.commit import Commit, GroupCommitError
 
 
 class FakeDisk:
-    """Records each group's steps; the first group waits for ``gate``, and ``fail`` raises instead of committing."""
+    """Records each group's steps; the first group waits for ``gate``, and ``fail`` raises instead
+    of committing."""
 
     def __init__(self) -> None:
         self.groups: list[list[int]] = []
@@ -87,7 +89,11 @@ def test_a_snapshot_whose_commit_cannot_be_made_stops_the_group_there() -> None:
     writer.submit(*job(3))
     disk.gate.set()
     writer.drain()
-    assert disk.groups == [[0], [1]] and writer.failed_at == 2 and isinstance(writer.error, ZeroDivisionError)
+    assert (
+        disk.groups == [[0], [1]]
+        and writer.failed_at == 2
+        and isinstance(writer.error, ZeroDivisionError)
+    )
 
 
 @pytest.mark.parametrize("depth", [0, 2])

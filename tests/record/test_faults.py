@@ -1,4 +1,5 @@
-"""Faults while recording: disk full, permission denied, a file removed underneath, a file too large.
+"""Faults while recording: disk full, permission denied, a file removed underneath, a file too
+large.
 
 Each fault is injected where the operating system would report it (``open``, ``os.replace``, a
 write), or made real where an unprivileged test can (a removed directory, ``RLIMIT_FSIZE``).
@@ -50,7 +51,8 @@ def mlp(examples):
 
 
 def fail_on(monkeypatch, fragment: str, error: OSError, *, after: int = 0) -> list[str]:
-    """Make opening for writing in the store fail for paths containing ``fragment``, after ``after`` such opens."""
+    """Make opening for writing in the store fail for paths containing ``fragment``, after ``after``
+    such opens."""
     seen: list[str] = []
     opening = Folder._open
 
@@ -88,7 +90,9 @@ def assert_committed_prefix_intact(path: Path, clean: Run, last: int | None) -> 
 @pytest.fixture(scope="module")
 def clean(examples_dir, tmp_path_factory) -> Run:
     trainee = build(f"{examples_dir / 'mlp.py'}:build", {"hidden": 16})
-    return Run.open(record(trainee, tmp_path_factory.mktemp("clean") / "run", RecordOptions(**OPTIONS)))
+    return Run.open(
+        record(trainee, tmp_path_factory.mktemp("clean") / "run", RecordOptions(**OPTIONS))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +101,9 @@ def examples_dir() -> Path:
 
 
 @pytest.mark.parametrize("depth", [0, 2])
-def test_disk_full_stops_training_with_one_line_naming_the_run_and_the_cause(examples, tmp_path, monkeypatch, clean, depth) -> None:
+def test_disk_full_stops_training_with_one_line_naming_the_run_and_the_cause(
+    examples, tmp_path, monkeypatch, clean, depth
+) -> None:
     trainee, counter = mlp(examples)
     fail_on(monkeypatch, "snapshots/.step-00000006", enospc())
     with (
@@ -107,29 +113,49 @@ def test_disk_full_stops_training_with_one_line_naming_the_run_and_the_cause(exa
         for batch in r.batches():
             r.log(trainee.step(batch))  # type: ignore[misc]
     message = str(caught.value)
-    assert "\n" not in message and str(tmp_path / "r") in message and "No space left on device" in message
+    assert (
+        "\n" not in message
+        and str(tmp_path / "r") in message
+        and "No space left on device" in message
+    )
     assert "writing step 6" in message and "--resume" in message
-    assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC
+    assert (
+        isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ENOSPC
+    )
     if depth == 0:
-        assert counter.calls == 6  # stopped at once: the snapshot of step 6 is taken before its step runs
+        # stopped at once: the snapshot of step 6 is taken before its step runs
+        assert counter.calls == 6
     run = assert_committed_prefix_intact(tmp_path / "r", clean, last=4)
-    assert sorted(run.checkpoints) == [0, 4] and sorted(run.steps) == [0, 1, 2, 3, 4, 5]  # step lines come first
+    # step lines come first
+    assert sorted(run.checkpoints) == [0, 4] and sorted(run.steps) == [0, 1, 2, 3, 4, 5]
     assert (tmp_path / "r" / ".lock").exists()
-    Recorder(tmp_path / "r", build(f"{examples / 'mlp.py'}:build", {}), RecordOptions(force=True)).close()  # the lock was released
+    # the lock was released
+    Recorder(
+        tmp_path / "r", build(f"{examples / 'mlp.py'}:build", {}), RecordOptions(force=True)
+    ).close()
 
 
-def test_warn_keeps_training_with_one_warning_and_recording_stopped(examples, tmp_path, monkeypatch, clean) -> None:
+def test_warn_keeps_training_with_one_warning_and_recording_stopped(
+    examples, tmp_path, monkeypatch, clean
+) -> None:
     trainee, counter = mlp(examples)
-    fail_on(monkeypatch, "index.jsonl", enospc(), after=2)  # the 3rd write of index lines, one commit each: snapshot 4
+    # the 3rd write of index lines, one commit each: snapshot 4
+    fail_on(monkeypatch, "index.jsonl", enospc(), after=2)
     with (
         warnings.catch_warnings(record=True) as caught,
-        Recorder(tmp_path / "r", trainee, RecordOptions(**OPTIONS, on_error="warn"), max_pending_writes=0) as r,
+        Recorder(
+            tmp_path / "r", trainee, RecordOptions(**OPTIONS, on_error="warn"), max_pending_writes=0
+        ) as r,
     ):
         warnings.simplefilter("always")
         for batch in r.batches():
             r.log(trainee.step(batch))  # type: ignore[misc]
     ours = [w for w in caught if issubclass(w.category, RecordingWarning)]
-    assert len(ours) == 1 and "No space left on device" in str(ours[0].message) and "training goes on" in str(ours[0].message)
+    assert (
+        len(ours) == 1
+        and "No space left on device" in str(ours[0].message)
+        and "training goes on" in str(ours[0].message)
+    )
     assert counter.calls == 12
     run = assert_committed_prefix_intact(tmp_path / "r", clean, last=2)
     assert sorted(run.checkpoints) == [0]
@@ -137,14 +163,21 @@ def test_warn_keeps_training_with_one_warning_and_recording_stopped(examples, tm
 
 def test_permission_denied_on_a_checkpoint(examples, tmp_path, monkeypatch, clean) -> None:
     trainee, _ = mlp(examples)
-    fail_on(monkeypatch, "checkpoints/.step-00000008", PermissionError(errno.EACCES, os.strerror(errno.EACCES), "x"))
+    fail_on(
+        monkeypatch,
+        "checkpoints/.step-00000008",
+        PermissionError(errno.EACCES, os.strerror(errno.EACCES), "x"),
+    )
     with pytest.raises(RecordingError, match="Permission denied"):
         record(trainee, tmp_path / "r", RecordOptions(**OPTIONS))
-    run = assert_committed_prefix_intact(tmp_path / "r", clean, last=8)  # snapshot 8 was committed before its checkpoint
+    # snapshot 8 was committed before its checkpoint
+    run = assert_committed_prefix_intact(tmp_path / "r", clean, last=8)
     assert sorted(run.checkpoints) == [0, 4]
 
 
-def test_a_rename_that_fails_leaves_no_file_under_its_final_name(examples, tmp_path, monkeypatch, clean) -> None:
+def test_a_rename_that_fails_leaves_no_file_under_its_final_name(
+    examples, tmp_path, monkeypatch, clean
+) -> None:
     trainee, _ = mlp(examples)
     replace = os.replace
 
@@ -170,14 +203,18 @@ def test_a_folder_removed_underneath_is_reported(examples, tmp_path) -> None:
         return inner(batch)
 
     counter.inner = step
-    with pytest.raises(RecordingError) as caught, Recorder(tmp_path / "r", trainee, RecordOptions(**OPTIONS), max_pending_writes=0) as r:
+    with (
+        pytest.raises(RecordingError) as caught,
+        Recorder(tmp_path / "r", trainee, RecordOptions(**OPTIONS), max_pending_writes=0) as r,
+    ):
         for batch in r.batches():
             r.log(trainee.step(batch))  # type: ignore[misc]
     assert "No such file or directory" in str(caught.value) and "\n" not in str(caught.value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = Run.open(tmp_path / "r")
-    assert not run.complete and sorted(run.checkpoints) == [0, 4]  # checkpoints are in another folder, intact
+    # checkpoints are in another folder, intact
+    assert not run.complete and sorted(run.checkpoints) == [0, 4]
     for step in run.checkpoints:
         run.checkpoint(step)
 
@@ -185,12 +222,16 @@ def test_a_folder_removed_underneath_is_reported(examples, tmp_path) -> None:
 def test_a_failure_to_create_the_run_is_one_line(examples, tmp_path, monkeypatch) -> None:
     trainee, counter = mlp(examples)
     fail_on(monkeypatch, "run.json", enospc())
-    with pytest.raises(RecordingError, match="cannot create the run: No space left on device") as caught:
+    with pytest.raises(
+        RecordingError, match="cannot create the run: No space left on device"
+    ) as caught:
         record(trainee, tmp_path / "r", RecordOptions(**OPTIONS))
     assert counter.calls == 0 and "\n" not in str(caught.value)
 
 
-def test_a_bug_in_the_writer_is_not_disguised_as_a_disk_fault(examples, tmp_path, monkeypatch) -> None:
+def test_a_bug_in_the_writer_is_not_disguised_as_a_disk_fault(
+    examples, tmp_path, monkeypatch
+) -> None:
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
@@ -202,8 +243,14 @@ def test_a_bug_in_the_writer_is_not_disguised_as_a_disk_fault(examples, tmp_path
 
 def test_state_that_needs_pickle_is_a_one_line_error(examples, tmp_path) -> None:
     trainee, _ = mlp(examples)
-    trainee.scheduler = type("Odd", (), {"state_dict": lambda self: {"f": lambda: None}, "load_state_dict": lambda self, s: None})()
-    with pytest.raises(BisectReproError, match=r"state\.scheduler\.f: a function cannot be stored without pickle"):
+    trainee.scheduler = type(
+        "Odd",
+        (),
+        {"state_dict": lambda self: {"f": lambda: None}, "load_state_dict": lambda self, s: None},
+    )()
+    with pytest.raises(
+        BisectReproError, match=r"state\.scheduler\.f: a function cannot be stored without pickle"
+    ):
         record(trainee, tmp_path / "r", RecordOptions(**OPTIONS))
 
 
@@ -211,7 +258,18 @@ def test_state_that_needs_pickle_is_a_one_line_error(examples, tmp_path) -> None
 
 
 def cli_record(examples, out: Path, *extra: str):
-    args = ["record", f"{examples / 'mlp.py'}:build", "--out", str(out), "--steps", "12", "--every", "2", "--checkpoint-every", "4"]
+    args = [
+        "record",
+        f"{examples / 'mlp.py'}:build",
+        "--out",
+        str(out),
+        "--steps",
+        "12",
+        "--every",
+        "2",
+        "--checkpoint-every",
+        "4",
+    ]
     return runner.invoke(app, [*args, "--set", "hidden=16", "--quiet", *extra])
 
 
@@ -224,14 +282,22 @@ def test_cli_disk_full_is_exit_2_and_one_line(examples, tmp_path, monkeypatch) -
     assert str(tmp_path / "r") in lines[0] and "No space left on device" in lines[0]
 
 
-def test_cli_on_error_warn_finishes_training_with_one_warning(examples, tmp_path, monkeypatch) -> None:
+def test_cli_on_error_warn_finishes_training_with_one_warning(
+    examples, tmp_path, monkeypatch
+) -> None:
     fail_on(monkeypatch, "snapshots/.step-00000004", enospc())
     result = cli_record(examples, tmp_path / "r", "--on-error", "warn")
     assert result.exit_code == 0, result.output
     warned = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warned) == 1 and "No space left on device" in warned[0] and "training goes on" in warned[0]
+    assert (
+        len(warned) == 1
+        and "No space left on device" in warned[0]
+        and "training goes on" in warned[0]
+    )
     shown = runner.invoke(app, ["show", str(tmp_path / "r")])
-    assert shown.exit_code == 0 and "incomplete (last complete step 2)" in " ".join(shown.stdout.split())
+    assert shown.exit_code == 0 and "incomplete (last complete step 2)" in " ".join(
+        shown.stdout.split()
+    )
 
 
 def test_cli_refuses_an_unknown_on_error(examples, tmp_path) -> None:
@@ -246,12 +312,33 @@ def test_a_real_file_size_limit_is_exit_2_and_one_line(examples, tmp_path) -> No
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
 
-    args = ["--steps", "12", "--every", "2", "--checkpoint-every", "4", "--set", "hidden=64", "--quiet"]
-    command = [sys.executable, "-m", "bisect_repro.cli", "record", f"{examples / 'mlp.py'}:build", "--out", str(tmp_path / "r"), *args]
+    args = [
+        "--steps",
+        "12",
+        "--every",
+        "2",
+        "--checkpoint-every",
+        "4",
+        "--set",
+        "hidden=64",
+        "--quiet",
+    ]
+    command = [
+        sys.executable,
+        "-m",
+        "bisect_repro.cli",
+        "record",
+        f"{examples / 'mlp.py'}:build",
+        "--out",
+        str(tmp_path / "r"),
+        *args,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, preexec_fn=limit)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "File too large" in lines[0] and str(tmp_path / "r") in lines[0], result.stderr
+    assert len(lines) == 1 and "File too large" in lines[0] and str(tmp_path / "r") in lines[0], (
+        result.stderr
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = Run.open(tmp_path / "r")
@@ -270,7 +357,9 @@ def test_a_second_recorder_is_kept_out_with_the_holder_named(examples, tmp_path)
         other, _ = mlp(examples)
         with pytest.raises(RunLockedError) as caught:
             Recorder(tmp_path / "r", other, RecordOptions(**OPTIONS, force=True))
-        assert str(tmp_path / "r") in str(caught.value) and f"pid {os.getpid()}" in str(caught.value)
+        assert str(tmp_path / "r") in str(caught.value) and f"pid {os.getpid()}" in str(
+            caught.value
+        )
         with pytest.raises(RunLockedError):
             Recorder(tmp_path / "r", other, resume=True)
         for batch in first.batches():
@@ -283,10 +372,18 @@ def test_a_second_recorder_is_kept_out_with_the_holder_named(examples, tmp_path)
 def test_cli_names_the_process_holding_the_lock(examples, tmp_path) -> None:
     assert cli_record(examples, tmp_path / "r").exit_code == 0
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys, os; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
-         "f.truncate(0); f.write(str(os.getpid())); f.flush(); print('held', flush=True); sys.stdin.read()", str(tmp_path / "r" / ".lock")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, os; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "f.truncate(0); f.write(str(os.getpid())); f.flush(); print('held', flush=True); "
+            "sys.stdin.read()",
+            str(tmp_path / "r" / ".lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         result = cli_record(examples, tmp_path / "r", "--force")

@@ -7,9 +7,18 @@ from bisect_repro.record.recipe import Trainee, build, parse_settings
 
 
 def test_settings_are_json_literals_or_strings() -> None:
-    assert parse_settings(["a=3", "b=0.1", "c=true", "d=null", 'e="x"', "f=hello", "g=[1, 2]", "h=a=b"]) == {
-        "a": 3, "b": 0.1, "c": True, "d": None, "e": "x", "f": "hello", "g": [1, 2], "h": "a=b",
-    }  # fmt: skip
+    assert parse_settings(
+        ["a=3", "b=0.1", "c=true", "d=null", 'e="x"', "f=hello", "g=[1, 2]", "h=a=b"]
+    ) == {
+        "a": 3,
+        "b": 0.1,
+        "c": True,
+        "d": None,
+        "e": "x",
+        "f": "hello",
+        "g": [1, 2],
+        "h": "a=b",
+    }
 
 
 @pytest.mark.parametrize("bad", ["novalue", "=3", "not an id=3"])
@@ -24,7 +33,8 @@ def test_a_file_target_can_import_its_neighbours(tmp_path) -> None:
         "import torch\nfrom helper import WIDTH\nfrom bisect_repro import Trainee\n"
         "def build(lr=0.1):\n"
         "    m = torch.nn.Linear(WIDTH, 1)\n"
-        "    return Trainee(m, torch.optim.SGD(m.parameters(), lr=lr), [torch.ones(WIDTH)], lambda b: m(b).sum())\n"
+        "    return Trainee(m, torch.optim.SGD(m.parameters(), lr=lr), [torch.ones(WIDTH)], lambda "
+        "b: m(b).sum())\n"
     )
     trainee = build(f"{tmp_path / 'recipe.py'}:build", {"lr": 0.5})
     assert trainee.optimizer.param_groups[0]["lr"] == 0.5
@@ -56,9 +66,20 @@ def test_the_stateful_pieces_follow_the_protocol() -> None:
     from bisect_repro.stateful import Stateful
 
     model = torch.nn.Linear(2, 1)
-    trainee = Trainee(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(2)], lambda b: model(b).sum())
+    trainee = Trainee(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        [torch.ones(2)],
+        lambda b: model(b).sum(),
+    )
     state = TrainingState(trainee)
-    for piece in (state, state.streams, state.data, RandomStreams(), DataStream([1], RandomStreams())):
+    for piece in (
+        state,
+        state.streams,
+        state.data,
+        RandomStreams(),
+        DataStream([1], RandomStreams()),
+    ):
         assert isinstance(piece, Stateful)
     with pytest.raises(RecipeError, match="scheduler"):
         Trainee(model, trainee.optimizer, [], None, scheduler=object())  # type: ignore[arg-type]

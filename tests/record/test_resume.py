@@ -25,10 +25,14 @@ class Interrupted(Exception):
 
 
 def interrupted_run(examples, out: Path, at: int, name: str = "mlp.py", **config) -> None:
-    """Record until step ``at`` and die there, as a killed process would (nothing closes the run)."""
+    """Record until step ``at`` and die there, as a killed process would (nothing closes the
+    run)."""
     config = {"hidden": 16, **config} if name == "mlp.py" else config
     trainee = build(f"{examples / name}:build", config)
-    with pytest.raises(Interrupted), Recorder(out, trainee, RecordOptions(**OPTIONS), config=config) as recorder:
+    with (
+        pytest.raises(Interrupted),
+        Recorder(out, trainee, RecordOptions(**OPTIONS), config=config) as recorder,
+    ):
         for batch in recorder.batches():
             if recorder.step == at:
                 raise Interrupted
@@ -46,7 +50,9 @@ def resume(examples, out: Path, name: str = "mlp.py", **config) -> Run:
 def whole(tmp_path_factory) -> Run:
     examples = Path(__file__).resolve().parents[2] / "examples"
     trainee = build(f"{examples / 'mlp.py'}:build", {"hidden": 16})
-    return Run.open(record(trainee, tmp_path_factory.mktemp("whole") / "run", RecordOptions(**OPTIONS)))
+    return Run.open(
+        record(trainee, tmp_path_factory.mktemp("whole") / "run", RecordOptions(**OPTIONS))
+    )
 
 
 def assert_equal_runs(resumed: Run, whole: Run) -> None:
@@ -56,7 +62,9 @@ def assert_equal_runs(resumed: Run, whole: Run) -> None:
     for step in whole.snapshots:
         assert resumed.snapshot(step)["hashes"] == whole.snapshot(step)["hashes"], f"step {step}"
         position = ("epoch", "batch", "base_seed")
-        assert [resumed.snapshot(step)["data"][k] for k in position] == [whole.snapshot(step)["data"][k] for k in position]
+        assert [resumed.snapshot(step)["data"][k] for k in position] == [
+            whole.snapshot(step)["data"][k] for k in position
+        ]
     assert resumed.steps == whole.steps  # loss, data order and batch hash of every step
 
 
@@ -77,8 +85,13 @@ def test_resume_keeps_what_it_drops(examples, tmp_path, whole) -> None:
     kept = tmp_path / "r" / "rank0" / "superseded" / "resume-001"
     dropped = [json.loads(line) for line in (kept / "index.jsonl").read_text().splitlines()]
     assert [(d["kind"], d["step"]) for d in dropped] == [("snapshot", 12), ("snapshot", 15)]
-    assert [json.loads(line)["step"] for line in (kept / "steps.jsonl").read_text().splitlines()] == list(range(9, 15))
-    assert sorted(p.name for p in (kept / "snapshots").iterdir()) == ["step-00000012.st.zst", "step-00000015.st.zst"]
+    assert [
+        json.loads(line)["step"] for line in (kept / "steps.jsonl").read_text().splitlines()
+    ] == list(range(9, 15))
+    assert sorted(p.name for p in (kept / "snapshots").iterdir()) == [
+        "step-00000012.st.zst",
+        "step-00000015.st.zst",
+    ]
 
 
 def test_resume_after_a_crash_during_resume(examples, tmp_path, whole, monkeypatch) -> None:
@@ -95,7 +108,8 @@ def test_resume_after_a_crash_during_resume(examples, tmp_path, whole, monkeypat
         resume(examples, tmp_path / "r")
     monkeypatch.undo()
     halfway = Run.open(tmp_path / "r")
-    assert max(halfway.snapshots) == 18 and max(halfway.steps) == 17  # readable, extra step lines only
+    # readable, extra step lines only
+    assert max(halfway.snapshots) == 18 and max(halfway.steps) == 17
     assert_equal_runs(resume(examples, tmp_path / "r"), whole)
 
 
@@ -111,7 +125,9 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_one_before(examples, tmp_pa
     assert_equal_runs(resumed, whole)
 
 
-def test_a_write_failure_while_resuming_leaves_the_run_as_it_was(examples, tmp_path, monkeypatch) -> None:
+def test_a_write_failure_while_resuming_leaves_the_run_as_it_was(
+    examples, tmp_path, monkeypatch
+) -> None:
     interrupted_run(examples, tmp_path / "r", 20)
     index = (tmp_path / "r" / "rank0" / "index.jsonl").read_bytes()
     replace = os.replace
@@ -122,20 +138,28 @@ def test_a_write_failure_while_resuming_leaves_the_run_as_it_was(examples, tmp_p
         return replace(source, target, **folders)
 
     monkeypatch.setattr(os, "replace", full)
-    with pytest.raises(RecordingError, match="cannot resume the run: No space left on device") as caught:
+    with pytest.raises(
+        RecordingError, match="cannot resume the run: No space left on device"
+    ) as caught:
         resume(examples, tmp_path / "r")
     assert "\n" not in str(caught.value)
     monkeypatch.undo()
     assert (tmp_path / "r" / "rank0" / "index.jsonl").read_bytes() == index
 
 
-def test_resume_refuses_other_options_a_complete_run_and_a_run_without_checkpoint(examples, tmp_path, whole) -> None:
+def test_resume_refuses_other_options_a_complete_run_and_a_run_without_checkpoint(
+    examples, tmp_path, whole
+) -> None:
     interrupted_run(examples, tmp_path / "r", 12)
     trainee = build(f"{examples / 'mlp.py'}:build", {"hidden": 16})
-    with pytest.raises(BisectReproError, match=r"recorded with --every 3, not 5; resume with the same options"):
+    with pytest.raises(
+        BisectReproError, match=r"recorded with --every 3, not 5; resume with the same options"
+    ):
         Recorder(tmp_path / "r", trainee, RecordOptions(**{**OPTIONS, "every": 5}), resume=True)
     with pytest.raises(BisectReproError, match=r"recorded with --set"):
-        Recorder(tmp_path / "r", trainee, RecordOptions(**OPTIONS), resume=True, config={"hidden": 32})
+        Recorder(
+            tmp_path / "r", trainee, RecordOptions(**OPTIONS), resume=True, config={"hidden": 32}
+        )
     with pytest.raises(RecordingError, match="complete; nothing to resume"):
         Recorder(whole.path, trainee, resume=True)
     writer = store.RunWriter.create(tmp_path / "fresh", {"options": {**OPTIONS, "start_step": 0}})
@@ -144,17 +168,30 @@ def test_resume_refuses_other_options_a_complete_run_and_a_run_without_checkpoin
         Recorder(tmp_path / "fresh", trainee, resume=True)
     with pytest.raises(BisectReproError, match="no such run"):
         Recorder(tmp_path / "nothing", trainee, resume=True)
-    Recorder(tmp_path / "r", trainee, resume=True).close()  # the refusals released the lock; options default to the run's
+    # the refusals released the lock; options default to the run's
+    Recorder(tmp_path / "r", trainee, resume=True).close()
 
 
-def test_resuming_a_run_that_was_itself_started_from_another_keeps_its_schedule(examples, tmp_path, whole) -> None:
+def test_resuming_a_run_that_was_itself_started_from_another_keeps_its_schedule(
+    examples, tmp_path, whole
+) -> None:
     trainee = build(f"{examples / 'mlp.py'}:build", {"hidden": 16})
-    with pytest.raises(Interrupted), Recorder(tmp_path / "r", trainee, RecordOptions(**OPTIONS), resume_from=(whole.path, 9)) as rec:
+    with (
+        pytest.raises(Interrupted),
+        Recorder(
+            tmp_path / "r", trainee, RecordOptions(**OPTIONS), resume_from=(whole.path, 9)
+        ) as rec,
+    ):
         for batch in rec.batches():
             if rec.step == 25:
                 raise Interrupted
             rec.log(trainee.step(batch))  # type: ignore[misc]
-    record(build(f"{examples / 'mlp.py'}:build", {"hidden": 16}), tmp_path / "r", RecordOptions(**OPTIONS), resume=True)
+    record(
+        build(f"{examples / 'mlp.py'}:build", {"hidden": 16}),
+        tmp_path / "r",
+        RecordOptions(**OPTIONS),
+        resume=True,
+    )
     resumed = Run.open(tmp_path / "r")
     assert sorted(resumed.snapshots) == [s for s in sorted(whole.snapshots) if s >= 9]
     for step in resumed.snapshots:
@@ -163,9 +200,14 @@ def test_resuming_a_run_that_was_itself_started_from_another_keeps_its_schedule(
 
 def test_cnn_with_workers_resumes_exactly(examples, tmp_path) -> None:
     trainee = build(f"{examples / 'cnn.py'}:build", {"num_workers": 2})
-    reference = Run.open(record(trainee, tmp_path / "whole", RecordOptions(**{**OPTIONS, "steps": 22})))
+    reference = Run.open(
+        record(trainee, tmp_path / "whole", RecordOptions(**{**OPTIONS, "steps": 22}))
+    )
     trainee = build(f"{examples / 'cnn.py'}:build", {"num_workers": 2})
-    with pytest.raises(Interrupted), Recorder(tmp_path / "r", trainee, RecordOptions(**{**OPTIONS, "steps": 22})) as recorder:
+    with (
+        pytest.raises(Interrupted),
+        Recorder(tmp_path / "r", trainee, RecordOptions(**{**OPTIONS, "steps": 22})) as recorder,
+    ):
         for batch in recorder.batches():
             if recorder.step == 20:  # past the first epoch (16 batches)
                 raise Interrupted
@@ -180,13 +222,24 @@ def test_cnn_with_workers_resumes_exactly(examples, tmp_path) -> None:
 
 def test_cli_resume(examples, tmp_path, whole) -> None:
     interrupted_run(examples, tmp_path / "r", 14)
-    args = ["record", f"{examples / 'mlp.py'}:build", "--out", str(tmp_path / "r"), "--steps", "30", "--every", "3"]
+    args = [
+        "record",
+        f"{examples / 'mlp.py'}:build",
+        "--out",
+        str(tmp_path / "r"),
+        "--steps",
+        "30",
+        "--every",
+        "3",
+    ]
     args += ["--checkpoint-every", "9", "--set", "hidden=16", "--quiet"]
     plain = runner.invoke(app, args)
     assert plain.exit_code == 2 and "--resume to continue it" in plain.stderr
     both = runner.invoke(app, [*args, "--resume", "--force"])
     assert both.exit_code == 2 and "not both" in both.stderr
-    other = runner.invoke(app, [*args[:-5], "--checkpoint-every", "10", "--set", "hidden=16", "--resume"])
+    other = runner.invoke(
+        app, [*args[:-5], "--checkpoint-every", "10", "--set", "hidden=16", "--resume"]
+    )
     assert other.exit_code == 2 and "--checkpoint-every 9, not 10" in other.stderr
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # resuming a run killed between commits warns about nothing
@@ -194,6 +247,7 @@ def test_cli_resume(examples, tmp_path, whole) -> None:
     assert result.exit_code == 0, result.output
     assert_equal_runs(Run.open(tmp_path / "r"), whole)
     compared = runner.invoke(app, ["compare", str(whole.path), str(tmp_path / "r"), "--json"])
-    assert compared.exit_code == 0 and json.loads(compared.stdout)["identical"], compared.output  # and compare says so
+    # and compare says so
+    assert compared.exit_code == 0 and json.loads(compared.stdout)["identical"], compared.output
     again = runner.invoke(app, [*args, "--resume"])
     assert again.exit_code == 2 and "nothing to resume" in again.stderr

@@ -1,4 +1,5 @@
-"""The launch spec of a run: what a replay would run, checked before anything runs (no process is started here)."""
+"""The launch spec of a run: what a replay would run, checked before anything runs (no process is
+started here)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bisect_repro.replay.launch import REPLAYED_VARIABLES, ReplayUnavailable, spec_for_recipe, spec_for_run
+from bisect_repro.replay.launch import (
+    REPLAYED_VARIABLES,
+    ReplayUnavailable,
+    spec_for_recipe,
+    spec_for_run,
+)
 from bisect_repro.store.meta import CodeKind
 from bisect_repro.store.run import Run
 from bisect_repro.store.writer import RunWriter
@@ -45,13 +51,25 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_signed_script_run_replays_its_own_file_with_only_the_numeric_variables(tmp_path: Path, script: Path) -> None:
+def test_a_signed_script_run_replays_its_own_file_with_only_the_numeric_variables(
+    tmp_path: Path, script: Path
+) -> None:
     spec = spec_for_run(fake_run(tmp_path / "run", script))
     assert spec.signed and spec.kind is CodeKind.SCRIPT and spec.path == str(script.resolve())
-    assert spec.variables == {"OMP_NUM_THREADS": "2", "PYTHONHASHSEED": None} and set(spec.variables) <= REPLAYED_VARIABLES
+    assert (
+        spec.variables == {"OMP_NUM_THREADS": "2", "PYTHONHASHSEED": None}
+        and set(spec.variables) <= REPLAYED_VARIABLES
+    )
     announced = "\n".join(spec.announcement())
-    assert f"file: {script.resolve()} (sha256 {spec.sha256})" in announced and f"working directory: {script.parent}" in announced
-    assert "sets: OMP_NUM_THREADS=2" in announced and "unsets: PYTHONHASHSEED" in announced and "PYTHONPATH" not in announced
+    assert (
+        f"file: {script.resolve()} (sha256 {spec.sha256})" in announced
+        and f"working directory: {script.parent}" in announced
+    )
+    assert (
+        "sets: OMP_NUM_THREADS=2" in announced
+        and "unsets: PYTHONHASHSEED" in announced
+        and "PYTHONPATH" not in announced
+    )
 
 
 def test_an_edited_run_is_not_signed(tmp_path: Path, script: Path) -> None:
@@ -64,7 +82,9 @@ def test_an_edited_run_is_not_signed(tmp_path: Path, script: Path) -> None:
 
 def test_a_world_size_this_machine_cannot_run_is_refused(tmp_path: Path, script: Path) -> None:
     distributed = {"world_size": 4 * (os.cpu_count() or 1) + 1, "backend": "gloo", "layout": "ddp"}
-    RunWriter.create(tmp_path / "run", {"target": None, "distributed": distributed}, rank_meta={"rank": 0}).close()
+    RunWriter.create(
+        tmp_path / "run", {"target": None, "distributed": distributed}, rank_meta={"rank": 0}
+    ).close()
     run = Run.open(tmp_path / "run")
     with pytest.raises(ReplayUnavailable, match="more than this machine runs"):
         spec_for_run(run)
@@ -98,15 +118,32 @@ def test_a_module_is_run_from_the_root_its_file_lies_under(tmp_path: Path) -> No
     launch = {
         "argv": ["x"],
         "cwd": str(tmp_path),
-        "code": {"kind": "module", "module": "pkg.train", "path": str(package / "train.py"), "sha256": digest},
+        "code": {
+            "kind": "module",
+            "module": "pkg.train",
+            "path": str(package / "train.py"),
+            "sha256": digest,
+        },
     }
     RunWriter.create(tmp_path / "run", {"target": None, "launch": launch}).close()
     spec = spec_for_run(Run.open(tmp_path / "run"))
-    assert spec.root == str(tmp_path / "src") and spec.module == "pkg.train" and spec.describe().startswith("python -m pkg.train")
+    assert (
+        spec.root == str(tmp_path / "src")
+        and spec.module == "pkg.train"
+        and spec.describe().startswith("python -m pkg.train")
+    )
 
 
-def test_a_recipe_named_here_is_the_users_own_decision(tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_recipe_named_here_is_the_users_own_decision(
+    tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(script.parent)
-    spec = spec_for_recipe("train.py:build", {"lr": 0.1}, {"PYTHONHASHSEED": "1", "LD_PRELOAD": "/x.so"})
-    assert spec.signed and spec.target == f"{script.resolve()}:build" and spec.cwd == str(script.parent)
+    spec = spec_for_recipe(
+        "train.py:build", {"lr": 0.1}, {"PYTHONHASHSEED": "1", "LD_PRELOAD": "/x.so"}
+    )
+    assert (
+        spec.signed
+        and spec.target == f"{script.resolve()}:build"
+        and spec.cwd == str(script.parent)
+    )
     assert spec.variables == {"PYTHONHASHSEED": "1"}

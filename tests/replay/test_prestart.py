@@ -30,7 +30,9 @@ from tests.replay.test_forks import REPORTING, _report, exiting_with_7
         ([], False),
     ],
 )
-def test_only_a_compare_that_replays_starts_a_server_ahead(monkeypatch, argv: list[str], started: bool) -> None:
+def test_only_a_compare_that_replays_starts_a_server_ahead(
+    monkeypatch, argv: list[str], started: bool
+) -> None:
     calls: list[str] = []
     monkeypatch.setattr(sys, "argv", ["bisect-repro", *argv])
     monkeypatch.setattr(prestart, "prestart", lambda: calls.append("prestart"))
@@ -45,28 +47,49 @@ def _replica_environment(recipe: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_the_replica_with_its_environment_takes_it_once_and_a_server_left_over_ends(tmp_path: Path, caplog) -> None:
+def test_the_replica_with_its_environment_takes_it_once_and_a_server_left_over_ends(
+    tmp_path: Path, caplog
+) -> None:
     recipe = tmp_path / "reporting.py"
     recipe.write_text(REPORTING)
     ahead, unused = prestart.prestart(), prestart.prestart()
-    assert prestart.take({**prestart.replica_environment(), "OMP_NUM_THREADS": "3"}) is None  # another environment
+    # another environment
+    assert prestart.take({**prestart.replica_environment(), "OMP_NUM_THREADS": "3"}) is None
     caplog.set_level("INFO", logger="bisect_repro.replay.forks")
 
     def never() -> subprocess.Popen[bytes]:
         raise AssertionError("the server started ahead forks: no fresh process is started")
 
     with forking() as forks:
-        copy = forks.start(_replica_environment(recipe), {SPEC_VARIABLE}, ["numpy"], str(tmp_path), tmp_path / "log", never)
-        assert copy is not None and copy.wait(timeout=120) == 2  # the recipe's one-line error, as a fresh process exits
-        assert (forks.started, forks.forked) == (1, 1) and ahead.process.poll() is None and unused.process.poll() is None
+        copy = forks.start(
+            _replica_environment(recipe),
+            {SPEC_VARIABLE},
+            ["numpy"],
+            str(tmp_path),
+            tmp_path / "log",
+            never,
+        )
+        # the recipe's one-line error, as a fresh process exits
+        assert copy is not None and copy.wait(timeout=120) == 2
+        assert (
+            (forks.started, forks.forked) == (1, 1)
+            and ahead.process.poll() is None
+            and unused.process.poll() is None
+        )
     assert "taken, started ahead" in caplog.text
-    assert int(str(_report(tmp_path / "log")["settled"])) > 0 or not _report(tmp_path / "log")["mkl"]  # MKL's first call, in the copy
-    assert ahead.process.wait(timeout=30) == 0 and unused.process.wait(timeout=30) == 0  # both ended with the block
+    # MKL's first call, in the copy
+    assert (
+        int(str(_report(tmp_path / "log")["settled"])) > 0 or not _report(tmp_path / "log")["mkl"]
+    )
+    # both ended with the block
+    assert ahead.process.wait(timeout=30) == 0 and unused.process.wait(timeout=30) == 0
     assert prestart.take(prestart.replica_environment()) is None
 
 
 @pytest.mark.slow
-def test_a_server_started_ahead_unfit_after_its_preloads_starts_the_replica_afresh(tmp_path: Path, monkeypatch) -> None:
+def test_a_server_started_ahead_unfit_after_its_preloads_starts_the_replica_afresh(
+    tmp_path: Path, monkeypatch
+) -> None:
     # the library it is told to preload is shadowed by one whose import runs a parallel op
     (tmp_path / "torchaudio.py").write_text("import torch\ntorch.ones(1 << 20).exp()\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -77,8 +100,16 @@ def test_a_server_started_ahead_unfit_after_its_preloads_starts_the_replica_afre
     fresh: list[int] = []
     start_afresh = exiting_with_7(fresh)
     with forking() as forks:
-        first = forks.start(_replica_environment(recipe), {SPEC_VARIABLE}, ["torchaudio"], str(tmp_path), tmp_path / "log", start_afresh)
-        if first is not None:  # None: the server had already said it is unfit, and the caller starts its own process
+        first = forks.start(
+            _replica_environment(recipe),
+            {SPEC_VARIABLE},
+            ["torchaudio"],
+            str(tmp_path),
+            tmp_path / "log",
+            start_afresh,
+        )
+        # None: the server had already said it is unfit, and the caller starts its own process
+        if first is not None:
             assert first.wait(timeout=120) == 7 and first.pid == fresh[0]
         assert (forks.started, forks.forked) == (1, 0)
     assert ahead.process.wait(timeout=30) == 0 and os.environ["OMP_NUM_THREADS"] == "2"

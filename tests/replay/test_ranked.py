@@ -1,4 +1,5 @@
-"""The replica of a distributed run: its ranks under torchrun, replying for one, and ended as one."""
+"""The replica of a distributed run: its ranks under torchrun, replying for one, and ended as
+one."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def build(fail_rank: int = -1) -> Trainee:
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Linear(4, 1))
     data = [(torch.randn(2, 4), torch.randn(2, 1)) for _ in range(4)]
-    trainee = Trainee.supervised(model, torch.optim.SGD(model.parameters(), lr=0.1), data, nn.functional.mse_loss)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainee = Trainee.supervised(model, optimizer, data, nn.functional.mse_loss)
     step = trainee.step
 
     def failing(batch):
@@ -39,10 +41,20 @@ def build(fail_rank: int = -1) -> Trainee:
 
 def test_a_distributed_spec_is_described_as_run_on_its_ranks() -> None:
     recipe = LaunchSpec(kind="recipe", target="train.py:build", config={"lr": 0.1}).on_ranks(4, 2)
-    assert recipe.describe() == "recipe train.py:build --set lr=0.1 --nproc-per-node 4 (focus: rank 2)"
-    script = LaunchSpec(kind="script", path="train.py", argv=["train.py", "--out", "r"]).on_ranks(2, 1)
-    assert script.describe() == "torchrun --standalone --nproc-per-node 2 train.py --out r (focus: rank 1)"
-    assert LaunchSpec(kind="script", path="train.py", argv=["train.py"]).describe() == "python train.py"
+    assert (
+        recipe.describe() == "recipe train.py:build --set lr=0.1 --nproc-per-node 4 (focus: rank 2)"
+    )
+    script = LaunchSpec(kind="script", path="train.py", argv=["train.py", "--out", "r"]).on_ranks(
+        2, 1
+    )
+    assert (
+        script.describe()
+        == "torchrun --standalone --nproc-per-node 2 train.py --out r (focus: rank 1)"
+    )
+    assert (
+        LaunchSpec(kind="script", path="train.py", argv=["train.py"]).describe()
+        == "python train.py"
+    )
 
 
 def _gone(pid: int) -> bool:
@@ -64,11 +76,14 @@ def test_a_rank_that_dies_ends_the_replay_in_one_line_and_no_rank_is_left_waitin
         pids = [hello.pid for hello in replica.hellos.values()]
         assert replica.fetch().step == 0
         with pytest.raises(ReplicaFailed) as failed:
-            replica.run(0, trace="none", commit=True)  # rank 0 waits in DDP's all-reduce for rank 1, which raised
+            # rank 0 waits in DDP's all-reduce for rank 1, which raised
+            replica.run(0, trace="none", commit=True)
         with pytest.raises(ReplicaFailed):  # and stays failed
             replica.hashes()
     message = str(failed.value)
-    assert len(message.splitlines()) == 1 and message.startswith("replay of run A (recipe "), message
+    assert len(message.splitlines()) == 1 and message.startswith("replay of run A (recipe "), (
+        message
+    )
     assert "rank 1 stopped during 'run': RuntimeError: rank 1 broke" in message, message
     deadline = time.monotonic() + 10
     while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
@@ -79,9 +94,17 @@ def test_a_rank_that_dies_ends_the_replay_in_one_line_and_no_rank_is_left_waitin
 
 @pytest.mark.slow
 def test_a_rank_that_cannot_start_is_named(tmp_path) -> None:
-    (tmp_path / "recipe.py").write_text(RECIPE.replace("    torch.manual_seed(0)\n", "    assert dist.get_rank() != 1, 'no rank 1'\n"))
+    (tmp_path / "recipe.py").write_text(
+        RECIPE.replace(
+            "    torch.manual_seed(0)\n", "    assert dist.get_rank() != 1, 'no rank 1'\n"
+        )
+    )
     spec = spec_for_recipe(f"{tmp_path / 'recipe.py'}:build").on_ranks(2, 0)
     with start_replica(spec, "run B") as replica, pytest.raises(ReplicaFailed) as failed:
         replica.connect()
     message = str(failed.value)
-    assert len(message.splitlines()) == 1 and "rank 1 exited" in message and "AssertionError: no rank 1" in message, message
+    assert (
+        len(message.splitlines()) == 1
+        and "rank 1 exited" in message
+        and "AssertionError: no rank 1" in message
+    ), message

@@ -29,7 +29,10 @@ class _Records:
 
 FIRST = StepResult(
     step=5,
-    entries=[TraceEntry("forward", "0", "0.output", "d1"), TraceEntry("backward", "0", "0.weight.grad", "d2")],
+    entries=[
+        TraceEntry("forward", "0", "0.output", "d1"),
+        TraceEntry("backward", "0", "0.weight.grad", "d2"),
+    ],
     loss=0.5,
     outcome="after",
     streams_after={"torch": "t1"},
@@ -38,8 +41,12 @@ FIRST = StepResult(
 RECORDS = _Records(steps={5: {"batch": "b", "loss": 0.5}}, hashes={6: {"0.weight": "w"}})
 
 
-def _why(again: StepResult, records: _Records = RECORDS, hashes: dict[str, str] | None = None) -> str | None:
-    return unfaithful(FIRST, again, cast(Run, records), 5, {"0.weight": "w"} if hashes is None else hashes)
+def _why(
+    again: StepResult, records: _Records = RECORDS, hashes: dict[str, str] | None = None
+) -> str | None:
+    return unfaithful(
+        FIRST, again, cast(Run, records), 5, {"0.weight": "w"} if hashes is None else hashes
+    )
 
 
 def test_a_rewind_that_reproduces_the_first_run_and_the_records_is_faithful() -> None:
@@ -50,23 +57,35 @@ def test_a_rewind_that_reproduces_the_first_run_and_the_records_is_faithful() ->
     ("again", "says"),
     [
         (replace(FIRST, entries=FIRST.entries[:1]), "traced other tensors"),
-        (replace(FIRST, entries=[FIRST.entries[0], TraceEntry("backward", "0", "0.weight.grad", "other")]), "traced other tensors"),
+        (
+            replace(
+                FIRST,
+                entries=[FIRST.entries[0], TraceEntry("backward", "0", "0.weight.grad", "other")],
+            ),
+            "traced other tensors",
+        ),
         (replace(FIRST, outcome="elsewhere"), "ended in another state"),
         (replace(FIRST, streams_after={"torch": "t2"}), "ended in another state"),
         (replace(FIRST, batch="another"), "did not reproduce the recorded batch"),
         (replace(FIRST, loss=0.25), "did not reproduce the recorded loss"),
     ],
 )
-def test_a_rewind_that_differs_from_the_first_run_or_the_records_is_not_faithful(again: StepResult, says: str) -> None:
+def test_a_rewind_that_differs_from_the_first_run_or_the_records_is_not_faithful(
+    again: StepResult, says: str
+) -> None:
     why = _why(again)
     assert why is not None and says in why and "a local counter" in why
 
 
-def test_the_snapshot_after_the_step_and_a_step_log_without_the_loss_are_checked_as_far_as_they_go() -> None:
+def test_the_snapshot_after_the_step_and_a_log_without_the_loss_are_checked_as_far_as_they_go() -> (
+    None
+):
     assert "recorded state after it" in (_why(replace(FIRST), hashes={"0.weight": "moved"}) or "")
     unlogged = _Records(steps={5: {"batch": "b"}}, hashes={})
     assert _why(replace(FIRST), unlogged, hashes={}) is None
-    assert "another batch, or to another loss" in (_why(replace(FIRST, loss=0.25), unlogged, hashes={}) or "")
+    assert "another batch, or to another loss" in (
+        _why(replace(FIRST, loss=0.25), unlogged, hashes={}) or ""
+    )
 
 
 @pytest.mark.parametrize(
@@ -74,12 +93,16 @@ def test_the_snapshot_after_the_step_and_a_step_log_without_the_loss_are_checked
     [
         (5, True, False, False, True),
         (5, True, False, True, True),
-        (5, False, False, False, True),  # other streams, but the data draws moved none: the kept batch is the one drawn
-        (5, False, False, True, False),  # a fresh process would draw the data under the other streams
+        # other streams, but the data draws moved none: the kept batch is the one drawn
+        (5, False, False, False, True),
+        # a fresh process would draw the data under the other streams
+        (5, False, False, True, False),
         (5, True, True, False, False),  # a compiler trial compiles afresh
         (4, True, False, False, False),  # not the verified step
     ],
 )
-def test_which_repeats_a_verified_rewind_serves(step: int, plain: bool, compiles: bool, consumes: bool, serves: bool) -> None:
+def test_which_repeats_a_verified_rewind_serves(
+    step: int, plain: bool, compiles: bool, consumes: bool, serves: bool
+) -> None:
     assert Rewinds(step=5, consumes=consumes).serves(step, plain=plain, compiles=compiles) is serves
     assert not Rewinds().serves(step, plain=plain, compiles=compiles)

@@ -1,5 +1,6 @@
 """A framework's replica repeats a step in a fresh process, with a spare kept ready: which process
-serves which request, on a :class:`Replica` whose processes are simulated (no process is started)."""
+serves which request, on a :class:`Replica` whose processes are simulated (no process is
+started)."""
 
 from __future__ import annotations
 
@@ -60,18 +61,24 @@ class Simulated(Replica):
 
     def _exchange(self, request: Asks[Any], progress: Any = None) -> tuple[dict[str, Any], Any]:
         self._check_alive()
-        process, step = self.process, request.until if isinstance(request, Skip) else getattr(request, "step", None)
+        process, step = (
+            self.process,
+            request.until if isinstance(request, Skip) else getattr(request, "step", None),
+        )
         Simulated.log.append((process.number, request.op, step))
         if isinstance(request, Skip):
             process.at = request.until
             return {"step": process.at}, None
         if isinstance(request, Run):
-            assert step == process.at, f"process {process.number} stands at step {process.at}, asked to run {step}"
+            assert step == process.at, (
+                f"process {process.number} stands at step {process.at}, asked to run {step}"
+            )
             process.at += 1
             return {"step": step, "outcome": f"process {process.number}"}, None
         if isinstance(request, Restore):
             return {"step": request.step}, None
-        return ({"ok": True} if isinstance(request, Exit) else {"step": process.at}), None  # fetch, exit
+        # fetch, exit
+        return ({"ok": True} if isinstance(request, Exit) else {"step": process.at}), None
 
     def _check_alive(self) -> None:
         assert self.process.poll() is None, f"process {self.process.number} is gone"
@@ -92,7 +99,9 @@ def _replica() -> Simulated:
     return replica
 
 
-def test_spares_started_at_an_earlier_step_train_on_to_the_step_repeated_and_more_are_started() -> None:
+def test_spares_started_at_an_earlier_step_train_on_to_the_step_repeated_and_more_are_started() -> (
+    None
+):
     before = processes_started()
     replica = _replica()
     replica.prefetch(3)  # the last equal snapshot: no step before it is repeated
@@ -100,7 +109,8 @@ def test_spares_started_at_an_earlier_step_train_on_to_the_step_repeated_and_mor
     assert replica.run(5).outcome == "process 1"  # the first run of a step: this process
     Simulated.ready.set()
     served = []
-    for repeat in range(SPARES + 1):  # repeated: each time a spare, trained from 3 on to 5, then one started at 5 when one was taken
+    # repeated: each time a spare, trained from 3 on to 5, then one started at 5 when one was taken
+    for repeat in range(SPARES + 1):
         served.append(int(replica.run(5).outcome.split()[1]))
         assert (served[-1], "skip", 5) in Simulated.log
         assert ((served[-1], "skip", 3) in Simulated.log) == (repeat < SPARES)
@@ -118,7 +128,8 @@ def test_a_spare_nobody_takes_is_killed_even_before_it_connects() -> None:
     assert len(spares) == SPARES
     replica.close()  # the spares are still waiting to connect
     Simulated.ready.set()
-    assert all(spare.exception(timeout=10) is not None for spare in spares)  # they never served: killed
+    # they never served: killed
+    assert all(spare.exception(timeout=10) is not None for spare in spares)
     assert all(number == 1 for number, _, _ in Simulated.log)
 
 
@@ -129,7 +140,11 @@ def test_a_spare_is_not_taken_for_a_step_before_its_own() -> None:
     replica.skip(7)
     replica.run(7)
     served = int(replica.run(4).outcome.split()[1])  # the spares stand at 6: a fresh process for 4
-    assert served != 1 and (served, "skip", 4) in Simulated.log and (served, "skip", 6) not in Simulated.log
+    assert (
+        served != 1
+        and (served, "skip", 4) in Simulated.log
+        and (served, "skip", 6) not in Simulated.log
+    )
     replica.close()
 
 
@@ -142,18 +157,31 @@ class Rewinding(Simulated):
         return self.hello
 
     ends_after: ClassVar[int | None] = None
-    """The rewinds after which the script's loop ends (a counter of its own that each rewind moves)."""
+    """The rewinds after which the script's loop ends (a counter of its own that each rewind
+    moves)."""
 
     def _exchange(self, request: Asks[Any], progress: Any = None) -> tuple[dict[str, Any], Any]:
         process = self.process
-        rewinds = sum(1 for number, done, _ in Simulated.log if number == process.number and done == "rewind")
-        if isinstance(request, Run) and process.number == 1 and Rewinding.ends_after is not None and rewinds > Rewinding.ends_after:
+        rewinds = sum(
+            1 for number, done, _ in Simulated.log if number == process.number and done == "rewind"
+        )
+        if (
+            isinstance(request, Run)
+            and process.number == 1
+            and Rewinding.ends_after is not None
+            and rewinds > Rewinding.ends_after
+        ):
             process.returncode = 0
-            raise ReplicaFailed("replay of run A: training ended after step 6; the replay cannot go further")
+            raise ReplicaFailed(
+                "replay of run A: training ended after step 6; the replay cannot go further"
+            )
         if not isinstance(request, Rewind):
             return super()._exchange(request, progress)
         Simulated.log.append((process.number, request.op, request.step))
-        assert request.step == process.at - 1, f"process {process.number} stands at step {process.at}, asked to rewind to {request.step}"
+        assert request.step == process.at - 1, (
+            f"process {process.number} stands at step {process.at}, asked to rewind to "
+            f"{request.step}"
+        )
         process.at = request.step
         return {"step": process.at, "consumes": True}, None
 
@@ -174,15 +202,19 @@ def _rewinding(verified: int | None) -> Rewinding:
     return replica
 
 
-def test_a_verified_rewind_serves_the_steps_plain_repeats_in_its_one_process_and_no_spare_is_started() -> None:
+def test_a_verified_rewind_serves_plain_repeats_in_its_one_process_and_starts_no_spare() -> None:
     replica = _rewinding(verified=5)
     assert not replica._spares  # none while a rewind may serve
     assert [replica.run(5).outcome for _ in range(3)] == ["process 1"] * 3
-    assert [op for number, op, _ in Simulated.log if number == 1].count("rewind") == 4  # the check's and the three repeats'
-    # under other streams, where the step's data draws moved a stream: a fresh process draws the data under them
+    # the check's and the three repeats'
+    assert [op for number, op, _ in Simulated.log if number == 1].count("rewind") == 4
+    # under other streams, where the step's data draws moved a stream: a fresh process draws the
+    # data under them
     assert replica.run(5, streams={"torch": {}}).outcome != "process 1"
-    assert replica.run(5).outcome != "process 1" and replica.rewinds.step is None  # the fresh process has no verified rewind
-    assert replica.rewinds.refused and replica._spares  # from now on spares are kept ready, as for a framework's run
+    # the fresh process has no verified rewind
+    assert replica.run(5).outcome != "process 1" and replica.rewinds.step is None
+    # from now on spares are kept ready, as for a framework's run
+    assert replica.rewinds.refused and replica._spares
     replica.close()
 
 
@@ -192,18 +224,26 @@ def test_without_a_verified_rewind_each_repeat_is_a_fresh_process() -> None:
     replica.rewinds.refused = True  # the check failed: spares as for a framework's run
     replica.prefetch(5)
     assert len(replica._spares) == SPARES
-    assert replica.run(5).outcome != "process 1" and all(op != "rewind" for _, op, _ in Simulated.log)
+    assert replica.run(5).outcome != "process 1" and all(
+        op != "rewind" for _, op, _ in Simulated.log
+    )
     replica.close()
 
 
-def test_a_script_whose_loop_ends_while_rewound_has_that_repeat_and_the_next_run_in_fresh_processes() -> None:
+def test_a_script_whose_loop_ends_while_rewound_runs_that_repeat_and_the_next_afresh() -> None:
     replica = _rewinding(verified=5)
     Rewinding.ends_after = 2
     try:
         served = [replica.run(5).outcome for _ in range(3)]
     finally:
         Rewinding.ends_after = None
-    assert served[0] == "process 1" and served[1] != "process 1" and served[2] != "process 1", served
+    assert served[0] == "process 1" and served[1] != "process 1" and served[2] != "process 1", (
+        served
+    )
     assert replica.rewinds.refused and replica.rewinds.step is None
-    assert replica.rewinds.stopped is not None and "training ended after step 6" in replica.rewinds.stopped  # for the report's note
+    # for the report's note
+    assert (
+        replica.rewinds.stopped is not None
+        and "training ended after step 6" in replica.rewinds.stopped
+    )
     replica.close()

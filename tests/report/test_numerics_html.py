@@ -17,7 +17,12 @@ def test_the_distance_and_the_envelope_are_drawn_per_layer_with_the_departure() 
     envelope = Envelope(method="m", from_step=0, points=_points([0.0, 1e-8, 2e-8, 3e-8]))
     numerics = decide(Measured(_points([0.0, 1e-8, 2e-8, 1e-4])), envelope, [], None)
     html = numerics_section(numerics)
-    assert html.count("<svg") == 3 and "all weights" in html and "layer 1" in html and "layer 3" in html
+    assert (
+        html.count("<svg") == 3
+        and "all weights" in html
+        and "layer 1" in html
+        and "layer 3" in html
+    )
     assert html.count('class="line diff"') == 3 and html.count('class="line b"') == 3
     assert "departs at step 3" in html and "1 snapshot(s) at distance 0 are not drawn" in html
     assert "Numerics" in comparison_html(CompareResult(runs=["a", "b"], numerics=numerics))

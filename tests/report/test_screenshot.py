@@ -1,4 +1,5 @@
-"""The report rendered by a real browser: headless Chromium takes a screenshot, which must not be blank.
+"""The report rendered by a real browser: headless Chromium takes a screenshot, which must not be
+blank.
 
 Needs ``chromium`` on PATH: skipped without it on a developer's machine, failed without it in CI
 (see tests/required.py). The PNG is read with zlib alone: its rows, unfiltered,
@@ -27,10 +28,19 @@ def chromium() -> str:
     return found
 
 
-def screenshot(chromium: str, page: Path, out: Path, profile: Path, *, width: int = 1280, height: int = 1600) -> None:
+def screenshot(
+    chromium: str, page: Path, out: Path, profile: Path, *, width: int = 1280, height: int = 1600
+) -> None:
     command = [
         chromium,
-        *("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--hide-scrollbars"),
+        *(
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--hide-scrollbars",
+        ),
         *("--disable-background-networking", "--disable-component-update", "--disable-sync"),
         f"--user-data-dir={profile}",
         f"--screenshot={out}",
@@ -56,7 +66,10 @@ def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
     size = 3 if colour == 2 else 4
     raw, stride, rows, previous = zlib.decompress(idat), width * size, [], bytes(width * size)
     for y in range(height):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        kind, line = (
+            raw[y * (stride + 1)],
+            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
+        )
         for i in range(stride):
             left = line[i - size] if i >= size else 0
             up, corner = previous[i], previous[i - size] if i >= size else 0
@@ -69,7 +82,9 @@ def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
             elif kind == 4:
                 p = left + up - corner
                 pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
-                line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
+                line[i] = (
+                    line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)
+                ) & 255
         rows.append(bytes(line))
         previous = rows[-1]
     if size == 4:  # drop the alpha channel
@@ -88,5 +103,11 @@ def test_the_report_renders_in_a_browser(chromium, tmp_path) -> None:
     assert (width, height) == (1280, 1200)
     colours = {row[i : i + 3] for row in rows[::4] for i in range(0, len(row), 12)}
     assert len(colours) > 50, len(colours)  # a blank page has one or two
-    red = sum(1 for row in rows for i in range(0, len(row), 3) if row[i] > 150 and row[i + 1] < 90 and row[i + 2] < 90)
-    assert red > 2_000, red  # the verdict's headline, the divergence marker and the heatmap's differing cells
+    red = sum(
+        1
+        for row in rows
+        for i in range(0, len(row), 3)
+        if row[i] > 150 and row[i + 1] < 90 and row[i + 2] < 90
+    )
+    # the verdict's headline, the divergence marker and the heatmap's differing cells
+    assert red > 2_000, red

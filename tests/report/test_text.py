@@ -1,4 +1,5 @@
-"""The text report's one-line replay summary agrees with where the replay parted from its records."""
+"""The text report's one-line replay summary agrees with where the replay parted from its
+records."""
 
 from __future__ import annotations
 
@@ -32,14 +33,23 @@ def rendered(**replay: object) -> str:
             [{"run": "B", "step": 14, "what": "loss"}],
             "reproduced both runs' records before the divergent step (then run B at step 14",
         ),
-        (False, [{"run": "B", "step": 9, "what": "loss"}], "did not reproduce the records exactly (run B at step 9)"),
+        (
+            False,
+            [{"run": "B", "step": 9, "what": "loss"}],
+            "did not reproduce the records exactly (run B at step 9)",
+        ),
     ],
 )
-def test_the_replay_summary_says_where_the_replay_parted(faithful: bool, parted: list, says: str) -> None:
+def test_the_replay_summary_says_where_the_replay_parted(
+    faithful: bool, parted: list, says: str
+) -> None:
     text = rendered(performed=True, faithful=faithful, parted=parted)
     assert says in text
     if parted:
-        assert "reproduced both runs' records\n" not in text and "reproduced both runs' records;" not in text
+        assert (
+            "reproduced both runs' records\n" not in text
+            and "reproduced both runs' records;" not in text
+        )
 
 
 def test_a_stream_nothing_drew_from_is_marked_unused_and_one_drawn_from_is_not() -> None:

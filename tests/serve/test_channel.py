@@ -19,7 +19,10 @@ def never_dies() -> None:
 def test_a_frame_carries_json_and_a_tree_of_tensors_both_ways() -> None:
     listener = Listener()
     try:
-        tree = {"streams": {"torch": {"kind": "torch", "state": torch.arange(5, dtype=torch.uint8)}}, "kept": {"3": torch.ones(2, 2)}}
+        tree = {
+            "streams": {"torch": {"kind": "torch", "state": torch.arange(5, dtype=torch.uint8)}},
+            "kept": {"3": torch.ones(2, 2)},
+        }
         replies: list = []
 
         def replica() -> None:
@@ -51,7 +54,9 @@ def test_a_process_without_the_token_is_refused(tmp_path) -> None:
         intruder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         intruder.connect(listener.address)
         Channel(intruder).send({"op": "hello", "token": "wrong"})
-        honest = threading.Thread(target=lambda: Channel.connect(listener.address, listener.token, {"pid": 2}))
+        honest = threading.Thread(
+            target=lambda: Channel.connect(listener.address, listener.token, {"pid": 2})
+        )
         honest.start()
         _, hello = listener.accept(never_dies)
         honest.join()

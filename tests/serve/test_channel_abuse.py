@@ -20,13 +20,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bisect_repro.serve import channel as channel_module
-from bisect_repro.serve.channel import HELLO_HEADER_CAP, PENDING_CAP, Channel, ChannelClosed, Listener
+from bisect_repro.serve.channel import (
+    HELLO_HEADER_CAP,
+    PENDING_CAP,
+    Channel,
+    ChannelClosed,
+    Listener,
+)
 
 FRAME = struct.Struct("!II")
 
 
 def gives_up_after(seconds: float) -> Callable[[], None]:
-    """A ``wait`` for accept that gives up after ``seconds`` (a hung accept fails the test, not the suite)."""
+    """A ``wait`` for accept that gives up after ``seconds`` (a hung accept fails the test, not the
+    suite)."""
     end = time.monotonic() + seconds
 
     def wait() -> None:
@@ -56,7 +63,8 @@ def accepting(pool: ThreadPoolExecutor, listener: Listener, seconds: float = 10)
 
 
 def intruder(listener: Listener) -> socket.socket:
-    end = time.monotonic() + 5  # a backlog that stays full (a listener that stopped accepting) fails, not hangs
+    # a backlog that stays full (a listener that stopped accepting) fails, not hangs
+    end = time.monotonic() + 5
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -105,11 +113,25 @@ def assert_closed(sock: socket.socket, within: float = 3) -> None:
 
 @pytest.mark.parametrize(
     "header",
-    [b"[1, 2, 3]", b'"hello"', b"42", b"null", b"not json at all", b"\xff\xfe\x00", b"[" * 4000,
-     b'{"op": "hello"}', b'{"op": "hello", "token": 12345}', b'{"op": "hello", "token": ["x"]}',
-     b'{"op": "bye", "token": "x"}', b'{"op": "hello", "token": "\\u00e9\\ud800"}', b'{"op": "hello", "token": "wrong"}'],
-)  # fmt: skip
-def test_a_malformed_or_wrong_hello_is_closed_and_the_replica_still_served(listener, pool, header) -> None:
+    [
+        b"[1, 2, 3]",
+        b'"hello"',
+        b"42",
+        b"null",
+        b"not json at all",
+        b"\xff\xfe\x00",
+        b"[" * 4000,
+        b'{"op": "hello"}',
+        b'{"op": "hello", "token": 12345}',
+        b'{"op": "hello", "token": ["x"]}',
+        b'{"op": "bye", "token": "x"}',
+        b'{"op": "hello", "token": "\\u00e9\\ud800"}',
+        b'{"op": "hello", "token": "wrong"}',
+    ],
+)
+def test_a_malformed_or_wrong_hello_is_closed_and_the_replica_still_served(
+    listener, pool, header
+) -> None:
     future = accepting(pool, listener)
     bad = intruder(listener)
     bad.sendall(frame(header))
@@ -123,7 +145,9 @@ def test_a_malformed_or_wrong_hello_is_closed_and_the_replica_still_served(liste
     [(HELLO_HEADER_CAP + 1, 0), (0, 0), (40, 1)],
     ids=["header-over-the-cap", "empty-header", "any-payload"],
 )
-def test_a_first_frame_outside_the_hello_bounds_is_closed_unread(listener, pool, declared, payload_size) -> None:
+def test_a_first_frame_outside_the_hello_bounds_is_closed_unread(
+    listener, pool, declared, payload_size
+) -> None:
     future = accepting(pool, listener)
     bad = intruder(listener)
     bad.sendall(frame(b" " * 40, payload_size, header_size=declared))
@@ -176,9 +200,14 @@ def test_a_silent_client_does_not_block_the_replica(listener, pool) -> None:
 @pytest.mark.parametrize("sends", ["nothing", "half-the-lengths", "half-the-header"])
 def test_a_client_that_dawdles_is_timed_out(listener, pool, monkeypatch, sends) -> None:
     monkeypatch.setattr(channel_module, "HELLO_SECONDS", 0.4)
-    hello = json.dumps({"op": "hello", "token": listener.token}).encode()  # even the right token, too slowly
+    # even the right token, too slowly
+    hello = json.dumps({"op": "hello", "token": listener.token}).encode()
     whole = frame(hello)
-    part = {"nothing": b"", "half-the-lengths": whole[:4], "half-the-header": whole[: 8 + len(hello) // 2]}[sends]
+    part = {
+        "nothing": b"",
+        "half-the-lengths": whole[:4],
+        "half-the-header": whole[: 8 + len(hello) // 2],
+    }[sends]
     future = accepting(pool, listener)
     slow = intruder(listener)
     slow.sendall(part)
@@ -211,11 +240,14 @@ def test_the_wait_callback_still_runs_and_gives_up_while_a_client_dawdles(listen
     started = time.monotonic()
     with pytest.raises(ChannelClosed, match="exited"):
         listener.accept(wait)
-    assert time.monotonic() - started > 0.9  # about every half second: never sooner, later under load
+    # about every half second: never sooner, later under load
+    assert time.monotonic() - started > 0.9
     silent.close()
 
 
-def test_giving_up_while_a_replica_is_half_greeted_is_not_taken_for_its_failure(listener, pool) -> None:
+def test_giving_up_while_a_replica_is_half_greeted_is_not_taken_for_its_failure(
+    listener, pool
+) -> None:
     calls: list[float] = []
 
     def wait() -> None:  # gives up once, at its third call (a swallowed give-up would never end)
@@ -226,14 +258,17 @@ def test_giving_up_while_a_replica_is_half_greeted_is_not_taken_for_its_failure(
             raise ChannelClosed("the first give-up was swallowed")
 
     quiet = intruder(listener)
-    quiet.sendall(frame(json.dumps({"op": "hello", "token": listener.token}).encode()))  # and no hello proper
+    # and no hello proper
+    quiet.sendall(frame(json.dumps({"op": "hello", "token": listener.token}).encode()))
     with pytest.raises(ChannelClosed, match="exited"):
         listener.accept(wait)
     quiet.close()
 
 
 def test_ranks_connecting_together_are_each_accepted(listener) -> None:
-    replicas = [Channel.connect(listener.address, listener.token, {"rank": rank}) for rank in range(3)]
+    replicas = [
+        Channel.connect(listener.address, listener.token, {"rank": rank}) for rank in range(3)
+    ]
     ranks = {listener.accept(gives_up_after(5))[1]["rank"] for _ in range(3)}
     assert ranks == {0, 1, 2}
     for replica in replicas:
@@ -241,14 +276,17 @@ def test_ranks_connecting_together_are_each_accepted(listener) -> None:
 
 
 def test_a_large_hello_is_read_after_the_token(listener, pool) -> None:
-    structure = {"parameters": {f"layer{i}.weight": [[4096, 4096], "bfloat16"] for i in range(20000)}}
+    structure = {
+        "parameters": {f"layer{i}.weight": [[4096, 4096], "bfloat16"] for i in range(20000)}
+    }
     future = accepting(pool, listener)
     Channel.connect(listener.address, listener.token, {"pid": 3, "structure": structure})
     _, hello = future.result(timeout=10)
     assert hello["structure"] == structure and "token" not in hello
 
 
-# -- after the hello: what an authenticated peer can send -------------------------------------------
+# -- after the hello: what an authenticated peer can send
+# -------------------------------------------
 
 
 def pair() -> tuple[Channel, socket.socket]:
@@ -270,9 +308,19 @@ def pair() -> tuple[Channel, socket.socket]:
         (frame(b'{"raw_size": -1}', payload_size=10) + b"0123456789", "raw_size"),
         (frame(b'{"raw_size": 10}', payload_size=10) + b"0123456789", "does not decode"),
     ],
-    ids=["list", "broken-json", "not-utf8", "deep", "huge-header", "no-raw-size", "str-raw-size", "bool-raw-size",
-         "negative-raw-size", "not-zstd"],
-)  # fmt: skip
+    ids=[
+        "list",
+        "broken-json",
+        "not-utf8",
+        "deep",
+        "huge-header",
+        "no-raw-size",
+        "str-raw-size",
+        "bool-raw-size",
+        "negative-raw-size",
+        "not-zstd",
+    ],
+)
 def test_a_frame_outside_the_protocol_closes_the_channel_in_one_line(data, problem) -> None:
     channel, peer = pair()
     peer.sendall(data)
@@ -318,13 +366,22 @@ def test_a_genuine_tree_still_round_trips() -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    header=st.one_of(st.binary(max_size=300), st.builds(lambda v: json.dumps(v).encode(), st.recursive(
-        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
-        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["raw_size", "op", "x"]), inner, max_size=3),
-        max_leaves=10,
-    ))),
+    header=st.one_of(
+        st.binary(max_size=300),
+        st.builds(
+            lambda v: json.dumps(v).encode(),
+            st.recursive(
+                st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+                lambda inner: (
+                    st.lists(inner, max_size=4)
+                    | st.dictionaries(st.sampled_from(["raw_size", "op", "x"]), inner, max_size=3)
+                ),
+                max_leaves=10,
+            ),
+        ),
+    ),
     payload=st.binary(max_size=200),
-)  # fmt: skip
+)
 def test_any_frame_is_either_received_or_closes_the_channel(header, payload) -> None:
     channel, peer = pair()
     try:

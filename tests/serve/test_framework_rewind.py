@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 import torch
 
-from bisect_repro.serve.framework_rewind import feed_batch, keep_batch, refusal_after_rewind, rewound_answer
+from bisect_repro.serve.framework_rewind import (
+    feed_batch,
+    keep_batch,
+    refusal_after_rewind,
+    rewound_answer,
+)
 from bisect_repro.serve.requests import Hashes, Request, Run, Skip
 
 
@@ -25,24 +30,34 @@ def test_a_kept_batch_is_copied_into_the_batch_the_framework_drew_in_place() -> 
     drawn = _batch(2)
     ids, x = drawn["input_ids"], drawn["x"][0]
     assert feed_batch(copy, drawn) is None
-    assert drawn["input_ids"] is ids and drawn["x"][0] is x  # the same tensors, which the framework's loop holds
+    # the same tensors, which the framework's loop holds
+    assert drawn["input_ids"] is ids and drawn["x"][0] is x
     assert torch.equal(ids, _batch(1)["input_ids"]) and torch.equal(x, _batch(1)["x"][0])
 
 
 @pytest.mark.parametrize(
     ("drawn", "says"),
     [
-        (_batch(2, rows=3), "input_ids has another shape or dtype"),  # an epoch's last, shorter batch
+        # an epoch's last, shorter batch
+        (_batch(2, rows=3), "input_ids has another shape or dtype"),
         ({**_batch(2), "mode": "eval"}, "another structure"),
         ({"input_ids": _batch(2)["input_ids"]}, "another structure"),
-        ({**_batch(2), "input_ids": _batch(2)["input_ids"].float()}, "input_ids has another shape or dtype"),
+        (
+            {**_batch(2), "input_ids": _batch(2)["input_ids"].float()},
+            "input_ids has another shape or dtype",
+        ),
     ],
 )
-def test_a_batch_that_cannot_hold_the_kept_one_is_left_as_drawn_and_says_why(drawn: dict[str, Any], says: str) -> None:
+def test_a_batch_that_cannot_hold_the_kept_one_is_left_as_drawn_and_says_why(
+    drawn: dict[str, Any], says: str
+) -> None:
     before = [t.clone() for t in (drawn["input_ids"], *drawn.get("x", []))]
     why = feed_batch(keep_batch(_batch(1)), drawn)
     assert why is not None and says in why
-    assert all(torch.equal(a, b) for a, b in zip(before, (drawn["input_ids"], *drawn.get("x", [])), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(before, (drawn["input_ids"], *drawn.get("x", [])), strict=True)
+    )
 
 
 RESULT = ({"step": 7, "loss": 0.5}, {"trace": []})
@@ -52,8 +67,14 @@ RESULT = ({"step": 7, "loss": 0.5}, {"trace": []})
     ("unfed", "first", "arrival", "answer"),
     [
         (None, (8, 1), (8, 1), RESULT),
-        (None, (8, 1), (8, 2), "left the framework's loop elsewhere than its first run did"),  # an epoch ended on the way
-        ("fewer batches than its first run", (8, 1), (8, 1), "cannot run the rewound step: fewer batches than its first run"),
+        # an epoch ended on the way
+        (None, (8, 1), (8, 2), "left the framework's loop elsewhere than its first run did"),
+        (
+            "fewer batches than its first run",
+            (8, 1),
+            (8, 1),
+            "cannot run the rewound step: fewer batches than its first run",
+        ),
     ],
 )
 def test_a_rewound_steps_run_is_answered_only_where_the_loop_stands_as_after_its_first_run(
@@ -78,6 +99,8 @@ def test_a_rewound_steps_run_is_answered_only_where_the_loop_stands_as_after_its
         (None, Skip(until=10), False),
     ],
 )
-def test_a_process_that_rewound_trains_only_the_rewound_step(rewound: int | None, request_: Request, refused: bool) -> None:
+def test_a_process_that_rewound_trains_only_the_rewound_step(
+    rewound: int | None, request_: Request, refused: bool
+) -> None:
     why = refusal_after_rewind(rewound, 8, request_)
     assert (why is not None) is refused and (why is None or "rewound step 7" in why)

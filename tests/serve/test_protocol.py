@@ -24,7 +24,7 @@ from bisect_repro.serve.protocol import (
     StepRecord,
     StepResult,
     StepStart,
-)  # fmt: skip
+)
 from bisect_repro.serve.replies import REPLIES, Refused, decode_reply
 from bisect_repro.serve.requests import (
     REQUESTS,
@@ -52,17 +52,33 @@ def through_json(message: dict) -> dict:
 
 
 def test_requests_round_trip_and_take_their_defaults() -> None:
-    run = Run(step=3, trace="full", keep=(1, 4), ops="backward", environment={"torch.get_num_threads": 1}, fixed_entropy=7, commit=True)
+    run = Run(
+        step=3,
+        trace="full",
+        keep=(1, 4),
+        ops="backward",
+        environment={"torch.get_num_threads": 1},
+        fixed_entropy=7,
+        commit=True,
+    )
     message, tree = encode(run)
     assert message["op"] == "run" and tree is None and decode(through_json(message)) == run
     assert Run.from_json({"step": 2}) == Run(step=2)  # light trace, nothing kept, nothing fixed
     assert Skip.from_json({"until": 9, "hashes_at": [5, 10]}) == Skip(until=9, hashes_at=(5, 10))
     assert Fetch.from_json({}) == Fetch() and Fetch.from_json({"keep": [2]}).keep == (2,)
-    assert Restore.from_json({"run": "/r", "step": 4}) == Restore(run="/r", step=4, environment={}, rebuilt=False)
+    assert Restore.from_json({"run": "/r", "step": 4}) == Restore(
+        run="/r", step=4, environment={}, rebuilt=False
+    )
 
 
 EVERY: list[Request] = [
-    Restore(run="/r", step=4, environment={"torch.use_deterministic_algorithms": True}, rebuilt=True, kept_from=5),
+    Restore(
+        run="/r",
+        step=4,
+        environment={"torch.use_deterministic_algorithms": True},
+        rebuilt=True,
+        kept_from=5,
+    ),
     Skip(until=9, hashes_at=(5, 8)),
     Fetch(keep=(1, 2)),
     Run(step=3, trace="full", keep=(0,), streams={"torch": torch.arange(4)}, kept_entropy=True),
@@ -79,7 +95,8 @@ EVERY: list[Request] = [
 
 @pytest.mark.parametrize("request_", EVERY, ids=lambda r: r.op)
 def test_every_request_is_encoded_and_decoded_by_its_op(request_: Request) -> None:
-    """One encoder and one decoder: the JSON carries ``op`` and the fields, the state tree the stream states."""
+    """One encoder and one decoder: the JSON carries ``op`` and the fields, the state tree the
+    stream states."""
     message, tree = encode(request_)
     decoded = decode(through_json(message), tree)
     assert type(decoded) is type(request_) and message["op"] == request_.op
@@ -100,17 +117,36 @@ def test_every_op_has_one_request_and_an_unknown_one_is_refused() -> None:
 
 def test_replies_round_trip() -> None:
     fetched = Fetched(step=2, indices=[3, 1], order="o", batch="b", base_seed=11)
-    assert Fetched.from_json(through_json(fetched.to_json())) == fetched and fetched.digest("order") == "o"
-    skipped = SkipResult(step=6, records=[StepRecord(step=5, order=None, batch="b5", loss=0.5)], hashes={6: {"w": "h"}})
+    assert (
+        Fetched.from_json(through_json(fetched.to_json())) == fetched
+        and fetched.digest("order") == "o"
+    )
+    skipped = SkipResult(
+        step=6,
+        records=[StepRecord(step=5, order=None, batch="b5", loss=0.5)],
+        hashes={6: {"w": "h"}},
+    )
     assert SkipResult.from_json(through_json(skipped.to_json())) == skipped
     described = Description(
-        init={"w": "h"}, streams={"torch": "t"}, hidden={"loader.dataset.rng": HiddenStream(kind="numpy.random.Generator", digest="r")},
-        environment={"torch.get_num_threads": 2}, threads_set=[2], loader={"kind": "DataLoader"}, convolutions=True, build_seeding=[],
-    )  # fmt: skip
+        init={"w": "h"},
+        streams={"torch": "t"},
+        hidden={"loader.dataset.rng": HiddenStream(kind="numpy.random.Generator", digest="r")},
+        environment={"torch.get_num_threads": 2},
+        threads_set=[2],
+        loader={"kind": "DataLoader"},
+        convolutions=True,
+        build_seeding=[],
+    )
     assert Description.from_json(through_json(described.to_json())) == described
     start = StepStart(streams={"torch": {"kind": "torch"}}, pre_streams={}, data=None)
     assert StepStart.from_tree(start.to_tree()) == start
-    call = CompileCall(target="Net", backend="inductor", settings="mode=default", replayable=False, why_not="a function")
+    call = CompileCall(
+        target="Net",
+        backend="inductor",
+        settings="mode=default",
+        replayable=False,
+        why_not="a function",
+    )
     for reply in (
         Restored(step=4),
         StateHashes(hashes={"w": "h"}),
@@ -123,17 +159,32 @@ def test_replies_round_trip() -> None:
 
 ANSWERED = {
     "restore": (Restored(step=4).to_json(), None),
-    "skip": (SkipResult(step=6, records=[StepRecord(step=5, order="o", batch="b", loss=None)]).to_json(), None),
+    "skip": (
+        SkipResult(step=6, records=[StepRecord(step=5, order="o", batch="b", loss=None)]).to_json(),
+        None,
+    ),
     "fetch": (Fetched(step=2, indices=[3]).to_json(), None),
     "run": StepResult(step=3, outcome="o", kept={0: torch.ones(2)}).to_reply(),
     "rewind": ({"step": 3, "consumes": True}, None),
-    "streams": ({"step": 3}, StepStart(streams={"torch": {"s": 1}}, pre_streams={"torch": {"s": 0}}, data=None).to_tree()),
+    "streams": (
+        {"step": 3},
+        StepStart(
+            streams={"torch": {"s": 1}}, pre_streams={"torch": {"s": 0}}, data=None
+        ).to_tree(),
+    ),
     "data": (Fetched(step=3, batch="b").to_json(), None),
     "items": (ItemsChange(changes=False).to_json(), None),
     "hashes": (StateHashes(hashes={"w": "h"}).to_json(), None),
     "describe": (
         Description(
-            init={}, streams={}, hidden={}, environment={}, threads_set=[], loader={}, convolutions=False, build_seeding=[]
+            init={},
+            streams={},
+            hidden={},
+            environment={},
+            threads_set=[],
+            loader={},
+            convolutions=False,
+            build_seeding=[],
         ).to_json(),
         None,
     ),
@@ -160,7 +211,11 @@ def test_every_reply_is_decoded_into_the_class_its_request_names(request_: Reque
 
 def test_the_reply_table_names_each_request_class_once_and_an_error_is_refused() -> None:
     assert set(REPLIES) == set(REQUESTS)
-    assert REPLIES["run"] is StepResult and REPLIES["streams"] is StepStart and REPLIES["data"] is Fetched
+    assert (
+        REPLIES["run"] is StepResult
+        and REPLIES["streams"] is StepStart
+        and REPLIES["data"] is Fetched
+    )
     with pytest.raises(Refused, match="step 9 cannot be rewound here"):
         decode_reply(Rewind(step=9), {"error": "step 9 cannot be rewound here"})
 
@@ -169,27 +224,44 @@ def test_a_step_result_crosses_as_json_and_a_tree_of_its_kept_tensors() -> None:
     kept = torch.arange(4.0)
     result = StepResult(
         step=3,
-        entries=[TraceEntry("forward", "0", "0.output", "d1"), TraceEntry("optimizer", "0", "0.weight", "d2")],
+        entries=[
+            TraceEntry("forward", "0", "0.output", "d1"),
+            TraceEntry("optimizer", "0", "0.weight", "d2"),
+        ],
         kept={1: kept},
         ops=[OpRecord("aten.mm.default", "0", ("a", "b"), ("c",), "[]", "forward")],
         alerts=[{"op": "aten.put_.default", "layer": "1", "phase": "forward", "message": "m"}],
         loss=0.25,
         outcome="o",
         streams_after={"torch": "t"},
-        seeding=[{"stream": "torch", "call": "torch.seed()", "entropy": True, "where": "train.py:9"}],
+        seeding=[
+            {"stream": "torch", "call": "torch.seed()", "entropy": True, "where": "train.py:9"}
+        ],
         batch="b",
     )
     reply, tree = result.to_reply()
     back = StepResult.from_reply(through_json(reply), tree)
-    assert back.entries == result.entries and back.ops == result.ops and torch.equal(back.kept[1], kept)
+    assert (
+        back.entries == result.entries
+        and back.ops == result.ops
+        and torch.equal(back.kept[1], kept)
+    )
     assert (back.loss, back.outcome, back.streams_after, back.seeding, back.alerts, back.batch) == (
-        0.25, "o", {"torch": "t"}, result.seeding, result.alerts, "b",
-    )  # fmt: skip
+        0.25,
+        "o",
+        {"torch": "t"},
+        result.seeding,
+        result.alerts,
+        "b",
+    )
     untraced = StepResult.from_reply(through_json(StepResult(step=1).to_reply()[0]), None)
     assert untraced.entries == [] and untraced.ops is None and untraced.kept == {}
 
 
-def test_a_hello_keeps_what_the_ranked_replica_checks_and_never_trusts_a_pid_that_is_not_an_int() -> None:
-    assert Hello.from_json({"pid": 12, "rank": 1, "world_size": 2, "reruns": False}) == Hello(pid=12, rank=1, world_size=2, reruns=False)
+def test_a_hello_keeps_what_the_ranked_replica_checks_and_trusts_only_an_int_pid() -> None:
+    assert Hello.from_json({"pid": 12, "rank": 1, "world_size": 2, "reruns": False}) == Hello(
+        pid=12, rank=1, world_size=2, reruns=False
+    )
     odd = Hello.from_json({"pid": "1; rm -rf", "rank": "0"})
-    assert odd.pid == 0 and odd.rank == "0"  # kept as sent: the ranked replica refuses a rank that is not an int
+    # kept as sent: the ranked replica refuses a rank that is not an int
+    assert odd.pid == 0 and odd.rank == "0"

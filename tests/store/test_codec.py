@@ -23,7 +23,12 @@ def test_optimizer_and_model_state_round_trip_exactly(tmp_path) -> None:
     optimizer = torch.optim.Adam(model.parameters(), betas=(0.8, 0.9))
     model(torch.randn(2, 4)).sum().backward()
     optimizer.step()
-    tree = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "dtype": torch.bfloat16, "array": np.arange(3)}
+    tree = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "dtype": torch.bfloat16,
+        "array": np.arange(3),
+    }
     back = roundtrip(tree, tmp_path)
     assert back["optimizer"]["param_groups"][0]["betas"] == (0.8, 0.9)
     assert set(back["optimizer"]["state"]) == {0, 1}
@@ -93,7 +98,10 @@ def test_overlapping_offsets_are_refused(tmp_path) -> None:
 
 
 def test_offsets_outside_the_data_are_refused(tmp_path) -> None:
-    header = {"__metadata__": {"bisect_repro": "{}"}, "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}
+    header = {
+        "__metadata__": {"bisect_repro": "{}"},
+        "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+    }
     data, size = _pack(_safetensors(header, bytes(8)))
     with pytest.raises(RunFormatError, match="offsets"):
         codec.decode(data, tmp_path / "f", raw_size=size)
@@ -114,11 +122,18 @@ def test_checksum_mismatch_is_named(tmp_path) -> None:
 
 
 def test_a_reused_compressor_writes_the_bytes_of_a_fresh_one() -> None:
-    trees = [{"a": torch.arange(1000), "n": 1}, {"b": torch.randn(300), "s": "x" * 50}, {"a": torch.arange(1000), "n": 1}]
-    for tree in trees:  # each after the others on this thread: no history carries over between files
+    trees = [
+        {"a": torch.arange(1000), "n": 1},
+        {"b": torch.randn(300), "s": "x" * 50},
+        {"a": torch.arange(1000), "n": 1},
+    ]
+    # each after the others on this thread: no history carries over between files
+    for tree in trees:
         data, raw_size = codec.encode(tree)
         raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_size)
-        assert data == zstandard.ZstdCompressor(level=codec.level_of(codec.prepare(tree))).compress(raw)
+        assert data == zstandard.ZstdCompressor(level=codec.level_of(codec.prepare(tree))).compress(
+            raw
+        )
 
 
 def test_tensor_heavy_files_take_the_fast_level_and_read_back() -> None:
@@ -131,4 +146,8 @@ def test_tensor_heavy_files_take_the_fast_level_and_read_back() -> None:
     assert data == zstandard.ZstdCompressor(level=codec.TENSOR_LEVEL).compress(raw)
     assert len(data) < raw_size - 1_000_000  # the zeros still shrink at the fast level
     back = codec.decode(data, Path("f"), raw_size=raw_size, digest=codec.checksum(data))
-    assert torch.equal(back["w"], big["w"]) and torch.equal(back["zeros"], big["zeros"]) and back["step"] == 3
+    assert (
+        torch.equal(back["w"], big["w"])
+        and torch.equal(back["zeros"], big["zeros"])
+        and back["step"] == 3
+    )

@@ -1,5 +1,6 @@
 """A file made in one pass holds safetensors' own bytes for the same tensors, whatever their dtypes
-and shapes; its size and checksum are those of what was written; a write cut short leaves nothing."""
+and shapes; its size and checksum are those of what was written; a write cut short leaves
+nothing."""
 
 from __future__ import annotations
 
@@ -29,30 +30,44 @@ def tensors(draw: st.DrawFn) -> dict[str, torch.Tensor]:
     count = draw(st.integers(0, 6))
     found: dict[str, torch.Tensor] = {}
     for _ in range(count):
-        name = draw(st.text(st.characters(codec=("utf-8"), exclude_categories=("Cs",)), min_size=1, max_size=8))
+        name = draw(
+            st.text(
+                st.characters(codec=("utf-8"), exclude_categories=("Cs",)), min_size=1, max_size=8
+            )
+        )
         shape = draw(st.lists(st.integers(0, 5), max_size=3))
         dtype = DTYPES[draw(st.sampled_from(encoding.SAFETENSORS_ORDER))]
         size = int(torch.tensor(shape).prod()) * torch.empty((), dtype=dtype).element_size()
         data = draw(st.binary(min_size=size, max_size=size))
         found[name] = (
-            torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape) if size else torch.zeros(shape, dtype=dtype)
+            torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+            if size
+            else torch.zeros(shape, dtype=dtype)
         )
     return found
 
 
 @settings(max_examples=150, deadline=None)
 @given(found=tensors(), skeleton=st.text(max_size=40))
-def test_the_uncompressed_file_is_byte_for_byte_what_safetensors_saves(found: dict[str, torch.Tensor], skeleton: str) -> None:
+def test_the_uncompressed_file_is_byte_for_byte_what_safetensors_saves(
+    found: dict[str, torch.Tensor], skeleton: str
+) -> None:
     made = encoding.Encoding(skeleton, found, level=encoding.LEVEL)
     data = b"".join(made)
     raw = zstandard.ZstdDecompressor().decompress(data)
     assert raw == safetensors.torch.save(found, metadata={"bisect_repro": skeleton})
     assert (made.size, made.raw_size, made.checksum) == (len(data), len(raw), codec.checksum(data))
-    assert zstandard.frame_content_size(data) == len(raw)  # the reader refuses a frame that does not declare it
+    # the reader refuses a frame that does not declare it
+    assert zstandard.frame_content_size(data) == len(raw)
 
 
 def test_a_large_file_comes_in_chunks_and_reads_back_as_its_tree() -> None:
-    tree = {"w": torch.randn(700_000), "b": torch.zeros(3, 5, dtype=torch.bfloat16), "scalar": torch.tensor(2.5), "step": 7}
+    tree = {
+        "w": torch.randn(700_000),
+        "b": torch.zeros(3, 5, dtype=torch.bfloat16),
+        "scalar": torch.tensor(2.5),
+        "step": 7,
+    }
     made = codec.encoding_of(codec.prepare(tree))
     chunks = list(made)
     assert len(chunks) > 1 and all(len(chunk) == encoding.CHUNK for chunk in chunks[:-1])
@@ -89,6 +104,13 @@ def test_a_file_whose_writing_fails_half_way_is_removed(tmp_path: Path) -> None:
 
 def test_a_file_is_created_from_bytes_of_any_kind_or_from_chunks(tmp_path: Path) -> None:
     with Folder.open(tmp_path) as folder:
-        for name, data in (("a", b"whole"), ("b", bytearray(b"whole")), ("c", memoryview(b"whole")), ("d", iter([b"who", b"le"]))):
+        for name, data in (
+            ("a", b"whole"),
+            ("b", bytearray(b"whole")),
+            ("c", memoryview(b"whole")),
+            ("d", iter([b"who", b"le"])),
+        ):
             folder.create(name, data)
-    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == dict.fromkeys("abcd", b"whole")
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == dict.fromkeys(
+        "abcd", b"whole"
+    )

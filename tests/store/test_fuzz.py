@@ -60,13 +60,22 @@ CHECKPOINTS = {step: REFERENCE.checkpoint(step) for step in REFERENCE.checkpoint
 
 def same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
     if isinstance(a, np.ndarray):
         return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        return (
+            type(a) is type(b)
+            and len(a) == len(b)
+            and all(same(x, y) for x, y in zip(a, b, strict=True))
+        )
     return type(a) is type(b) and (a == b or (a != a and b != b))  # NaN equals NaN here
 
 
@@ -103,10 +112,14 @@ def read_everything(path: Path) -> None:
     assert set(run.snapshots) <= set(SNAPSHOTS) and set(run.checkpoints) <= set(CHECKPOINTS)
     for step in run.snapshots:
         with contextlib.suppress(BisectReproError):
-            assert same(run.snapshot(step), SNAPSHOTS[step]), f"snapshot {step} read back different data"
+            assert same(run.snapshot(step), SNAPSHOTS[step]), (
+                f"snapshot {step} read back different data"
+            )
     for step in run.checkpoints:
         with contextlib.suppress(BisectReproError):
-            assert same(run.checkpoint(step), CHECKPOINTS[step]), f"checkpoint {step} read back different data"
+            assert same(run.checkpoint(step), CHECKPOINTS[step]), (
+                f"checkpoint {step} read back different data"
+            )
     run.losses()
 
 
@@ -145,7 +158,8 @@ def test_decode_with_the_index_checks_returns_the_data_or_a_project_error(damage
 @FUZZ
 @given(damaged=mutated(RAW))
 def test_decode_of_damaged_safetensors_raises_only_project_errors(damaged: bytes) -> None:
-    """Behind the checksum: a crafted file whose index agrees with it reaches the safetensors checks."""
+    """Behind the checksum: a crafted file whose index agrees with it reaches the safetensors
+    checks."""
     data = zstandard.ZstdCompressor().compress(damaged)
     try:
         codec.decode(data, Path("f"), raw_size=len(damaged), digest=codec.checksum(data))
@@ -155,7 +169,9 @@ def test_decode_of_damaged_safetensors_raises_only_project_errors(damaged: bytes
 
 @FUZZ
 @given(damaged=mutated(BLOB), declared=st.integers(0, 1 << 40))
-def test_decode_without_a_checksum_raises_only_project_errors(damaged: bytes, declared: int) -> None:
+def test_decode_without_a_checksum_raises_only_project_errors(
+    damaged: bytes, declared: int
+) -> None:
     for raw_size in (declared, len(RAW)):
         try:
             codec.decode(damaged, Path("f"), raw_size=raw_size)

@@ -40,14 +40,29 @@ MODEL = {"parameters": {"w": [[2], "float32"]}, "buffers": {}}
 MB = 1 << 20
 
 
-def write_run(path: Path, hashes: dict[int, str], *, model: dict = MODEL, target: str | None = None, config: dict | None = None,
-              streams: dict | None = None) -> Path:  # fmt: skip
-    """A finished single-process run: a snapshot per entry of ``hashes``, a checkpoint at the first."""
-    writer = RunWriter.create(path, {"target": target, "config": config or {}, "model": model, "environment": {}})
+def write_run(
+    path: Path,
+    hashes: dict[int, str],
+    *,
+    model: dict = MODEL,
+    target: str | None = None,
+    config: dict | None = None,
+    streams: dict | None = None,
+) -> Path:
+    """A finished single-process run: a snapshot per entry of ``hashes``, a checkpoint at the
+    first."""
+    writer = RunWriter.create(
+        path, {"target": target, "config": config or {}, "model": model, "environment": {}}
+    )
     for step in range(max(hashes) + 1):
         writer.append_steps([{"step": step, "loss": 1.0, "order": "o", "batch": "b"}])
     for number, (step, digest) in enumerate(sorted(hashes.items())):
-        tree = {"step": step, "hashes": {"w": digest}, "streams": streams or {"torch": {"state": torch.arange(4)}}, "data": {}}
+        tree = {
+            "step": step,
+            "hashes": {"w": digest},
+            "streams": streams or {"torch": {"state": torch.arange(4)}},
+            "data": {},
+        }
         writer.commit("snapshot", step, tree)
         if number == 0:
             writer.commit("checkpoint", step, {"model": {"w": torch.zeros(2)}})
@@ -111,7 +126,8 @@ def assert_refused(result, named: Path, words: str) -> None:
 
 
 def peak_memory(call: Callable[[], object]) -> int:
-    """The most memory Python held during ``call``, over what it held before (every bytes, str and JSON object)."""
+    """The most memory Python held during ``call``, over what it held before (every bytes, str and
+    JSON object)."""
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
@@ -127,11 +143,19 @@ def peak_memory(call: Callable[[], object]) -> int:
 def reading(names: list[str], checkpoints: str) -> list[tuple[str, str]]:
     """Each name with each command that reads it: ``checkpoints`` with ``show --verify`` alone (only
     it reads every checkpoint)."""
-    return [(name, command) for name in names for command in COMMANDS if name != checkpoints or command == "show --verify"]
+    return [
+        (name, command)
+        for name in names
+        for command in COMMANDS
+        if name != checkpoints or command == "show --verify"
+    ]
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
-@pytest.mark.parametrize(("name", "command"), reading(["run.json", "rank0/steps.jsonl", "rank0/index.jsonl", LAST, CHECKPOINT], CHECKPOINT))
+@pytest.mark.parametrize(
+    ("name", "command"),
+    reading(["run.json", "rank0/steps.jsonl", "rank0/index.jsonl", LAST, CHECKPOINT], CHECKPOINT),
+)
 def test_a_fifo_in_a_run_is_refused_at_once(run, other, no_hang, name, command) -> None:
     (run / name).unlink()
     os.mkfifo(run / name)
@@ -140,7 +164,15 @@ def test_a_fifo_in_a_run_is_refused_at_once(run, other, no_hang, name, command) 
 
 # --- 2. symbolic links: nothing inside a run is followed -------------------------------------
 
-LINKED = ["run.json", "rank0", "rank0/snapshots", "rank0/checkpoints", "rank0/steps.jsonl", "rank0/index.jsonl", LAST]
+LINKED = [
+    "run.json",
+    "rank0",
+    "rank0/snapshots",
+    "rank0/checkpoints",
+    "rank0/steps.jsonl",
+    "rank0/index.jsonl",
+    LAST,
+]
 
 
 @pytest.mark.parametrize(("name", "command"), reading(LINKED, "rank0/checkpoints"))
@@ -171,16 +203,21 @@ def index_lines(run: Path) -> list[dict]:
 
 
 def plant_snapshot(run: Path, data: bytes, raw_size: int, **declared: int) -> None:
-    """``data`` in place of the last snapshot, with an index line that agrees with it (a crafted file)."""
+    """``data`` in place of the last snapshot, with an index line that agrees with it (a crafted
+    file)."""
     (run / LAST).write_bytes(data)
     lines = index_lines(run)
     for line in lines:
         if line.get("file") == LAST.removeprefix("rank0/"):
-            line.update(bytes=len(data), raw_bytes=raw_size, checksum=codec.checksum(data), **declared)
+            line.update(
+                bytes=len(data), raw_bytes=raw_size, checksum=codec.checksum(data), **declared
+            )
     (run / "rank0" / "index.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
-def safetensors_frame(header_parts: list[tuple[bytes, int]], data: bytes = b"") -> tuple[bytes, int]:
+def safetensors_frame(
+    header_parts: list[tuple[bytes, int]], data: bytes = b""
+) -> tuple[bytes, int]:
     """A zstandard frame of a safetensors file whose header is ``part * count`` for each part, never
     held whole: a header of a hundred megabytes costs the test a few kilobytes."""
     length = sum(len(part) * count for part, count in header_parts)
@@ -198,8 +235,16 @@ def safetensors_frame(header_parts: list[tuple[bytes, int]], data: bytes = b"") 
 
 
 def skeleton_bomb(nodes: int, data: bytes = b"") -> tuple[bytes, int]:
-    """A header whose ``__metadata__`` skeleton holds ``nodes`` empty objects: ``{"hashes": {}, "x": [{}, {}, ...]}``."""
-    return safetensors_frame([(b'{"__metadata__":{"bisect_repro":"{\\"hashes\\":{},\\"x\\":[', 1), (b"{},", nodes), (b'{}]}"}}', 1)], data)
+    """A header whose ``__metadata__`` skeleton holds ``nodes`` empty objects: ``{"hashes": {}, "x":
+    [{}, {}, ...]}``."""
+    return safetensors_frame(
+        [
+            (b'{"__metadata__":{"bisect_repro":"{\\"hashes\\":{},\\"x\\":[', 1),
+            (b"{},", nodes),
+            (b'{}]}"}}', 1),
+        ],
+        data,
+    )
 
 
 def shape_bomb(dimensions: int) -> tuple[bytes, int]:
@@ -209,11 +254,16 @@ def shape_bomb(dimensions: int) -> tuple[bytes, int]:
 
 
 BOMBS = {
-    # the attack as shown: 9 KB on disk, a 99 MB skeleton (gigabytes and a minute to parse without the caps)
+    # the attack as shown: 9 KB on disk, a 99 MB skeleton (gigabytes and a minute to parse without
+    # the caps)
     "99 MB skeleton": (lambda: skeleton_bomb(33_000_000), "more than a real one"),
     "60 MB shape": (lambda: shape_bomb(30_000_000), "more than a real one"),
-    # 1 MiB of noise shipped lifts the header's length cap to 65 MB: the count of values still refuses it
-    "26 million values": (lambda: skeleton_bomb(13_000_000, os.urandom(MB)), "JSON values, more than"),
+    # 1 MiB of noise shipped lifts the header's length cap to 65 MB: the count of values still
+    # refuses it
+    "26 million values": (
+        lambda: skeleton_bomb(13_000_000, os.urandom(MB)),
+        "JSON values, more than",
+    ),
 }
 
 
@@ -234,7 +284,8 @@ def test_a_header_bomb_is_refused_in_bounded_memory(run, bomb) -> None:
 
 
 def test_a_run_json_bomb_is_refused_before_parsing(run) -> None:
-    (run / "run.json").write_bytes(b'{"format": 1, "x": [' + b"[]," * (1_500_000) + b"[]]}")  # 4.5 MB, 3 million values
+    # 4.5 MB, 3 million values
+    (run / "run.json").write_bytes(b'{"format": 1, "x": [' + b"[]," * (1_500_000) + b"[]]}")
     assert_refused(invoke("show", run), run / "run.json", "JSON values, more than 2,000,000")
     (run / "run.json").write_bytes(b'{"format": 1, "x": "' + b"x" * (17 * MB) + b'"}')
     assert_refused(invoke("show", run), run / "run.json", "more than run metadata can be")
@@ -242,10 +293,12 @@ def test_a_run_json_bomb_is_refused_before_parsing(run) -> None:
 
 def test_a_log_line_bomb_is_refused(run) -> None:
     steps = run / "rank0" / "steps.jsonl"
-    steps.write_bytes(b'{"step": 0, "x": [' + b"[]," * 100_000 + b"[]]}\n")  # 300 KB, 200,000 values
+    # 300 KB, 200,000 values
+    steps.write_bytes(b'{"step": 0, "x": [' + b"[]," * 100_000 + b"[]]}\n")
     assert_refused(invoke("show", run), steps, "line 1 holds more than 65,536 JSON values")
     os.truncate(steps, 0)
-    os.truncate(steps, 200 * MB)  # a sparse file: one line of 200 MB of NUL, read a megabyte at most
+    # a sparse file: one line of 200 MB of NUL, read a megabyte at most
+    os.truncate(steps, 200 * MB)
     result = None
 
     def show() -> None:
@@ -262,20 +315,36 @@ def test_a_log_line_bomb_is_refused(run) -> None:
 @pytest.mark.parametrize(
     "entry",
     [
-        {"dtype": "F32", "shape": [2**32, 2**32], "data_offsets": [0, 0]},  # int64 product: 2**64 wraps to 0
+        # int64 product: 2**64 wraps to 0
+        {"dtype": "F32", "shape": [2**32, 2**32], "data_offsets": [0, 0]},
         {"dtype": "F32", "shape": [2**62, 4], "data_offsets": [0, 0]},  # 2**64 elements again
-        {"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]},  # a boolean is not a dimension
+        # a boolean is not a dimension
+        {"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]},
         {"dtype": "F32", "shape": [2], "data_offsets": [0.0, 8.0]},  # nor a float an offset
         {"dtype": "F32", "shape": [2], "data_offsets": [0, 8, 16]},
         {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]},
     ],
-    ids=["2^32 x 2^32", "2^62 x 4", "bool dimension", "float offsets", "three offsets", "dtype a list"],
+    ids=[
+        "2^32 x 2^32",
+        "2^62 x 4",
+        "bool dimension",
+        "float offsets",
+        "three offsets",
+        "dtype a list",
+    ],
 )
 def test_a_shape_or_offset_that_is_not_an_exact_count_is_refused(run, entry) -> None:
-    header = json.dumps({"__metadata__": {"bisect_repro": json.dumps({"hashes": {}, "a": {"__tensor__": "a"}})}, "a": entry}).encode()
+    header = json.dumps(
+        {
+            "__metadata__": {"bisect_repro": json.dumps({"hashes": {}, "a": {"__tensor__": "a"}})},
+            "a": entry,
+        }
+    ).encode()
     raw = struct.pack("<Q", len(header)) + header + bytes(8)
     plant_snapshot(run, zstandard.ZstdCompressor().compress(raw), len(raw))
-    assert_refused(invoke("show", run), run / LAST, "safetensors entry 'a' has a bad dtype, shape or offsets")
+    assert_refused(
+        invoke("show", run), run / LAST, "safetensors entry 'a' has a bad dtype, shape or offsets"
+    )
 
 
 # --- 5. nothing is read past what the index declares -------------------------------------------
@@ -307,11 +376,19 @@ def test_a_file_larger_than_declared_is_refused_by_its_size_alone(run) -> None:
 
 def test_runs_of_different_model_structures_render(tmp_path) -> None:
     a = write_run(tmp_path / "a", {0: "x", 2: "y"})
-    b = write_run(tmp_path / "b", {0: "x", 2: "y"}, model={"parameters": {"w": [[2], "float32"], "v": [[3], "float32"]}, "buffers": {}})
+    b = write_run(
+        tmp_path / "b",
+        {0: "x", 2: "y"},
+        model={"parameters": {"w": [[2], "float32"], "v": [[3], "float32"]}, "buffers": {}},
+    )
     console = Console(file=StringIO(), width=200)
     render_comparison(compare(a, b, replay=False), console)
     text = console.file.getvalue()
-    assert "The runs diverge" in text and "the model structure" in text and "v is absent in run A" in text
+    assert (
+        "The runs diverge" in text
+        and "the model structure" in text
+        and "v is absent in run A" in text
+    )
     assert "no snapshots compared" in text
     result = invoke("compare", a, b, "--no-replay")
     assert result.exit_code == 1 and "no snapshots compared" in result.stdout, result.output
@@ -322,8 +399,15 @@ def test_a_long_timeline_says_where_it_leaves_rows_out(tmp_path) -> None:
     b = write_run(tmp_path / "b", {step: "same" if step < 20 else "other" for step in range(30)})
     result = invoke("compare", a, b, "--no-replay")
     assert result.exit_code == 1, result.output
-    assert "… 15 snapshots not shown …" in result.stdout and "… 5 snapshots not shown …" in result.stdout
-    shown = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("│") and line.split()[1].isdigit()]
+    assert (
+        "… 15 snapshots not shown …" in result.stdout
+        and "… 5 snapshots not shown …" in result.stdout
+    )
+    shown = [
+        line.split()[1]
+        for line in result.stdout.splitlines()
+        if line.startswith("│") and line.split()[1].isdigit()
+    ]
     assert shown == ["0", *map(str, range(16, 24)), "29"]
 
 
@@ -332,12 +416,25 @@ EVIL = "[red]evil[/red]\x1b[2J\x9b1m\u202e"
 
 def test_strings_from_a_run_are_printed_as_text(tmp_path) -> None:
     streams = {f"s{EVIL}": {"state": torch.arange(2)}}
-    a = write_run(tmp_path / "a", {0: "x"}, target=f"t{EVIL}", config={f"k{EVIL}": f"v{EVIL}"}, streams=streams)
-    b = write_run(tmp_path / "b", {0: "x"}, target=f"t{EVIL}", config={f"k{EVIL}": "other"}, streams=streams)
+    a = write_run(
+        tmp_path / "a",
+        {0: "x"},
+        target=f"t{EVIL}",
+        config={f"k{EVIL}": f"v{EVIL}"},
+        streams=streams,
+    )
+    b = write_run(
+        tmp_path / "b", {0: "x"}, target=f"t{EVIL}", config={f"k{EVIL}": "other"}, streams=streams
+    )
     for result in (invoke("show", a), invoke("compare", a, b, "--no-replay")):
         assert result.exit_code in (0, 1), result.output
         output = result.stdout
-        assert "[red]evil[/red]" in output and "\\x1b[2J" in output and "\\x9b" in output and "\\u202e" in output, output
+        assert (
+            "[red]evil[/red]" in output
+            and "\\x1b[2J" in output
+            and "\\x9b" in output
+            and "\\u202e" in output
+        ), output
         assert not any(c in output for c in "\x1b\x9b\u202e"), output
 
 
@@ -347,4 +444,5 @@ def test_safe_text_escapes_markup_and_control_characters() -> None:
     assert plain.file.getvalue() == "[red]evil[/red]\\x1b[2J\\x9b1m\\u202e a backslash \\\n"
     styled = Console(file=StringIO(), width=200, force_terminal=True)
     styled.print(f"[bold]{safe_text(EVIL)}[/]")
-    assert "\x1b[2J" not in styled.file.getvalue() and "\x9b" not in styled.file.getvalue()  # rich's own styles only
+    # rich's own styles only
+    assert "\x1b[2J" not in styled.file.getvalue() and "\x9b" not in styled.file.getvalue()

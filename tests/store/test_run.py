@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bisect_repro.errors import RecordingError, RunExistsError, RunFormatError, RunLockedError, RunNotFoundError
+from bisect_repro.errors import (
+    RecordingError,
+    RunExistsError,
+    RunFormatError,
+    RunLockedError,
+    RunNotFoundError,
+)
 from bisect_repro.store import run as store
 from bisect_repro.store.run import Run
 from bisect_repro.store.writer import RunWriter
@@ -21,7 +27,11 @@ def make_run(path: Path, steps: int = 3) -> RunWriter:
     writer = RunWriter.create(path, {"target": "t", "config": {}})
     for step in range(steps):
         writer.append_steps([{"step": step, "loss": 1.0 / (step + 1), "order": None, "batch": "b"}])
-        writer.commit("snapshot", step, {"step": step, "hashes": {"w": str(step)}, "t": torch.full((2,), float(step))})
+        writer.commit(
+            "snapshot",
+            step,
+            {"step": step, "hashes": {"w": str(step)}, "t": torch.full((2,), float(step))},
+        )
     return writer
 
 
@@ -50,7 +60,9 @@ def test_force_never_deletes_a_folder_that_is_not_a_run(tmp_path) -> None:
     assert (tmp_path / "mine" / "thesis.tex").read_text() == "precious"
 
 
-def test_a_write_interrupted_before_its_rename_leaves_the_previous_state(tmp_path, monkeypatch) -> None:
+def test_a_write_interrupted_before_its_rename_leaves_the_previous_state(
+    tmp_path, monkeypatch
+) -> None:
     writer = make_run(tmp_path / "r", steps=2)
 
     def crash(*args, **kwargs):
@@ -82,8 +94,16 @@ def test_file_without_index_line_is_invisible_and_torn_lines_are_skipped(tmp_pat
     [
         (lambda p: None, RunNotFoundError, "no such run"),
         (lambda p: p.mkdir(), RunNotFoundError, "not a bisect-repro run"),
-        (lambda p: (p.mkdir(), (p / "run.json").write_text("{garbage")), RunFormatError, "not valid JSON"),
-        (lambda p: (p.mkdir(), (p / "run.json").write_text('{"format": 99}')), RunFormatError, "newer"),
+        (
+            lambda p: (p.mkdir(), (p / "run.json").write_text("{garbage")),
+            RunFormatError,
+            "not valid JSON",
+        ),
+        (
+            lambda p: (p.mkdir(), (p / "run.json").write_text('{"format": 99}')),
+            RunFormatError,
+            "newer",
+        ),
         (lambda p: (p.mkdir(), (p / "run.json").write_text("[1]")), RunFormatError, "no format"),
     ],
 )
@@ -127,7 +147,8 @@ def test_no_pickle_is_ever_used_to_read_or_write(tmp_path, monkeypatch) -> None:
 
 
 def test_a_world_size_beyond_any_run_is_refused_when_read(tmp_path) -> None:
-    """Every reader walks a run's ranks: the count read from run.json is bounded before it drives a loop."""
+    """Every reader walks a run's ranks: the count read from run.json is bounded before it drives a
+    loop."""
     run_path = fake_ranks(tmp_path / "r", {0: {0: {"w": "a"}}, 1: {0: {"w": "a"}}})
     meta = json.loads((run_path / "run.json").read_text())
     meta["distributed"]["world_size"] = 10**12
@@ -137,12 +158,16 @@ def test_a_world_size_beyond_any_run_is_refused_when_read(tmp_path) -> None:
 
 
 def test_a_distributed_run_has_a_folder_per_rank_and_is_format_2(tmp_path) -> None:
-    run_path = fake_ranks(tmp_path / "r", {0: {0: {"w": "a"}, 2: {"w": "b"}}, 1: {0: {"w": "a"}, 2: {"w": "c"}}})
+    run_path = fake_ranks(
+        tmp_path / "r", {0: {0: {"w": "a"}, 2: {"w": "b"}}, 1: {0: {"w": "a"}, 2: {"w": "c"}}}
+    )
     assert json.loads((run_path / "run.json").read_text())["format"] == store.DISTRIBUTED_FORMAT
     run = Run.open(run_path)
     assert (run.rank, run.world_size, run.layout) == (0, 2, "ddp")
     other = run.open_rank(1)
-    assert other.rank == 1 and other.rank_meta.rank == 1 and other.snapshot(2)["hashes"] == {"w": "c"}
+    assert (
+        other.rank == 1 and other.rank_meta.rank == 1 and other.snapshot(2)["hashes"] == {"w": "c"}
+    )
     assert Run.open(run_path, 1).snapshot(2)["hashes"] == {"w": "c"} and other.complete
     with pytest.raises(RunNotFoundError, match="has no rank 2"):
         run.open_rank(2)
@@ -182,5 +207,15 @@ def test_each_rank_folder_has_one_writer_and_force_waits_for_them(tmp_path) -> N
 def test_a_single_process_run_stays_format_1_without_rank_metadata(tmp_path) -> None:
     make_run(tmp_path / "r").finish(3)
     run = Run.open(tmp_path / "r")
-    assert run.meta.format == 1 and run.distributed is None and run.world_size == 1 and run.rank_meta is None
-    assert sorted(p.name for p in (tmp_path / "r" / "rank0").iterdir()) == ["checkpoints", "index.jsonl", "snapshots", "steps.jsonl"]
+    assert (
+        run.meta.format == 1
+        and run.distributed is None
+        and run.world_size == 1
+        and run.rank_meta is None
+    )
+    assert sorted(p.name for p in (tmp_path / "r" / "rank0").iterdir()) == [
+        "checkpoints",
+        "index.jsonl",
+        "snapshots",
+        "steps.jsonl",
+    ]

@@ -8,27 +8,28 @@
    last checkpoint at or before the last equal snapshot and stepped in lockstep with the other;
    every replayed step is checked against its own records.
 3. The experiments (:mod:`bisect_repro.diagnose.compare.experiments`, and
-   :mod:`bisect_repro.diagnose.compare.rebuild` when the runs differ before their first step), each a
-   re-run under controlled conditions, which name the cause only when one of them shows it.
-4. The rules (:mod:`bisect_repro.diagnose.compare.rules`): every verdict, the replay's or the records'
-   (:mod:`bisect_repro.diagnose.compare.from_records`), is checked against its cause's precondition on
-   the records before it is reported; a replay that contradicts the records yields to them, with a note.
+   :mod:`bisect_repro.diagnose.compare.rebuild` when the runs differ before their first step), each
+   a re-run under controlled conditions, which name the cause only when one of them shows it.
+4. The rules (:mod:`bisect_repro.diagnose.compare.rules`): every verdict, the replay's or the
+   records' (:mod:`bisect_repro.diagnose.compare.from_records`), is checked against its cause's
+   precondition on the records before it is reported; a replay that contradicts the records yields
+   to them, with a note.
 
 Distributed runs are compared rank by rank from their records first: the first divergence over
-all ranks (:func:`~bisect_repro.diagnose.compare.records.first_divergence`) names a step and a rank, and
-``ranks`` holds each rank's verdict from the records. Then both runs are replayed on all their
+all ranks (:func:`~bisect_repro.diagnose.compare.records.first_divergence`) names a step and a rank,
+and ``ranks`` holds each rank's verdict from the records. Then both runs are replayed on all their
 ranks under ``torchrun`` (:mod:`bisect_repro.replay.ranked`), in lockstep, focused on that rank:
 the lockstep, the experiments and the verdict are the focus rank's, as for a single process,
 with the verdict's ``rank`` set. Where the replay fails or does not reproduce the divergence, the
 verdict is the records' and a note says why. Runs of another world size or parallel layout are
-compared by the distance of their weights (``numerics``, :mod:`bisect_repro.diagnose.numerics.numerics`)
-and from the records of the ranks both have; no step-by-step replay runs across layouts (the
-replay runs only the recorded world size).
+compared by the distance of their weights (``numerics``,
+:mod:`bisect_repro.diagnose.numerics.numerics`) and from the records of the ranks both have; no
+step-by-step replay runs across layouts (the replay runs only the recorded world size).
 
-``compare`` returns a :class:`~bisect_repro.diagnose.compare.verdict.CompareResult`; its ``to_json()`` is
-the ``bisect-repro/compare/2`` object documented in docs/json.md. ``announce`` is called with what
-will be executed before anything is; ``replay=False`` executes nothing. A run that this user did
-not record here (its launch claim is not signed with this user's key, see
+``compare`` returns a :class:`~bisect_repro.diagnose.compare.verdict.CompareResult`; its
+``to_json()`` is the ``bisect-repro/compare/2`` object documented in docs/json.md. ``announce`` is
+called with what will be executed before anything is; ``replay=False`` executes nothing. A run that
+this user did not record here (its launch claim is not signed with this user's key, see
 :mod:`bisect_repro.replay.launch`) is replayed only when ``consent`` agrees; otherwise the verdict
 is the records' and a note says how to allow the replay.
 """
@@ -76,13 +77,23 @@ def compare(
     a, b = Run.open(path_a), Run.open(path_b)
     allow = _Allow(accept_changed_code, consent)
     if a.distributed or b.distributed:
-        return _compare_ranks(a, b, replay=replay, allow=allow, progress=progress, announce=announce)
+        return _compare_ranks(
+            a, b, replay=replay, allow=allow, progress=progress, announce=announce
+        )
     result = _compare_pair(a, b, replay=replay, allow=allow, progress=progress, announce=announce)
     result.ranks = [RankResult(rank=0, verdict=result.verdict, timeline=result.timeline)]
     return result
 
 
-def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Progress | None, announce: Announce | None) -> CompareResult:
+def _compare_pair(
+    a: Run,
+    b: Run,
+    *,
+    replay: bool,
+    allow: _Allow,
+    progress: Progress | None,
+    announce: Announce | None,
+) -> CompareResult:
     if a.meta.format != b.meta.format:
         raise RunFormatError(
             b.path / "run.json",
@@ -91,7 +102,11 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
         )
     records = read_records(a, b)
     if records.structure is not None:
-        result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
+        result = CompareResult(
+            runs=[str(a.path), str(b.path)],
+            config_diff=records.config_diff,
+            environment_diff=records.environment_diff,
+        )
         _run_names(records, result)
         result.verdict = structure_verdict(records)
         return result
@@ -106,31 +121,51 @@ def _compare_pair(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Prog
         replayed, notes = enforce(records_verdict(records), Signals.of_records(records))
         result.notes += notes
     result.verdict = replayed
-    result.numerics = judge(records, specs[0] if specs is not None else None, _unrepeatable(replayed))
+    result.numerics = judge(
+        records, specs[0] if specs is not None else None, _unrepeatable(replayed)
+    )
     return result
 
 
 def _unrepeatable(verdict: Verdict | None) -> str | None:
     """The op by which the verdict proved that run A differs from itself, if it did: its envelope
     is then run A again, unchanged (any other experiment's change would be read through it)."""
-    if verdict is None or verdict.cause is not Cause.NONDETERMINISTIC_OP or verdict.confidence is not Confidence.PROVEN:
+    if (
+        verdict is None
+        or verdict.cause is not Cause.NONDETERMINISTIC_OP
+        or verdict.confidence is not Confidence.PROVEN
+    ):
         return None
-    shown = any(e.experiment == "self_rerun" and e.subject == "run A" and e.outcome is Outcome.DIFFERS for e in verdict.evidence)
+    shown = any(
+        e.experiment == "self_rerun" and e.subject == "run A" and e.outcome is Outcome.DIFFERS
+        for e in verdict.evidence
+    )
     return (verdict.op or "a nondeterministic op") if shown else None
 
 
 def _result_of(records: Records, a: Run, b: Run) -> CompareResult:
     """What the records of two runs (or of one rank of each) say, before any replay."""
-    result = CompareResult(runs=[str(a.path), str(b.path)], config_diff=records.config_diff, environment_diff=records.environment_diff)
+    result = CompareResult(
+        runs=[str(a.path), str(b.path)],
+        config_diff=records.config_diff,
+        environment_diff=records.environment_diff,
+    )
     _run_names(records, result)
     result.timeline, result.first_log_difference = records.timeline, records.logs
     result.unused_streams = records.unused_streams()
-    result.snapshots = {"last_equal": records.last_equal, "first_divergent": records.first_divergent}
+    result.snapshots = {
+        "last_equal": records.last_equal,
+        "first_divergent": records.first_divergent,
+    }
     return result
 
 
 def _replay(
-    records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: CompareResult, progress: Progress | None, announce: Announce | None
+    records: Records,
+    specs: tuple[LaunchSpec, LaunchSpec],
+    result: CompareResult,
+    progress: Progress | None,
+    announce: Announce | None,
 ) -> Verdict | None:
     """Both runs replayed under ``specs`` (announced first): the verdict of the experiments, the
     records' where they could not prove a cause; ``None``, with a note, when the replay failed or
@@ -143,21 +178,31 @@ def _replay(
         try:
             replayed = walk(records, specs, result, progress)
         except (ReplicaFailed, ReplayUnavailable) as error:
-            result.notes.append(f"the replay failed, so the verdict is from the records alone: {error}")
+            result.notes.append(
+                f"the replay failed, so the verdict is from the records alone: {error}"
+            )
             return None
         finally:
             result.replay.processes = processes_started() - started + forks.started
             result.replay.forked = forks.forked
             replay = result.replay
             _log.info(
-                "replay: %d process(es) started, %d of them forked from %d fork server(s)", replay.processes, forks.forked, forks.started
+                "replay: %d process(es) started, %d of them forked from %d fork server(s)",
+                replay.processes,
+                forks.forked,
+                forks.started,
             )
     if replayed is None:
         if result.replay.performed:
-            result.notes.append("the replay did not reproduce the divergence; the verdict below is from the records alone")
+            result.notes.append(
+                "the replay did not reproduce the divergence; the verdict below is from the "
+                "records alone"
+            )
         return None
     signals = Signals.of_records(records)
-    checked, notes = reconcile(_named_by_the_records(replayed, records), signals, lambda: records_verdict(records))
+    checked, notes = reconcile(
+        _named_by_the_records(replayed, records), signals, lambda: records_verdict(records)
+    )
     result.notes += notes
     return checked
 
@@ -172,12 +217,21 @@ def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
     named = records_verdict(records)
     if named.cause is Cause.UNKNOWN:
         return verdict
-    if named.step == verdict.step or (verdict.step < named.step and named.phase != "data"):  # the replay's location is finer
+    # the replay's location is finer
+    if named.step == verdict.step or (verdict.step < named.step and named.phase != "data"):
         named.step, named.phase, named.layer = verdict.step, verdict.phase, verdict.layer
         named.tensor, named.op = verdict.tensor, verdict.op
-        named.set_difference({k: getattr(verdict, k) for k in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram")})
+        named.set_difference(
+            {
+                k: getattr(verdict, k)
+                for k in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram")
+            }
+        )
     named.rank = verdict.rank
-    named.explanation += f"; the replay could not prove it ({verdict.explanation or 'no experiment isolated a cause'})"
+    named.explanation += (
+        "; the replay could not prove it "
+        f"({verdict.explanation or 'no experiment isolated a cause'})"
+    )
     named.evidence = [*verdict.evidence, *named.evidence]
     return named
 
@@ -185,14 +239,19 @@ def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
 def _run_names(records: Records, result: CompareResult) -> None:
     if records.run_names:
         keys = ", ".join(records.run_names)
-        result.notes.append(f"the config keys {keys} differ only by naming each run's own directory; they cannot change the numbers")
+        result.notes.append(
+            f"the config keys {keys} differ only by naming each run's own directory; they cannot "
+            "change the numbers"
+        )
 
 
 def _identical(records: Records, result: CompareResult) -> None:
     result.identical = True
     streams = sorted({s for row in records.timeline for s in row.streams})
     if streams:
-        result.notes.append(f"the runs' tensors match, but some random streams differ: {', '.join(streams)}")
+        result.notes.append(
+            f"the runs' tensors match, but some random streams differ: {', '.join(streams)}"
+        )
 
 
 def _layout(run: Run) -> str:
@@ -202,15 +261,28 @@ def _layout(run: Run) -> str:
 
 
 def _whole(run: Run) -> Layout:
-    """The run's nodes and ranks, checked (:func:`read_layout`); a partial run is refused, naming what is missing."""
+    """The run's nodes and ranks, checked (:func:`read_layout`); a partial run is refused, naming
+    what is missing."""
     layout, _ = read_layout(run)
     if layout.missing:
         lost = ", ".join(map(str, layout.missing))
-        raise RunFormatError(run.path, f"partial run: rank {lost} has no records (a node did not run)", "compare runs with every rank")
+        raise RunFormatError(
+            run.path,
+            f"partial run: rank {lost} has no records (a node did not run)",
+            "compare runs with every rank",
+        )
     return layout
 
 
-def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Progress | None, announce: Announce | None) -> CompareResult:
+def _compare_ranks(
+    a: Run,
+    b: Run,
+    *,
+    replay: bool,
+    allow: _Allow,
+    progress: Progress | None,
+    announce: Announce | None,
+) -> CompareResult:
     """Distributed runs: rank by rank from the records, then both replayed on all their ranks,
     focused on the first divergent rank."""
     layouts = _layout(a), _layout(b)
@@ -229,10 +301,22 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
     result.verdict = verdict
     role = roles(ranks)
     followed = [
-        (r, through_collectives(v, verdict, receiver=role.get(r.a.rank) == RECEIVER) if verdict is not None else v) for r, v in ranks
+        (
+            r,
+            through_collectives(v, verdict, receiver=role.get(r.a.rank) == RECEIVER)
+            if verdict is not None
+            else v,
+        )
+        for r, v in ranks
     ]
     result.ranks = [
-        RankResult(rank=r.a.rank, verdict=v, timeline=r.timeline, role=role.get(r.a.rank), node=layout[0].node_of(r.a.rank))
+        RankResult(
+            rank=r.a.rank,
+            verdict=v,
+            timeline=r.timeline,
+            role=role.get(r.a.rank),
+            node=layout[0].node_of(r.a.rank),
+        )
         for r, v in followed
     ]
     if first is None:
@@ -242,19 +326,28 @@ def _compare_ranks(a: Run, b: Run, *, replay: bool, allow: _Allow, progress: Pro
     if layouts[0] != layouts[1]:
         shared = "rank 0" if len(ranks) == 1 else f"ranks 0 to {len(ranks) - 1}"
         result.notes.append(
-            f"run A ran on {layouts[0]}, run B on {layouts[1]}: they are compared by the distance of their weights (numerics); "
-            f"the verdict is from the records of {shared}, which both have, and no step-by-step replay runs across layouts"
+            f"run A ran on {layouts[0]}, run B on {layouts[1]}: they are compared by the distance "
+            "of their weights (numerics); "
+            f"the verdict is from the records of {shared}, which both have, and no step-by-step "
+            "replay runs across layouts"
         )
     elif specs is not None and verdict is not None:
         if (layout[0].nnodes or 1) > 1:
             result.notes.append(
-                f"run A was recorded on {layout[0].nnodes} nodes of {layout[0].nproc_per_node} ranks; "
+                f"run A was recorded on {layout[0].nnodes} nodes of {layout[0].nproc_per_node} "
+                "ranks; "
                 f"the replay runs its {a.world_size} ranks on this machine alone, where they fit"
             )
         _replay_ranks(records, verdict, result, specs, progress, announce)
-    result.numerics = judge(records, specs[0].on_ranks(a.world_size, 0) if specs is not None else None, _unrepeatable(result.verdict))
+    result.numerics = judge(
+        records,
+        specs[0].on_ranks(a.world_size, 0) if specs is not None else None,
+        _unrepeatable(result.verdict),
+    )
     if not rank_zero_alike(a, b):
-        for found in {id(v): v for v in [result.verdict, *(r.verdict for r in result.ranks)] if v is not None}.values():
+        for found in {
+            id(v): v for v in [result.verdict, *(r.verdict for r in result.ranks)] if v is not None
+        }.values():
             _by_layout(found, a, b, result.numerics)
     return result
 
@@ -266,11 +359,15 @@ def _by_layout(verdict: Verdict, a: Run, b: Run, numerics: Numerics) -> None:
     if verdict.cause is not Cause.UNKNOWN:
         return
     verdict.explanation = (
-        f"rank {verdict.rank or 0} holds other tensors in each run ({a.layout} on {a.world_size}, {b.layout} on {b.world_size}), "
-        "so its hashes in the two differ at every snapshot, and nothing else in the records differs; by the distance of their weights, "
+        f"rank {verdict.rank or 0} holds other tensors in each run ({a.layout} on {a.world_size}, "
+        f"{b.layout} on {b.world_size}), "
+        "so its hashes in the two differ at every snapshot, and nothing else in the records "
+        "differs; by the distance of their weights, "
         f"{numerics.sentence}"
     )
-    verdict.fix = "none for the layout itself; see numerics, which compares the weights whatever their layout"
+    verdict.fix = (
+        "none for the layout itself; see numerics, which compares the weights whatever their layout"
+    )
 
 
 def _replay_ranks(
@@ -285,7 +382,13 @@ def _replay_ranks(
     replaces the records' when the replay reproduces the divergence."""
     focus = records.a.rank
     world = records.a.world_size
-    replayed = _replay(records, (specs[0].on_ranks(world, focus), specs[1].on_ranks(world, focus)), result, progress, announce)
+    replayed = _replay(
+        records,
+        (specs[0].on_ranks(world, focus), specs[1].on_ranks(world, focus)),
+        result,
+        progress,
+        announce,
+    )
     if replayed is not None:
         replayed.rank = focus
         result.verdict = replayed
@@ -293,17 +396,23 @@ def _replay_ranks(
 
 @dataclass(frozen=True)
 class _Allow:
-    """What the user allowed to run: a changed script or recipe, and runs recorded by someone else."""
+    """What the user allowed to run: a changed script or recipe, and runs recorded by someone
+    else."""
 
     accept_changed: bool
     consent: Consent | None
 
 
-def _specs(records: Records, result: CompareResult, allow: _Allow) -> tuple[LaunchSpec, LaunchSpec] | None:
+def _specs(
+    records: Records, result: CompareResult, allow: _Allow
+) -> tuple[LaunchSpec, LaunchSpec] | None:
     """What replays each run, if both may be replayed: checked (:func:`spec_for_run`), and either
     recorded by this user here or allowed by ``consent``; otherwise a note says why not."""
     try:
-        specs = spec_for_run(records.a, accept_changed=allow.accept_changed), spec_for_run(records.b, accept_changed=allow.accept_changed)
+        specs = (
+            spec_for_run(records.a, accept_changed=allow.accept_changed),
+            spec_for_run(records.b, accept_changed=allow.accept_changed),
+        )
     except ReplayUnavailable as error:
         result.notes.append(f"no replay: {error}")
         return None
@@ -311,11 +420,15 @@ def _specs(records: Records, result: CompareResult, allow: _Allow) -> tuple[Laun
     if foreign and (allow.consent is None or not allow.consent(foreign)):
         names = " and ".join(f"run {label}" for label, _ in foreign)
         result.notes.append(
-            f"no replay: {names} {'was' if len(foreign) == 1 else 'were'} not recorded by you on this machine as "
-            f"{'it is' if len(foreign) == 1 else 'they are'} (no signature of yours, or a file edited since it was signed: "
+            f"no replay: {names} {'was' if len(foreign) == 1 else 'were'} not recorded by you on "
+            "this machine as "
+            f"{'it is' if len(foreign) == 1 else 'they are'} (no signature of yours, or a file "
+            "edited since it was signed: "
             "bisect-repro show names it), "
-            "and a replay runs the code a run names; the verdict is from the records alone. To replay, read what would run "
-            f"({'; '.join(f'run {label}: {spec.describe()}' for label, spec in foreign)}) and pass --trust, or answer yes at the prompt"
+            "and a replay runs the code a run names; the verdict is from the records alone. To "
+            "replay, read what would run "
+            f"({'; '.join(f'run {label}: {spec.describe()}' for label, spec in foreign)}) and pass "
+            "--trust, or answer yes at the prompt"
         )
         return None
     return specs

@@ -4,30 +4,31 @@ Both replicas stand at the start of the divergent step (see :mod:`bisect_repro.r
 :class:`StepAnalysis` runs, in this order, and records each experiment as
 :class:`~bisect_repro.diagnose.compare.verdict.Evidence`:
 
-1. Full traces of the step in both runs: the first traced tensor that differs gives the phase, the layer and the
-   tensor.
+1. Full traces of the step in both runs: the first traced tensor that differs gives the phase, the
+   layer and the tensor.
 2. Each run against itself, re-run from the same state, classified by
-   :func:`~bisect_repro.diagnose.selfcheck.check_repeats`: reseeded from entropy (proven by fixing the entropy, with
-   the call sites), hidden state (another branch, other ops, other Python values), or a nondeterministic op (equal
-   inputs, different outputs, in two pairs of re-runs).
-3. When both runs repeat themselves, run B's step is run under run A's conditions until the difference vanishes
-   (:mod:`bisect_repro.diagnose.compare.swaps`), first without the reseeds from entropy the step logs show there
-   (:mod:`bisect_repro.diagnose.compare.reseeds`).
-4. An op trace of both runs names the first op where they part, with the ops around it; the two copies of the first
-   divergent tensor give the size of the difference.
+   :func:`~bisect_repro.diagnose.selfcheck.check_repeats`: reseeded from entropy (proven by fixing
+   the entropy, with the call sites), hidden state (another branch, other ops, other Python values),
+   or a nondeterministic op (equal inputs, different outputs, in two pairs of re-runs).
+3. When both runs repeat themselves, run B's step is run under run A's conditions until the
+   difference vanishes (:mod:`bisect_repro.diagnose.compare.swaps`), first without the reseeds from
+   entropy the step logs show there (:mod:`bisect_repro.diagnose.compare.reseeds`).
+4. An op trace of both runs names the first op where they part, with the ops around it; the two
+   copies of the first divergent tensor give the size of the difference.
 
-A cause is ``proven`` only when one of these showed it; otherwise the verdict says ``unexplained`` (or ``inferred``)
-and lists what was tried.
+A cause is ``proven`` only when one of these showed it; otherwise the verdict says ``unexplained``
+(or ``inferred``) and lists what was tried.
 
-The two runs' replicas are separate processes, so what each is asked (the full traces, the re-runs of each against
-itself, the op traces) is asked of both at once where the cores allow it
-(:meth:`~bisect_repro.replay.lockstep.Lockstep.pair`): the answers are those of asking one after the other, and where
-a framework repeats a step in fresh processes, the two runs' processes start side by side.
+The two runs' replicas are separate processes, so what each is asked (the full traces, the re-runs
+of each against itself, the op traces) is asked of both at once where the cores allow it
+(:meth:`~bisect_repro.replay.lockstep.Lockstep.pair`): the answers are those of asking one after the
+other, and where a framework repeats a step in fresh processes, the two runs' processes start side
+by side.
 
-Where the guarantees stop: a nondeterministic kernel may agree with itself in every re-run, and then the step is not
-seen to differ from itself. In a distributed run every experiment runs on every rank (the ranks run the step's
-collectives together) but only the focus rank's outcome is compared; what an experiment swaps in (run A's streams) is
-swapped in on the focus rank alone.
+Where the guarantees stop: a nondeterministic kernel may agree with itself in every re-run, and then
+the step is not seen to differ from itself. In a distributed run every experiment runs on every rank
+(the ranks run the step's collectives together) but only the focus rank's outcome is compared; what
+an experiment swaps in (run A's streams) is swapped in on the focus rank alone.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ from .verdict import Confidence, Evidence, OpContext, Verdict
 
 __all__ = ["StepAnalysis"]
 
-_MACHINE = ("python", "torch", "numpy", "cuda", "cudnn", "devices", "cpu")  # what a replay here cannot set
+# what a replay here cannot set
+_MACHINE = ("python", "torch", "numpy", "cuda", "cudnn", "devices", "cpu")
 
 
 def _calls(seeding: list[SeedingCall]) -> str:
@@ -64,14 +66,22 @@ class StepAnalysis:
     """The experiments on one divergent step (see the module docstring)."""
 
     def __init__(
-        self, records: Records, lockstep: Lockstep, divergence: Divergence, specs: tuple[LaunchSpec, LaunchSpec],
-        checkpoints: tuple[int, int], *, start: ReplicaFactory = start_replica,
-    ) -> None:  # fmt: skip
+        self,
+        records: Records,
+        lockstep: Lockstep,
+        divergence: Divergence,
+        specs: tuple[LaunchSpec, LaunchSpec],
+        checkpoints: tuple[int, int],
+        *,
+        start: ReplicaFactory = start_replica,
+    ) -> None:
         self.records, self.divergence, self.start = records, divergence, start
-        """What starts a fresh replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
+        """What starts a fresh replica of a spec
+        (:func:`~bisect_repro.replay.ranked.start_replica`)."""
         self.ra, self.rb = lockstep.replicas
         self.both = lockstep.pair
-        """Asks each replica at once, or one after the other (:meth:`~bisect_repro.replay.lockstep.Lockstep.pair`)."""
+        """Asks each replica at once, or one after the other
+        (:meth:`~bisect_repro.replay.lockstep.Lockstep.pair`)."""
         self.step = divergence.step
         self.checkpoints = checkpoints
         self.evidence: list[Evidence] = []
@@ -80,13 +90,23 @@ class StepAnalysis:
         self.reseeded = False
         """A stream ended the step in another state each time it ran from the same state."""
         self.unrecorded_data = False
-        """A run's batch differed between re-runs from one state: it draws from no recorded stream."""
+        """A run's batch differed between re-runs from one state: it draws from no recorded
+        stream."""
         self.swaps = Swaps(
-            records, lockstep.replicas, specs, checkpoints[1], self.step, self.evidence, start=start, checkpoint_a=checkpoints[0]
+            records,
+            lockstep.replicas,
+            specs,
+            checkpoints[1],
+            self.step,
+            self.evidence,
+            start=start,
+            checkpoint_a=checkpoints[0],
         )
 
     def _add(self, experiment: str, subject: str, outcome: str, detail: str) -> None:
-        self.evidence.append(Evidence(experiment=experiment, subject=subject, outcome=outcome, detail=detail))
+        self.evidence.append(
+            Evidence(experiment=experiment, subject=subject, outcome=outcome, detail=detail)
+        )
 
     def _rank(self) -> int | None:
         hello = self.ra.hello
@@ -95,45 +115,79 @@ class StepAnalysis:
     def explain(self) -> Verdict:
         s = self.step
         ta, tb, index = self._full_traces()
-        full = self.divergence.light[0] is not ta or not self.ra.reruns  # a light trace cannot be a base for full re-runs
+        # a light trace cannot be a base for full re-runs
+        full = self.divergence.light[0] is not ta or not self.ra.reruns
         base = (ta, tb) if full else (None, None)
-        repeats = self.both(partial(check_repeats, self.ra, s, base[0]), partial(check_repeats, self.rb, s, base[1]))
+        repeats = self.both(
+            partial(check_repeats, self.ra, s, base[0]), partial(check_repeats, self.rb, s, base[1])
+        )
         checks = {"A": repeats[0], "B": repeats[1]}
         if index is not None:
             entry = (ta if index < len(ta.entries) else tb).entries[index]
-            self._add("replay", "runs A and B", "differs", f"replayed, step {s} first differs at {entry.tensor} ({entry.phase})")
+            self._add(
+                "replay",
+                "runs A and B",
+                "differs",
+                f"replayed, step {s} first differs at {entry.tensor} ({entry.phase})",
+            )
         else:  # the replicas agree here, but one parted from its own records at this step
             parted = next(
-                ((label, c) for label, c in checks.items() if not c.repeats and c.trace is not None and c.first is not None), None
+                (
+                    (label, c)
+                    for label, c in checks.items()
+                    if not c.repeats and c.trace is not None and c.first is not None
+                ),
+                None,
             )
             if parted is None:
                 return self._agreeing(s)
             index = parted[1].first
             assert index is not None and parted[1].trace is not None
             entry = parted[1].trace.entries[index]
-            self._add("replay", f"run {parted[0]}", "differs", f"replayed, run {parted[0]} does not reproduce its own records at step {s}")
-        verdict = Verdict(step=s, phase=entry.phase, layer=entry.layer, tensor=entry.tensor, rank=self._rank())
+            self._add(
+                "replay",
+                f"run {parted[0]}",
+                "differs",
+                f"replayed, run {parted[0]} does not reproduce its own records at step {s}",
+            )
+        verdict = Verdict(
+            step=s, phase=entry.phase, layer=entry.layer, tensor=entry.tensor, rank=self._rank()
+        )
         for label, check in checks.items():
             self._note_check(label, check)
         if any(check.streams for check in checks.values()):
             self._reseeded(verdict, {label: c for label, c in checks.items() if c.streams})
         elif any(not check.repeats for check in checks.values()):
-            self._differs_from_itself(verdict, *next((label, c) for label, c in checks.items() if not c.repeats))
+            self._differs_from_itself(
+                verdict, *next((label, c) for label, c in checks.items() if not c.repeats)
+            )
         elif self._kept(verdict, ta, tb):
             self.reseeded = True
         elif entry.phase == "data":
-            self.swaps.data(verdict, entry.tensor == "batch.indices", self.divergence.fetched[0], ta)
+            self.swaps.data(
+                verdict, entry.tensor == "batch.indices", self.divergence.fetched[0], ta
+            )
         else:
             self.swaps.compute(verdict, ta)
         if entry.phase != "data":
-            self._locate(verdict, entry.phase, index, op=verdict.cause is not Cause.NONDETERMINISTIC_OP)
+            self._locate(
+                verdict, entry.phase, index, op=verdict.cause is not Cause.NONDETERMINISTIC_OP
+            )
         verdict.evidence = self.evidence
         self._words(verdict)
         return verdict
 
     def _kept(self, verdict: Verdict, ta: StepResult, tb: StepResult) -> bool:
         runs = (self.records.a, self.records.b)
-        found = prove_kept(verdict, runs, self.swaps.specs, self.checkpoints, (ta, tb), self.start, (self.ra, self.rb))
+        found = prove_kept(
+            verdict,
+            runs,
+            self.swaps.specs,
+            self.checkpoints,
+            (ta, tb),
+            self.start,
+            (self.ra, self.rb),
+        )
         self.evidence += [found] if found is not None else []
         return found is not None and found.outcome.value == "matches"
 
@@ -141,25 +195,37 @@ class StepAnalysis:
         """Both replicas repeat this step and agree, yet the replay does not reproduce the records
         there. Unless this machine differs from the recording's, replay run A once more with its
         first replayed step run extra times, as many as the steps a run from the start would have
-        made before that checkpoint (at least three): when that changes this step, the step depends on
-        how often the code ran, which no checkpoint holds (proven); otherwise nothing here explains
-        it (a nondeterministic kernel that agreed with itself in the replay is one possibility)."""
+        made before that checkpoint (at least three): when that changes this step, the step depends
+        on how often the code ran, which no checkpoint holds (proven); otherwise nothing here
+        explains it (a nondeterministic kernel that agreed with itself in the replay is one
+        possibility)."""
         self._add(
             "replay",
             "runs A and B",
             "matches",
-            f"replayed, the runs agree at step {step} and each repeats it, but not what was recorded there",
+            f"replayed, the runs agree at step {step} and each repeats it, but not what was "
+            "recorded there",
         )
         recorded = self.records.a.meta.environment
         here = env.diff(recorded, self.ra.describe().environment)
         machine = [k for k in here if k in _MACHINE]
         verdict = Verdict(step=step, evidence=self.evidence)
         if machine:
-            verdict.cause, verdict.confidence, verdict.environment_keys = Cause.ENVIRONMENT, Confidence.INFERRED, machine
+            verdict.cause, verdict.confidence, verdict.environment_keys = (
+                Cause.ENVIRONMENT,
+                Confidence.INFERRED,
+                machine,
+            )
             shown = ", ".join(f"{k} {here[k][0]} recorded, {here[k][1]} here" for k in machine)
-            self._add("environment", "this machine against the recording's", "differs", f"this machine differs: {shown}")
+            self._add(
+                "environment",
+                "this machine against the recording's",
+                "differs",
+                f"this machine differs: {shown}",
+            )
             verdict.explanation = (
-                f"the replay of step {step} does not reproduce the records, and this machine differs from the recording's ({shown})"
+                f"the replay of step {step} does not reproduce the records, and "
+                f"this machine differs from the recording's ({shown})"
             )
             verdict.fix = "compare the runs where they were recorded, or record them again here"
             return verdict
@@ -167,17 +233,24 @@ class StepAnalysis:
         if changed:
             verdict.cause, verdict.confidence = Cause.HIDDEN_STATE, Confidence.PROVEN
             verdict.explanation = (
-                f"step {step} does not compute what was recorded when replayed from a checkpoint, and what it computes depends on "
-                "how many times the code ran before: it reads state that no checkpoint holds (a counter in a closure, a global)"
+                f"step {step} does not compute what was recorded when replayed from a checkpoint, "
+                "and what it computes depends on "
+                "how many times the code ran before: it reads state that no checkpoint holds (a "
+                "counter in a closure, a global)"
             )
             verdict.fix = fix_for(Cause.HIDDEN_STATE)
         else:
             verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED
             verdict.explanation = (
-                f"the recorded runs differ at step {step}, but the replayed ones agree and repeat it: a nondeterministic kernel that "
-                "agreed with itself here, or state no checkpoint holds that the experiments did not reach"
+                f"the recorded runs differ at step {step}, but the replayed ones agree and repeat "
+                "it: a nondeterministic kernel that "
+                "agreed with itself here, or state no checkpoint holds that the experiments did "
+                "not reach"
             )
-            verdict.fix = fix_for(Cause.UNKNOWN) + "; run compare again on an otherwise idle machine, or run doctor on the code"
+            verdict.fix = (
+                fix_for(Cause.UNKNOWN)
+                + "; run compare again on an otherwise idle machine, or run doctor on the code"
+            )
         return verdict
 
     def _depends_on_calls(self, step: int) -> bool:
@@ -200,44 +273,66 @@ class StepAnalysis:
                 replica.fetch()
                 return replica.run(step, trace="light")
 
-        changed = first_difference(self.divergence.light[0].entries, replayed(extra).entries) is not None
-        if changed and first_difference(self.divergence.light[0].entries, replayed(0).entries) is not None:
+        changed = (
+            first_difference(self.divergence.light[0].entries, replayed(extra).entries) is not None
+        )
+        if (
+            changed
+            and first_difference(self.divergence.light[0].entries, replayed(0).entries) is not None
+        ):
             self._add(
                 "replay",
                 "run A, replayed afresh",
                 "differs",
-                f"replayed again from step {first}, step {step} computes something else even without extra runs: it does not repeat",
+                f"replayed again from step {first}, step {step} computes something else even "
+                "without extra runs: it does not repeat",
             )
             return False
-        outcome = "computes something else: it depends on how often the code ran" if changed else "computes the same"
+        outcome = (
+            "computes something else: it depends on how often the code ran"
+            if changed
+            else "computes the same"
+        )
         self._add(
             "replay",
             label,
             "differs" if changed else "matches",
-            f"replayed again from step {first} with that step run {extra} extra times first, step {step} {outcome}",
+            f"replayed again from step {first} with that step run {extra} extra times first, step "
+            f"{step} {outcome}",
         )
         return changed
 
     # -- 1. where ------------------------------------------------------------------------------
     def _full_traces(self) -> tuple[StepResult, StepResult, int | None]:
-        """Full traces of the step in both runs, and the first entry where they differ (``None``: they agree)."""
+        """Full traces of the step in both runs, and the first entry where they differ (``None``:
+        they agree)."""
         la, lb = self.divergence.light
-        if not self.ra.reruns and not self.ra.afresh and not self.divergence.parted_only:  # a framework's lockstep was traced in full
+        # a framework's lockstep was traced in full
+        if not self.ra.reruns and not self.ra.afresh and not self.divergence.parted_only:
             return la, lb, first_difference(la.entries, lb.entries)
         for _ in range(RERUNS if not self.divergence.parted_only else 1):
-            ta, tb = self.both(partial(self.ra.run, self.step, trace="full"), partial(self.rb.run, self.step, trace="full"))
+            ta, tb = self.both(
+                partial(self.ra.run, self.step, trace="full"),
+                partial(self.rb.run, self.step, trace="full"),
+            )
             index = first_difference(ta.entries, tb.entries)
             if index is not None:
                 return ta, tb, index
         if self.divergence.parted_only:
             return ta, tb, None
-        self.notes.append(f"the full trace of step {self.step} did not differ again; the step is located by the state after it")
+        self.notes.append(
+            f"the full trace of step {self.step} did not differ again; the step is located by the "
+            "state after it"
+        )
         return la, lb, first_difference(la.entries, lb.entries)
 
     # -- 2. each run against itself ------------------------------------------------------------
     def _note_check(self, label: str, check: Repeatability) -> None:
         if check.streams:
-            detail = f"step {self.step} run again from the same state ends with {', '.join(check.streams)} in a different state each time"
+            detail = (
+                f"step {self.step} run again from the same state ends with "
+                f"{', '.join(check.streams)} in a different state each time"
+            )
         elif not check.repeats:
             detail = f"step {self.step} run again from the same state gives a different trace"
         else:
@@ -253,7 +348,10 @@ class StepAnalysis:
             )
             outcome = "repeats exactly" if check.reseed_proven else "still differs from itself"
             self._add(
-                "reseed_fixed", f"run {label}", "matches" if check.reseed_proven else "differs", f"{what}, step {self.step} {outcome}"
+                "reseed_fixed",
+                f"run {label}",
+                "matches" if check.reseed_proven else "differs",
+                f"{what}, step {self.step} {outcome}",
             )
             verdict.rng = sorted({*verdict.rng, *check.streams})
             verdict.reseeded += [c for c in check.reseeds if c not in verdict.reseeded]
@@ -264,30 +362,50 @@ class StepAnalysis:
     def _differs_from_itself(self, verdict: Verdict, label: str, check: Repeatability) -> None:
         subject = f"run {label}"
         if check.hidden:
-            # Only a re-run that took other ops or arguments proves it; re-runs that merely agree with
-            # each other and not with the first run could be a kernel that agreed with itself.
+            # Only a re-run that took other ops or arguments proves it; re-runs that merely agree
+            # with each other and not with the first run could be a kernel that agreed with itself.
             confidence = Confidence.INFERRED if check.first_run_only else Confidence.PROVEN
             verdict.cause, verdict.confidence = Cause.HIDDEN_STATE, confidence
             self._add("self_rerun", subject, "differs", check.hidden)
             return
-        if check.trace is not None and check.first is not None and check.trace.entries[check.first].phase == "data":
-            # The step's own batch differs between runs from one state: it is drawn from no recorded stream.
-            verdict.cause, verdict.confidence, self.unrecorded_data = Cause.DATA_CONTENT, Confidence.PROVEN, True
+        if (
+            check.trace is not None
+            and check.first is not None
+            and check.trace.entries[check.first].phase == "data"
+        ):
+            # The step's own batch differs between runs from one state: it is drawn from no recorded
+            # stream.
+            verdict.cause, verdict.confidence, self.unrecorded_data = (
+                Cause.DATA_CONTENT,
+                Confidence.PROVEN,
+                True,
+            )
             self._add(
                 "self_rerun",
                 subject,
                 "differs",
-                f"step {self.step} run again from the same state (every recorded stream restored) draws another "
-                f"{check.trace.entries[check.first].tensor}: the data is drawn from a generator no recorded stream holds",
+                f"step {self.step} run again from the same state (every recorded stream restored) "
+                "draws another "
+                f"{check.trace.entries[check.first].tensor}: the data is drawn from a generator no "
+                "recorded stream holds",
             )
             self.swaps.seeded_alike(verdict)  # a global stream drawn before the first snapshot
             return
         if check.op is None:
             verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED
-            self._add("op_trace", subject, "inconclusive", "no single op with identical inputs gave different outputs in the re-runs")
+            self._add(
+                "op_trace",
+                subject,
+                "inconclusive",
+                "no single op with identical inputs gave different outputs in the re-runs",
+            )
             return
         op = check.op
-        verdict.cause, verdict.op, verdict.layer = Cause.NONDETERMINISTIC_OP, op.op, op.layer or verdict.layer
+        verdict.cause, verdict.op, verdict.layer = (
+            Cause.NONDETERMINISTIC_OP,
+            op.op,
+            op.layer or verdict.layer,
+        )
         verdict.confidence = Confidence.PROVEN if check.op_pairs >= 2 else Confidence.INFERRED
         self.ops_context = check.context
         module = f", module {op.layer}" if op.layer else ""
@@ -295,14 +413,19 @@ class StepAnalysis:
             "op_trace",
             subject,
             "differs",
-            f"in {check.op_pairs} pair(s) of re-runs from the same state, {op.op} ({op.phase or 'step'}{module}) gave other outputs "
+            f"in {check.op_pairs} pair(s) of re-runs from the same state, {op.op} "
+            f"({op.phase or 'step'}{module}) gave other outputs "
             "on identical inputs",
         )
         self._determinism_settings(verdict)
 
     def _determinism_settings(self, verdict: Verdict) -> None:
         """When the runs' determinism switches differ, show whether run A's make run B repeat."""
-        keys = [k for k in self.records.environment_diff if "determinis" in k or k.startswith("torch.backends.cudnn.")]
+        keys = [
+            k
+            for k in self.records.environment_diff
+            if "determinis" in k or k.startswith("torch.backends.cudnn.")
+        ]
         if not keys:
             return
         settings = {k: self.records.a.meta.environment.get(k) for k in keys}
@@ -314,7 +437,8 @@ class StepAnalysis:
             "environment",
             "run B under run A's determinism settings",
             "matches" if repeats else "differs",
-            f"with {shown}, step {self.step} of run B {'repeats exactly' if repeats else 'still differs from itself'}",
+            f"with {shown}, step {self.step} of run B "
+            f"{'repeats exactly' if repeats else 'still differs from itself'}",
         )
 
     # -- 4. the op and the size of the difference ----------------------------------------------
@@ -327,7 +451,10 @@ class StepAnalysis:
             options: dict[str, Any] = {"trace": "full", "keep": [index]}
             if not named:
                 options["ops"] = OPS_PHASE.get(phase, "all")
-            ra, rb = self.both(partial(self.ra.run, self.step, **options), partial(self.rb.run, self.step, **options))
+            ra, rb = self.both(
+                partial(self.ra.run, self.step, **options),
+                partial(self.rb.run, self.step, **options),
+            )
             if index in ra.kept and index in rb.kept and verdict.fraction_differing is None:
                 stats = difference_stats(ra.kept[index], rb.kept[index])
                 if stats.get("fraction_differing"):
@@ -348,24 +475,37 @@ class StepAnalysis:
             return True
         verdict.op = oa[i].op
         if not inputs_equal and oa[i].inputs == ob[i].inputs:
-            self.notes.append(f"{oa[i].op} received other Python arguments in each run ({oa[i].arguments[:80]} vs {ob[i].arguments[:80]})")
+            self.notes.append(
+                f"{oa[i].op} received other Python arguments in each run ({oa[i].arguments[:80]} "
+                f"vs {ob[i].arguments[:80]})"
+            )
         elif not inputs_equal:
-            self.notes.append(f"{oa[i].op}'s input tensors already differed: the difference entered through state the trace does not see")
+            self.notes.append(
+                f"{oa[i].op}'s input tensors already differed: the difference entered through "
+                "state the trace does not see"
+            )
         return True
 
     # -- the words -----------------------------------------------------------------------------
     def _words(self, verdict: Verdict) -> None:
         if verdict.phase == "data":
-            where = f"step {self.step}, the batch's {'sample indices' if verdict.tensor == 'batch.indices' else verdict.tensor}"
+            where = (
+                f"step {self.step}, the batch's "
+                f"{'sample indices' if verdict.tensor == 'batch.indices' else verdict.tensor}"
+            )
         else:
-            where = f"step {self.step}, {verdict.phase} pass, {verdict.tensor}" + (f" (op {verdict.op})" if verdict.op else "")
+            where = f"step {self.step}, {verdict.phase} pass, {verdict.tensor}" + (
+                f" (op {verdict.op})" if verdict.op else ""
+            )
         data_by = ", ".join(verdict.rng or verdict.config_keys or verdict.environment_keys) or None
         if verdict.confidence is not Confidence.PROVEN:
             data_by = None  # not shown by fetching the batch again
         keys = verdict.config_keys or verdict.environment_keys
         if verdict.cause is Cause.CONFIG:
             keys = config_values(self.records.config_diff, keys)
-        between = self.step if verdict.phase == "data" and verdict.reseeded and self.step > 0 else None
+        between = (
+            self.step if verdict.phase == "data" and verdict.reseeded and self.step > 0 else None
+        )
         verdict.explanation = explanation_for(
             verdict.cause,
             where=where,
@@ -378,10 +518,16 @@ class StepAnalysis:
             proven=verdict.confidence is Confidence.PROVEN,
         )
         if verdict.phase == "data" and verdict.rng and verdict.confidence is not Confidence.PROVEN:
-            verdict.explanation += f"; the streams the loader draws from differ there: {', '.join(verdict.rng)}"
+            verdict.explanation += (
+                f"; the streams the loader draws from differ there: {', '.join(verdict.rng)}"
+            )
         resumed_here = self.records.b.meta.options.start_step == self.step > 0
-        if resumed_here:  # run B resumed at this very step: what differs is what the resume did not restore
-            verdict.explanation = f"run B resumed at step {self.step}, and the resume did not restore everything: {verdict.explanation}"
+        # run B resumed at this very step: what differs is what the resume did not restore
+        if resumed_here:
+            verdict.explanation = (
+                f"run B resumed at step {self.step}, and the resume did not "
+                f"restore everything: {verdict.explanation}"
+            )
         records = self.records
         resumed = records.b.meta.options.resumed_from is not None or resumed_here
         config = {k: v for k, v in records.config_diff.items() if k in verdict.config_keys}
@@ -396,4 +542,6 @@ class StepAnalysis:
             config=config,
         )
         if verdict.cause is Cause.NONDETERMINISTIC_OP and verdict.environment_keys:
-            verdict.fix = fix_for(Cause.ENVIRONMENT, keys=verdict.environment_keys) + "; " + verdict.fix
+            verdict.fix = (
+                fix_for(Cause.ENVIRONMENT, keys=verdict.environment_keys) + "; " + verdict.fix
+            )

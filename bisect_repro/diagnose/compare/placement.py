@@ -2,11 +2,12 @@
 
 The location of a divergence (step, phase, layer, tensor, op) is taken from the replay only when
 the replay reproduced both runs' records up to the divergent step: from the checkpoints, from the
-runs' first checkpoints when the first walk parted (:meth:`~bisect_repro.replay.lockstep.Lockstep.find`),
-with each repeat of the step in a fresh process where a repeat in one process is not the run
-(:meth:`~bisect_repro.replay.lockstep.Lockstep.settle_repeats`). Where the replay parted from
-its records before the divergent step, it is not the run, and the location is the records'
-alone. The verdict's evidence says which (``location``).
+runs' first checkpoints when the first walk parted
+(:meth:`~bisect_repro.replay.lockstep.Lockstep.find`), with each repeat of the step in a fresh
+process where a repeat in one process is not the run
+(:meth:`~bisect_repro.replay.lockstep.Lockstep.settle_repeats`). Where the replay parted from its
+records before the divergent step, it is not the run, and the location is the records' alone. The
+verdict's evidence says which (``location``).
 
 =======================================  ==================================================
 the replay                               the location
@@ -39,22 +40,36 @@ def place(verdict: Verdict, records: Records, lockstep: Lockstep, *, faithful: b
     records'; say which in the evidence."""
     if faithful:
         start = lockstep.from_step
-        detail = f"located by a replay from step {start} that reproduced both runs' records up to step {verdict.step}"
-        verdict.evidence.append(Evidence(experiment="location", subject="the replay", outcome="matches", detail=detail))
+        detail = (
+            f"located by a replay from step {start} that reproduced both runs' records up to "
+            f"step {verdict.step}"
+        )
+        verdict.evidence.append(
+            Evidence(experiment="location", subject="the replay", outcome="matches", detail=detail)
+        )
         return
     named = records_verdict(records)
     for key in _LOCATION:
         setattr(verdict, key, getattr(named, key))
     for key in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram"):
         setattr(verdict, key, None)
-    detail = "located by the records alone: the replay parted from its records before the divergent step, so it is not the run"
-    verdict.evidence.append(Evidence(experiment="location", subject="the records", outcome="inconclusive", detail=detail))
+    detail = (
+        "located by the records alone: the replay parted from its records before the "
+        "divergent step, so it is not the run"
+    )
+    verdict.evidence.append(
+        Evidence(
+            experiment="location", subject="the records", outcome="inconclusive", detail=detail
+        )
+    )
 
 
 def _walk(attempt: Attempt, final: str, last: bool) -> str:
     start = "/".join(map(str, attempt.checkpoints))
     head = f"from the checkpoints at steps {start}, {attempt.replayed} step(s) replayed"
-    if attempt.parted and (not last or any(p.step < (attempt.divergent or 0) for p in attempt.parted)):
+    if attempt.parted and (
+        not last or any(p.step < (attempt.divergent or 0) for p in attempt.parted)
+    ):
         where = ", ".join(f"run {p.run} at step {p.step} ({p.what})" for p in attempt.parted)
         return f"{head}, parted from the records ({where}): no verdict taken from it"
     return f"{head}, matched the records: {final}"
@@ -65,6 +80,10 @@ def closing_note(lockstep: Lockstep, verdict: Verdict | None) -> str | None:
     attempts = lockstep.attempts
     if len(attempts) < 2:
         return None
-    final = "no divergence" if verdict is None else f"step {verdict.step}, {verdict.cause.value}, {verdict.confidence.value}"
+    final = (
+        "no divergence"
+        if verdict is None
+        else f"step {verdict.step}, {verdict.cause.value}, {verdict.confidence.value}"
+    )
     walks = "; ".join(_walk(a, final, i == len(attempts) - 1) for i, a in enumerate(attempts))
     return f"the replays: {walks}"

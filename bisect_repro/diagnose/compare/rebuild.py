@@ -33,15 +33,18 @@ _BASE = 1234
 
 @dataclass(frozen=True, kw_only=True)
 class InitStreams:
-    """What building the code again showed about the random streams that decide its initial state."""
+    """What building the code again showed about the random streams that decide its initial
+    state."""
 
     cause: Cause
     """``rng_state`` when the streams are shown to decide it, else ``unknown``."""
     confidence: Confidence
     streams: list[str]
-    """The streams whose change changes the initial state (those reseeded, when it does not repeat)."""
+    """The streams whose change changes the initial state (those reseeded, when it does not
+    repeat)."""
     reseeds: list[SeedingCall]
-    """The seeding calls from entropy seen during the build, when the initial state does not repeat."""
+    """The seeding calls from entropy seen during the build, when the initial state does not
+    repeat."""
     evidence: list[Evidence]
 
 
@@ -57,7 +60,9 @@ def _built(start: ReplicaFactory, spec: LaunchSpec, label: str) -> _Built:
     with start(spec, label) as replica:
         replica.connect()
         description = replica.describe()
-        return _Built(dict(description.init), [SeedingCall.from_json(c) for c in description.build_seeding])
+        return _Built(
+            dict(description.init), [SeedingCall.from_json(c) for c in description.build_seeding]
+        )
 
 
 def _differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
@@ -69,14 +74,22 @@ def _one_stream(name: str, changed: list[str], seeding: list[SeedingCall]) -> Ev
     stream itself, it overrides the experiment's seed, which then shows nothing either way."""
     subject = f"run A's code with only {name} seeded differently"
     if changed:
-        return Evidence(experiment=f"stream:{name}", subject=subject, outcome="differs", detail=f"{changed[0]} changes")
+        return Evidence(
+            experiment=f"stream:{name}",
+            subject=subject,
+            outcome="differs",
+            detail=f"{changed[0]} changes",
+        )
     own = [c for c in seeding if c.stream == name and c.call]
     if own:
         detail = (
-            f"the code seeds {name} itself ({own[0].describe()}), which overrides the seed given before it ran: "
+            f"the code seeds {name} itself ({own[0].describe()}), which overrides the seed given "
+            "before it ran: "
             "this cannot show whether the build draws from it"
         )
-        return Evidence(experiment=f"stream:{name}", subject=subject, outcome="inconclusive", detail=detail)
+        return Evidence(
+            experiment=f"stream:{name}", subject=subject, outcome="inconclusive", detail=detail
+        )
     return Evidence(
         experiment=f"stream:{name}",
         subject=subject,
@@ -85,17 +98,25 @@ def _one_stream(name: str, changed: list[str], seeding: list[SeedingCall]) -> Ev
     )
 
 
-def streams_deciding_init(specs: tuple[LaunchSpec, LaunchSpec], start: ReplicaFactory = start_replica) -> InitStreams:
+def streams_deciding_init(
+    specs: tuple[LaunchSpec, LaunchSpec], start: ReplicaFactory = start_replica
+) -> InitStreams:
     """What decides the initial state of two runs that differ at their first snapshot; ``start``
     starts each build (a real process by default)."""
     spec_a, spec_b = specs
     fixed = dict.fromkeys(GLOBAL_STREAMS, _BASE)
-    jobs: dict[str, LaunchSpec] = {"control": spec_a.with_seeds(fixed), "again": spec_a.with_seeds(fixed), "b": spec_b.with_seeds(fixed)}
+    jobs: dict[str, LaunchSpec] = {
+        "control": spec_a.with_seeds(fixed),
+        "again": spec_a.with_seeds(fixed),
+        "b": spec_b.with_seeds(fixed),
+    }
     for name in GLOBAL_STREAMS:
         jobs[name] = spec_a.with_seeds({**fixed, name: _BASE + 1})
     with ThreadPoolExecutor(len(jobs)) as pool:
         futures = {
-            key: pool.submit(_built, start, spec, f"run {'B' if key == 'b' else 'A'} built with fixed streams")
+            key: pool.submit(
+                _built, start, spec, f"run {'B' if key == 'b' else 'A'} built with fixed streams"
+            )
             for key, spec in jobs.items()
         }
         built = {key: future.result() for key, future in futures.items()}
@@ -110,14 +131,23 @@ def streams_deciding_init(specs: tuple[LaunchSpec, LaunchSpec], start: ReplicaFa
             outcome="matches" if repeats else "differs",
             detail="the initial state repeats"
             if repeats
-            else f"the initial state still differs ({_differing(control, built['again'].hashes)[0]} first)",
+            else "the initial state still differs "
+            f"({_differing(control, built['again'].hashes)[0]} first)",
         )
     )
     if not repeats:
         reseeds = [c for c in built["control"].seeding if c.entropy]
-        cause, confidence = (Cause.RNG_STATE, Confidence.PROVEN) if reseeds else (Cause.UNKNOWN, Confidence.UNEXPLAINED)
+        cause, confidence = (
+            (Cause.RNG_STATE, Confidence.PROVEN)
+            if reseeds
+            else (Cause.UNKNOWN, Confidence.UNEXPLAINED)
+        )
         return InitStreams(
-            cause=cause, confidence=confidence, streams=sorted({c.stream for c in reseeds}), reseeds=reseeds, evidence=evidence
+            cause=cause,
+            confidence=confidence,
+            streams=sorted({c.stream for c in reseeds}),
+            reseeds=reseeds,
+            evidence=evidence,
         )
     deciding = []
     for name in GLOBAL_STREAMS:
@@ -131,8 +161,16 @@ def streams_deciding_init(specs: tuple[LaunchSpec, LaunchSpec], start: ReplicaFa
             experiment="rebuild",
             subject="run B's code with the same fixed streams",
             outcome="matches" if same_code else "differs",
-            detail="it builds run A's initial state" if same_code else "it still builds another initial state",
+            detail="it builds run A's initial state"
+            if same_code
+            else "it still builds another initial state",
         )
     )
-    cause, confidence = (Cause.RNG_STATE, Confidence.PROVEN) if deciding and same_code else (Cause.UNKNOWN, Confidence.UNEXPLAINED)
-    return InitStreams(cause=cause, confidence=confidence, streams=deciding, reseeds=[], evidence=evidence)
+    cause, confidence = (
+        (Cause.RNG_STATE, Confidence.PROVEN)
+        if deciding and same_code
+        else (Cause.UNKNOWN, Confidence.UNEXPLAINED)
+    )
+    return InitStreams(
+        cause=cause, confidence=confidence, streams=deciding, reseeds=[], evidence=evidence
+    )

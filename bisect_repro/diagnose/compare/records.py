@@ -5,13 +5,15 @@ snapshot timeline (which tensors and streams differ at each common snapshot), an
 at which each per-step log (data order, batch content, loss) differs. The last equal snapshot
 and the first divergent one bound the divergence; the logs narrow it to a step.
 
-:mod:`bisect_repro.diagnose.compare.from_records` turns them into the verdict from the records alone.
+:mod:`bisect_repro.diagnose.compare.from_records` turns them into the verdict from the records
+alone.
 
 Distributed runs are compared rank by rank (rank r of one run against rank r of the other, each
-with its own environment): :func:`first_divergence` is the first divergence over all ranks: the earliest step, and at that step the rank
-where it starts, the one whose own step logs (data order, batch, loss) or seeding calls show the
-difference at that step rather than a snapshot after it (a difference one rank starts reaches
-the others through the next gradient all-reduce, and their snapshots); the lowest such rank.
+with its own environment): :func:`first_divergence` is the first divergence over all ranks: the
+earliest step, and at that step the rank where it starts, the one whose own step logs (data order,
+batch, loss) or seeding calls show the difference at that step rather than a snapshot after it (a
+difference one rank starts reaches the others through the next gradient all-reduce, and their
+snapshots); the lowest such rank.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ __all__ = [
 
 
 def layer_of(name: str) -> str | None:
-    """The layer (module) a state tensor belongs to: ``0`` for ``0.weight`` and ``optimizer.0.weight.exp_avg``."""
+    """The layer (module) a state tensor belongs to: ``0`` for ``0.weight`` and
+    ``optimizer.0.weight.exp_avg``."""
     if name.startswith("state."):
         return "state"
     if name.startswith("optimizer."):
@@ -105,30 +108,49 @@ class Records:
         drawn from, so it cannot be the cause."""
         before, after = set(self.streams_at(self.last_equal)), self.streams_at(self.first_divergent)
         moved = self.drawn_between(self.last_equal, self.first_divergent)
-        return [s for s in after if s not in before], [s for s in after if s in before and s in moved]
+        return [s for s in after if s not in before], [
+            s for s in after if s in before and s in moved
+        ]
 
     def streams_equal_until(self, streams: list[str], end: int) -> int:
         """The last snapshot at or before ``end`` where none of ``streams`` differ (0 where none):
         where a reseed that parted them can start. A snapshot whose tensors are all equal can
         already hold streams in other states (reseeded after the step before it)."""
-        equal = [row.step for row in self.timeline if row.step <= end and not any(name in row.streams for name in streams)]
+        equal = [
+            row.step
+            for row in self.timeline
+            if row.step <= end and not any(name in row.streams for name in streams)
+        ]
         return equal[-1] if equal else 0
 
-    def reseeds(self, start: int, end: int, streams: list[str] | None = None) -> list[tuple[int, dict[str, Any]]]:
+    def reseeds(
+        self, start: int, end: int, streams: list[str] | None = None
+    ) -> list[tuple[int, dict[str, Any]]]:
         """Seeding calls from entropy the step logs of either run show in ``[start, end]``, by step
         (only those that seed one of ``streams``, when given)."""
         found = {}
-        logged = sorted({step for run in (self.a, self.b) for step in run.steps if start <= step <= end})  # bounded by the logs
+        # bounded by the logs
+        logged = sorted(
+            {step for run in (self.a, self.b) for step in run.steps if start <= step <= end}
+        )
         for step in logged:
             for run in (self.a, self.b):
                 for call in run.steps.get(step, {}).get("seeded") or []:
-                    if isinstance(call, dict) and isinstance(call.get("call"), str) and (streams is None or seeds_one_of(call, streams)):
-                        found[(step, call["call"], call.get("where"))] = (step, {k: v for k, v in call.items() if k != "value"})
+                    if (
+                        isinstance(call, dict)
+                        and isinstance(call.get("call"), str)
+                        and (streams is None or seeds_one_of(call, streams))
+                    ):
+                        found[(step, call["call"], call.get("where"))] = (
+                            step,
+                            {k: v for k, v in call.items() if k != "value"},
+                        )
         return list(found.values())
 
     def unused_streams(self) -> list[str]:
         """Streams that differ at some snapshot but whose state never moved, in either run, from
-        the first snapshot compared to the last: nothing drew from them, so they cannot be a cause."""
+        the first snapshot compared to the last: nothing drew from them, so they cannot be a
+        cause."""
         if not self.timeline:
             return []
         differing = dict.fromkeys(s for row in self.timeline for s in row.streams)
@@ -143,7 +165,9 @@ class Records:
         for run in (self.a, self.b):
             if start in run.snapshots and end in run.snapshots:
                 first, last = run.snapshot(start)["streams"], run.snapshot(end)["streams"]
-                moved |= {n for n in first if n in last and tree_digest(first[n]) != tree_digest(last[n])}
+                moved |= {
+                    n for n in first if n in last and tree_digest(first[n]) != tree_digest(last[n])
+                }
         return moved
 
 
@@ -162,10 +186,18 @@ def _timeline(a: Run, b: Run) -> tuple[list[TimelineRow], list[tuple[int, Any, A
     rows, settings = [], []
     for step in sorted(set(a.snapshots) & set(b.snapshots)):
         sa, sb = a.snapshot(step), b.snapshot(step)
-        settings.append((step, _with_loader(sa.get("settings"), a), _with_loader(sb.get("settings"), b)))
-        differing = [n for n in dict.fromkeys([*sa["hashes"], *sb["hashes"]]) if sa["hashes"].get(n) != sb["hashes"].get(n)]
+        settings.append(
+            (step, _with_loader(sa.get("settings"), a), _with_loader(sb.get("settings"), b))
+        )
+        differing = [
+            n
+            for n in dict.fromkeys([*sa["hashes"], *sb["hashes"]])
+            if sa["hashes"].get(n) != sb["hashes"].get(n)
+        ]
         streams = sorted(
-            n for n in set(sa["streams"]) & set(sb["streams"]) if tree_digest(sa["streams"][n]) != tree_digest(sb["streams"][n])
+            n
+            for n in set(sa["streams"]) & set(sb["streams"])
+            if tree_digest(sa["streams"][n]) != tree_digest(sb["streams"][n])
         )
         layers: dict[str, int] = {}
         for name in differing:
@@ -185,10 +217,15 @@ def _timeline(a: Run, b: Run) -> tuple[list[TimelineRow], list[tuple[int, Any, A
 
 
 def _with_loader(settings: Any, run: Run) -> Any:
-    """A snapshot's settings with the run's loader settings (batch size, workers, ...), which do not change."""
+    """A snapshot's settings with the run's loader settings (batch size, workers, ...), which do not
+    change."""
     if not isinstance(settings, dict):
         return settings
-    loader = {f"loader.{k}": v for k, v in run.meta.loader.items() if v is None or type(v) in (bool, int, float, str)}
+    loader = {
+        f"loader.{k}": v
+        for k, v in run.meta.loader.items()
+        if v is None or type(v) in (bool, int, float, str)
+    }
     return {**loader, **settings}
 
 
@@ -213,15 +250,26 @@ def run_config(run: Run) -> dict[str, Any]:
     """A run's config as compared: a script's also holds its command line flag by flag, unless
     its parsed arguments (keys ``--name``) are recorded, which say more (defaults, aliases)."""
     config, launch = run.meta.config, run.meta.launch
-    if launch is None or launch.code is None or launch.code.kind is CodeKind.RECIPE or any(k.startswith("-") for k in config):
+    if (
+        launch is None
+        or launch.code is None
+        or launch.code.kind is CodeKind.RECIPE
+        or any(k.startswith("-") for k in config)
+    ):
         return config
     return {**argv_flags(launch.argv), **config}
 
 
 def read_records(a: Run, b: Run) -> Records:
     config_a, config_b = run_config(a), run_config(b)
-    differ = [k for k in dict.fromkeys([*config_a, *config_b]) if config_a.get(k) != config_b.get(k)]
-    run_names = [k for k in differ if _names_its_run(config_a.get(k), a) == _names_its_run(config_b.get(k), b)]
+    differ = [
+        k for k in dict.fromkeys([*config_a, *config_b]) if config_a.get(k) != config_b.get(k)
+    ]
+    run_names = [
+        k
+        for k in differ
+        if _names_its_run(config_a.get(k), a) == _names_its_run(config_b.get(k), b)
+    ]
     records = Records(
         a,
         b,
@@ -235,29 +283,46 @@ def read_records(a: Run, b: Run) -> Records:
     records.timeline, settings = _timeline(a, b)
     records.settings = settings_difference(settings, records.config_diff)
     if not records.timeline:
-        raise BisectReproError(f"{b.path}: has no snapshot at a step that {a.path} has; the runs cannot be compared")
+        raise BisectReproError(
+            f"{b.path}: has no snapshot at a step that {a.path} has; the runs cannot be compared"
+        )
     records.logs = _first_log_differences(a, b)
     divergent = next((row for row in records.timeline if not row.equal), None)
-    equal = [row for row in records.timeline if row.equal and (divergent is None or row.step < divergent.step)]
+    equal = [
+        row
+        for row in records.timeline
+        if row.equal and (divergent is None or row.step < divergent.step)
+    ]
     records.last_equal = equal[-1].step if equal else None
     records.first_divergent = divergent.step if divergent else None
     return records
 
 
 def _shows_itself_at(records: Records, step: int) -> bool:
-    """Whether the rank's own step logs or seeding calls differ at ``step`` (not only a snapshot after it)."""
+    """Whether the rank's own step logs or seeding calls differ at ``step`` (not only a snapshot
+    after it)."""
     return step in records.logs.values() or bool(records.reseeds(step, step))
 
 
 def first_divergence(ranks: list[tuple[Records, Verdict | None]]) -> tuple[Records, Verdict] | None:
-    """The rank where the runs first part, with its verdict (see the module docstring); ``None`` when no rank does."""
+    """The rank where the runs first part, with its verdict (see the module docstring); ``None``
+    when no rank does."""
     parted = [(records, verdict) for records, verdict in ranks if verdict is not None]
     if not parted:
         return None
-    return min(parted, key=lambda item: (item[1].step, not _shows_itself_at(item[0], item[1].step), item[0].a.rank))
+    return min(
+        parted,
+        key=lambda item: (
+            item[1].step,
+            not _shows_itself_at(item[0], item[1].step),
+            item[0].a.rank,
+        ),
+    )
 
 
-def through_collectives(verdict: Verdict | None, first: Verdict, *, receiver: bool = False) -> Verdict | None:
+def through_collectives(
+    verdict: Verdict | None, first: Verdict, *, receiver: bool = False
+) -> Verdict | None:
     """A rank's verdict when its own records explain nothing, or it is a ``receiver`` (its state
     differed only after another rank's log did), and the ``first`` rank's records name a cause at
     or before its step: that cause, inferred to have reached this rank through the collectives
@@ -274,8 +339,10 @@ def through_collectives(verdict: Verdict | None, first: Verdict, *, receiver: bo
         config_keys=list(first.config_keys),
         environment_keys=list(first.environment_keys),
         explanation=(
-            f"{verdict.explanation}; rank {first.rank} parted first, at step {first.step} ({cause_title(first.cause)}), "
-            f"and the collectives carry a rank's difference to the others, so this rank is inferred to follow it"
+            f"{verdict.explanation}; rank {first.rank} parted first, at step {first.step} "
+            f"({cause_title(first.cause)}), "
+            "and the collectives carry a rank's difference to the others, so this rank is "
+            "inferred to follow it"
         ),
         fix=first.fix,
     )

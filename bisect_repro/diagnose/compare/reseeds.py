@@ -32,13 +32,22 @@ __all__ = ["prove_kept", "recorded_reseeds"]
 def recorded_reseeds(run: Run, step: int) -> list[SeedingCall]:
     """The calls from entropy ``run``'s step log shows at ``step`` (their values left out)."""
     calls = run.steps.get(step, {}).get("seeded") or []
-    return [SeedingCall.from_json(c) for c in calls if isinstance(c, dict) and c.get("entropy") is True]
+    return [
+        SeedingCall.from_json(c) for c in calls if isinstance(c, dict) and c.get("entropy") is True
+    ]
 
 
 def _kept_run(
-    start: ReplicaFactory, spec: LaunchSpec, run: Run, checkpoint: int, step: int, label: str, rewound: ReplicaLike | None
+    start: ReplicaFactory,
+    spec: LaunchSpec,
+    run: Run,
+    checkpoint: int,
+    step: int,
+    label: str,
+    rewound: ReplicaLike | None,
 ) -> StepResult:
-    if rewound is not None and rewound.rewinds.serves(step, plain=False, compiles=False):  # the same run, in the replay's process
+    # the same run, in the replay's process
+    if rewound is not None and rewound.rewinds.serves(step, plain=False, compiles=False):
         return rewound.run(step, trace="full", kept_entropy=True)
     with start(spec, label) as replica:
         replica.connect()
@@ -70,9 +79,19 @@ def prove_kept(
     every = [c for found in calls for c in found]
     named = ", ".join(dict.fromkeys(c.describe() for c in every))
     streams = sorted({c.stream for c in every})
-    subject = f"run {' and run '.join(reseeding)} with {named} leaving {', '.join(streams)} as it is"
+    subject = (
+        f"run {' and run '.join(reseeding)} with {named} leaving {', '.join(streams)} as it is"
+    )
     kept = [
-        _kept_run(start, specs[i], runs[i], checkpoints[i], step, f"run {'AB'[i]} with its reseeds kept", replicas and replicas[i])
+        _kept_run(
+            start,
+            specs[i],
+            runs[i],
+            checkpoints[i],
+            step,
+            f"run {'AB'[i]} with its reseeds kept",
+            replicas and replicas[i],
+        )
         if calls[i]
         else traces[i]
         for i in (0, 1)
@@ -80,9 +99,20 @@ def prove_kept(
     matched = first_difference(kept[0].entries, kept[1].entries) is None
     outcome = "the runs compute the same" if matched else "the runs still differ"
     detail = (
-        f"replayed from the checkpoint with {named} (given its recorded value, the step repeats) leaving the stream as it is, "
+        f"replayed from the checkpoint with {named} (given its recorded value, the step repeats) "
+        "leaving the stream as it is, "
         f"at step {step} {outcome}"
     )
     if matched:
-        verdict.cause, verdict.confidence, verdict.rng, verdict.reseeded = Cause.RNG_STATE, Confidence.PROVEN, streams, every
-    return Evidence(experiment="reseed_kept", subject=subject, outcome="matches" if matched else "differs", detail=detail)
+        verdict.cause, verdict.confidence, verdict.rng, verdict.reseeded = (
+            Cause.RNG_STATE,
+            Confidence.PROVEN,
+            streams,
+            every,
+        )
+    return Evidence(
+        experiment="reseed_kept",
+        subject=subject,
+        outcome="matches" if matched else "differs",
+        detail=detail,
+    )

@@ -29,17 +29,23 @@ RECEIVER = "receiver"
 
 
 def _own(records: Records, step: int) -> bool:
-    """Whether the rank's own step log or seeding calls differ at ``step`` (not only a snapshot after it)."""
+    """Whether the rank's own step log or seeding calls differ at ``step`` (not only a snapshot
+    after it)."""
     return step in records.logs.values() or bool(records.reseeds(step, step))
 
 
 def roles(ranks: list[tuple[Records, Verdict | None]]) -> dict[int, str]:
-    """Each parted rank's role, by rank (see the module docstring's table); ranks that agree have none."""
+    """Each parted rank's role, by rank (see the module docstring's table); ranks that agree have
+    none."""
     parted = [(records, verdict) for records, verdict in ranks if verdict is not None]
     if not parted:
         return {}
     first = min(verdict.step for _, verdict in parted)
-    own = {records.a.rank for records, verdict in parted if verdict.step == first and _own(records, first)}
+    own = {
+        records.a.rank
+        for records, verdict in parted
+        if verdict.step == first and _own(records, first)
+    }
     found = {}
     for records, verdict in parted:
         rank = records.a.rank

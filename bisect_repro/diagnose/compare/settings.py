@@ -1,4 +1,5 @@
-"""Non-tensor state compared: the optimizer's hyperparameters and the scheduler's state, snapshot by snapshot.
+"""Non-tensor state compared: the optimizer's hyperparameters and the scheduler's state, snapshot by
+snapshot.
 
 A learning rate, a momentum, a milestone: none of them is a tensor, so the hashes of a snapshot do
 not show them, yet a step that reads another one computes other numbers. Each snapshot records
@@ -32,10 +33,16 @@ class SettingsDifference:
     """The config keys whose values are those settings' (the keys that set them)."""
 
     def describe(self) -> str:
-        shown = ", ".join(f"{_short(key)} ({_short(repr(a))} vs {_short(repr(b))})" for key, (a, b) in list(self.differing.items())[:4])
+        shown = ", ".join(
+            f"{_short(key)} ({_short(repr(a))} vs {_short(repr(b))})"
+            for key, (a, b) in list(self.differing.items())[:4]
+        )
         more = f" and {len(self.differing) - 4} more" if len(self.differing) > 4 else ""
         keys = (
-            f", set by the config key{'s' if len(self.config_keys) > 1 else ''} {', '.join(self.config_keys)}" if self.config_keys else ""
+            f", set by the config key{'s' if len(self.config_keys) > 1 else ''} "
+            f"{', '.join(self.config_keys)}"
+            if self.config_keys
+            else ""
         )
         return f"the non-tensor state differs at step {self.step}: {shown}{more}{keys}"
 
@@ -56,10 +63,13 @@ def _holds(setting: Any, value: Any) -> bool:
     return False
 
 
-def settings_difference(snapshots: Iterable[tuple[int, Any, Any]], config_diff: dict[str, list[Any]]) -> SettingsDifference | None:
+def settings_difference(
+    snapshots: Iterable[tuple[int, Any, Any]], config_diff: dict[str, list[Any]]
+) -> SettingsDifference | None:
     """The first of ``(step, run A's settings, run B's settings)`` (snapshots in step order) whose
     settings differ (``None``: none does), and the config keys among ``config_diff`` that set what
-    differs (a key absent from one run's config, at the recipe's default there, is matched on the other)."""
+    differs (a key absent from one run's config, at the recipe's default there, is matched on the
+    other)."""
     for step, sa, sb in snapshots:
         if not isinstance(sa, dict) or not isinstance(sb, dict):
             continue  # recorded before snapshots held settings, or damaged: nothing to compare
@@ -68,7 +78,10 @@ def settings_difference(snapshots: Iterable[tuple[int, Any, Any]], config_diff: 
             keys = [
                 key
                 for key, (va, vb) in config_diff.items()
-                if any((va is None or _holds(x, va)) and (vb is None or _holds(y, vb)) for x, y in differing.values())
+                if any(
+                    (va is None or _holds(x, va)) and (vb is None or _holds(y, vb))
+                    for x, y in differing.values()
+                )
             ]
             return SettingsDifference(step=step, differing=differing, config_keys=keys)
     return None

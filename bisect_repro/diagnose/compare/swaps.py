@@ -1,8 +1,9 @@
-"""Run B's divergent step again under run A's conditions, one kind at a time, until the difference vanishes.
+"""Run B's divergent step again under run A's conditions, one kind at a time, until the difference
+vanishes.
 
 Each swap is an experiment on a step that repeats exactly in both runs (see
-:mod:`bisect_repro.diagnose.compare.experiments`): when run B, given one of run A's conditions, computes
-what run A computes, that condition is the cause, proven. In order:
+:mod:`bisect_repro.diagnose.compare.experiments`): when run B, given one of run A's conditions,
+computes what run A computes, that condition is the cause, proven. In order:
 
 - the random streams run B starts the step from (then stream by stream, to name them);
 - the in-process settings (thread count, determinism and TF32 switches, matmul precision; then
@@ -16,10 +17,10 @@ what run A computes, that condition is the cause, proven. In order:
 For a difference in the data, the batch is what is compared: run B's batch fetched again under run
 A's loader and global streams, then in the fresh processes. A script's loop cannot fetch a batch
 again: where its arguments differ and the rules allow it
-(:func:`~bisect_repro.diagnose.compare.rules.arguments_not_named_for_data`), run B's script is relaunched
-with run A's arguments and the step's full trace compared. A script whose batch no recorded stream
-decides (:meth:`Swaps.seeded_alike`) is relaunched, both runs, with the global streams that differ
-at the first snapshot seeded alike before the code runs.
+(:func:`~bisect_repro.diagnose.compare.rules.arguments_not_named_for_data`), run B's script is
+relaunched with run A's arguments and the step's full trace compared. A script whose batch no
+recorded stream decides (:meth:`Swaps.seeded_alike`) is relaunched, both runs, with the global
+streams that differ at the first snapshot seeded alike before the code runs.
 
 Where the guarantees stop: a swap shows that a condition suffices to remove the difference, not
 that nothing else contributes; a script's config is its command line, swapped whole (run B's
@@ -86,14 +87,25 @@ class Swaps:
         start: ReplicaFactory = start_replica,
         checkpoint_a: int | None = None,
     ) -> None:
-        self.records, self.specs, self.checkpoint_b, self.step, self.evidence = records, specs, checkpoint_b, step, evidence
+        self.records, self.specs, self.checkpoint_b, self.step, self.evidence = (
+            records,
+            specs,
+            checkpoint_b,
+            step,
+            evidence,
+        )
         self.checkpoint_a = checkpoint_b if checkpoint_a is None else checkpoint_a
         self.ra, self.rb = replicas
         self.start = start
-        """What starts a fresh replica of a spec (:func:`~bisect_repro.replay.ranked.start_replica`)."""
+        """What starts a fresh replica of a spec
+        (:func:`~bisect_repro.replay.ranked.start_replica`)."""
 
     def _add(self, experiment: str, subject: str, matched: bool, detail: str) -> None:
-        self.evidence.append(Evidence(experiment=experiment, subject=subject, outcome=_outcome(matched), detail=detail))
+        self.evidence.append(
+            Evidence(
+                experiment=experiment, subject=subject, outcome=_outcome(matched), detail=detail
+            )
+        )
 
     # -- a step that computes differently ------------------------------------------------------
     def compute(self, verdict: Verdict, trace_a: StepResult) -> None:
@@ -103,21 +115,33 @@ class Swaps:
         def matches(result: StepResult | None) -> bool:
             return _same(trace_a, result)
 
-        sa, sb = (start.streams for start in both(partial(self.ra.streams, s), partial(self.rb.streams, s)))
-        unused = set(self.records.unused_streams())  # nothing drew from them in either run: cannot matter
+        sa, sb = (
+            start.streams
+            for start in both(partial(self.ra.streams, s), partial(self.rb.streams, s))
+        )
+        # nothing drew from them in either run: cannot matter
+        unused = set(self.records.unused_streams())
         differing = [n for n in _differing(sa, sb) if n not in unused]
         if differing:
 
             def with_streams(names: list[str]) -> bool:
-                return matches(self.rb.run(s, trace="full", streams={**sb, **{n: sa[n] for n in names}}))
+                return matches(
+                    self.rb.run(s, trace="full", streams={**sb, **{n: sa[n] for n in names}})
+                )
 
             if self._streams(verdict, "stream", differing, with_streams, "random streams"):
                 verdict.cause = Cause.RNG_STATE
-                # How those streams came apart, where the step logs show it: a reseed from entropy in an earlier step.
+                # How those streams came apart, where the step logs show it: a reseed from entropy
+                # in an earlier step.
                 start = self.records.streams_equal_until(verdict.rng, s)
-                verdict.reseeded = [SeedingCall.from_json(call) for _, call in self.records.reseeds(start, s, verdict.rng)]
+                verdict.reseeded = [
+                    SeedingCall.from_json(call)
+                    for _, call in self.records.reseeds(start, s, verdict.rng)
+                ]
                 return
-        if self._settings(verdict, lambda settings: matches(self.rb.run(s, trace="full", environment=settings))):
+        if self._settings(
+            verdict, lambda settings: matches(self.rb.run(s, trace="full", environment=settings))
+        ):
             return
         if self._fresh(verdict, lambda fetched, result: matches(result), data=False):
             return
@@ -127,25 +151,46 @@ class Swaps:
     def data(self, verdict: Verdict, order: bool, fetched_a: Fetched, trace_a: StepResult) -> None:
         """The loader's and the global streams, then variables and config, for run B's batch."""
         s, kind = self.step, "order" if order else "batch"
-        verdict.cause = Cause.DATA_ORDER if order or (fetched_a.order is None and fetched_a.indices is None) else Cause.DATA_CONTENT
+        verdict.cause = (
+            Cause.DATA_ORDER
+            if order or (fetched_a.order is None and fetched_a.indices is None)
+            else Cause.DATA_CONTENT
+        )
         if not self.rb.reruns:
             self._data_in_a_framework(verdict)
-            if self._arguments_decide_data() and self._relaunched(verdict, lambda _, result: _same(trace_a, result), data=False):
+            if self._arguments_decide_data() and self._relaunched(
+                verdict, lambda _, result: _same(trace_a, result), data=False
+            ):
                 verdict.rng = []  # the streams carried the difference; the arguments made it
             return
         a, b = self.ra.streams(s), self.rb.streams(s)
         epoch_a, epoch_b = (a.data or {}).get("epoch_streams"), (b.data or {}).get("epoch_streams")
-        differing = sorted({*_differing(a.pre_streams, b.pre_streams), *_differing(epoch_a, epoch_b)})
+        differing = sorted(
+            {*_differing(a.pre_streams, b.pre_streams), *_differing(epoch_a, epoch_b)}
+        )
         if differing:
 
             def with_streams(names: list[str]) -> bool:
-                pre = {**b.pre_streams, **{n: a.pre_streams[n] for n in names if n in a.pre_streams}}
-                epoch = {**epoch_b, **{n: (epoch_a or {})[n] for n in names if n in (epoch_a or {})}} if epoch_b is not None else None
-                return self.rb.data(s, pre_streams=pre, epoch_streams=epoch).digest(kind) == fetched_a.digest(kind)
+                pre = {
+                    **b.pre_streams,
+                    **{n: a.pre_streams[n] for n in names if n in a.pre_streams},
+                }
+                epoch = (
+                    {**epoch_b, **{n: (epoch_a or {})[n] for n in names if n in (epoch_a or {})}}
+                    if epoch_b is not None
+                    else None
+                )
+                return self.rb.data(s, pre_streams=pre, epoch_streams=epoch).digest(
+                    kind
+                ) == fetched_a.digest(kind)
 
-            if self._streams(verdict, "data_streams", differing, with_streams, "loader and global streams"):
+            if self._streams(
+                verdict, "data_streams", differing, with_streams, "loader and global streams"
+            ):
                 return
-        if not self._fresh(verdict, lambda fetched, _: fetched.digest(kind) == fetched_a.digest(kind), data=True):
+        if not self._fresh(
+            verdict, lambda fetched, _: fetched.digest(kind) == fetched_a.digest(kind), data=True
+        ):
             verdict.confidence = Confidence.UNEXPLAINED
 
     def _data_in_a_framework(self, verdict: Verdict) -> None:
@@ -159,63 +204,131 @@ class Swaps:
         differing = [n for n in _differing(sa, sb) if loader_draws_from(n)]
         detail = "a framework's data loader cannot fetch a batch again"
         if differing:
-            detail += f"; the streams a loader shuffles and seeds its workers from differ at the step's start: {', '.join(differing)}"
+            detail += (
+                "; the streams a loader shuffles and seeds its workers from differ at the "
+                f"step's start: {', '.join(differing)}"
+            )
         self.evidence.append(
-            Evidence(experiment="data_streams", subject="run B's batch under run A's streams", outcome="inconclusive", detail=detail)
+            Evidence(
+                experiment="data_streams",
+                subject="run B's batch under run A's streams",
+                outcome="inconclusive",
+                detail=detail,
+            )
         )
-        verdict.rng, verdict.confidence = differing, Confidence.INFERRED if differing else Confidence.UNEXPLAINED
+        verdict.rng, verdict.confidence = (
+            differing,
+            Confidence.INFERRED if differing else Confidence.UNEXPLAINED,
+        )
 
     def _arguments_decide_data(self) -> bool:
         """Whether a script's differing command line is put to the test for its batch (the rule:
-        :func:`~bisect_repro.diagnose.compare.rules.arguments_not_named_for_data`); where not, the evidence says why."""
+        :func:`~bisect_repro.diagnose.compare.rules.arguments_not_named_for_data`); where not, the
+        evidence says why."""
         spec_a, spec_b = self.specs
         if spec_b.kind is CodeKind.RECIPE or spec_a.argv == spec_b.argv:
             return False
-        why = arguments_not_named_for_data(list(self.records.config_diff), bool(self.records.reseeds(0, self.step)))
+        why = arguments_not_named_for_data(
+            list(self.records.config_diff), bool(self.records.reseeds(0, self.step))
+        )
         if why is not None:
             subject = "run B relaunched with run A's arguments"
-            self.evidence.append(Evidence(experiment="config", subject=subject, outcome="inconclusive", detail=f"not run: {why}"))
+            self.evidence.append(
+                Evidence(
+                    experiment="config",
+                    subject=subject,
+                    outcome="inconclusive",
+                    detail=f"not run: {why}",
+                )
+            )
         return why is None
 
     def seeded_alike(self, verdict: Verdict) -> bool:
         """A script whose batch no recorded stream decides (one step, from one restored state, draws
         another): the global streams that differ at the first snapshot may have been drawn before it
-        (an unseeded ``np.random.permutation`` split). Both runs relaunched, each in a fresh process with
-        those streams seeded alike before the code runs: the step then matching proves them the cause."""
+        (an unseeded ``np.random.permutation`` split). Both runs relaunched, each in a fresh process
+        with those streams seeded alike before the code runs: the step then matching proves them the
+        cause."""
         first = self.records.timeline[0].streams if self.records.timeline else []
         names = [name for name in first if name in GLOBAL_STREAMS]
         spec_a, spec_b = self.specs
         if spec_b.kind is CodeKind.RECIPE or not names:
             return False
-        seeds, label = dict.fromkeys(names, _ALIKE), f"runs A and B relaunched with {', '.join(names)} seeded alike before the code runs"
+        seeds, label = (
+            dict.fromkeys(names, _ALIKE),
+            f"runs A and B relaunched with {', '.join(names)} seeded alike before the code runs",
+        )
         ta, tb = both(
-            partial(self._variant, spec_a.with_seeds(seeds), label, False, self.checkpoint_a, run=self.records.a),
+            partial(
+                self._variant,
+                spec_a.with_seeds(seeds),
+                label,
+                False,
+                self.checkpoint_a,
+                run=self.records.a,
+            ),
             partial(self._variant, spec_b.with_seeds(seeds), label, False),
         )
         matched = ta[1] is not None and _same(ta[1], tb[1])
-        outcome = "matches run A: they decide the data, drawn before the first step" if matched else "still differs"
+        outcome = (
+            "matches run A: they decide the data, drawn before the first step"
+            if matched
+            else "still differs"
+        )
         self._add("data_streams", label, matched, f"step {self.step} of run B {outcome}")
         if matched:
-            verdict.cause, verdict.rng, verdict.confidence = Cause.RNG_STATE, names, Confidence.PROVEN
+            verdict.cause, verdict.rng, verdict.confidence = (
+                Cause.RNG_STATE,
+                names,
+                Confidence.PROVEN,
+            )
         return matched
 
     # -- the kinds of conditions ---------------------------------------------------------------
     def _narrowed(
-        self, experiment: str, subject: str, names: list[str], vanishes: Callable[[list[str]], bool], what: str
+        self,
+        experiment: str,
+        subject: str,
+        names: list[str],
+        vanishes: Callable[[list[str]], bool],
+        what: str,
     ) -> list[str] | None:
         """Run A's ``names`` all at once (described by ``what``), then, when that removes the
         difference and there are several, one by one: the names that suffice (``None``: none do)."""
         matched = vanishes(names)
-        self._add(experiment, subject, matched, f"{what}: step {self.step} of run B {'matches run A' if matched else 'still differs'}")
+        self._add(
+            experiment,
+            subject,
+            matched,
+            f"{what}: step {self.step} of run B {'matches run A' if matched else 'still differs'}",
+        )
         if not matched:
             return None
         culprits = [n for n in names if vanishes([n])] if len(names) > 1 else names
         for name in culprits if len(names) > 1 else ():
-            self._add(f"{experiment}:{name}", f"run B with run A's {name}", True, f"{name} alone makes step {self.step} match")
+            self._add(
+                f"{experiment}:{name}",
+                f"run B with run A's {name}",
+                True,
+                f"{name} alone makes step {self.step} match",
+            )
         return culprits or names
 
-    def _streams(self, verdict: Verdict, experiment: str, names: list[str], vanishes: Callable[[list[str]], bool], what: str) -> bool:
-        culprits = self._narrowed(experiment, f"run B with run A's {what}", names, vanishes, f"with {', '.join(names)} as in run A")
+    def _streams(
+        self,
+        verdict: Verdict,
+        experiment: str,
+        names: list[str],
+        vanishes: Callable[[list[str]], bool],
+        what: str,
+    ) -> bool:
+        culprits = self._narrowed(
+            experiment,
+            f"run B with run A's {what}",
+            names,
+            vanishes,
+            f"with {', '.join(names)} as in run A",
+        )
         if culprits is None:
             return False
         verdict.rng, verdict.confidence = culprits, Confidence.PROVEN
@@ -236,11 +349,22 @@ class Swaps:
         )
         if culprits is None:
             return False
-        verdict.cause, verdict.environment_keys, verdict.confidence = Cause.ENVIRONMENT, culprits, Confidence.PROVEN
+        verdict.cause, verdict.environment_keys, verdict.confidence = (
+            Cause.ENVIRONMENT,
+            culprits,
+            Confidence.PROVEN,
+        )
         return True
 
-    def _fresh(self, verdict: Verdict, vanishes: Callable[[Fetched, StepResult | None], bool], *, data: bool) -> bool:
-        """Run B in a fresh process with run A's environment variables, then rebuilt with run A's config."""
+    def _fresh(
+        self,
+        verdict: Verdict,
+        vanishes: Callable[[Fetched, StepResult | None], bool],
+        *,
+        data: bool,
+    ) -> bool:
+        """Run B in a fresh process with run A's environment variables, then rebuilt with run A's
+        config."""
         spec_a, spec_b = self.specs
         variables = [k for k in self.records.environment_diff if k.startswith("env.")]
         if variables and spec_a.variables != spec_b.variables:
@@ -250,12 +374,20 @@ class Swaps:
                 "run B with run A's environment variables",
                 [", ".join(variables)],
                 lambda _: vanishes(
-                    *self._variant(spec_b.with_variables(spec_a.variables), "run B with run A's environment variables", data)
+                    *self._variant(
+                        spec_b.with_variables(spec_a.variables),
+                        "run B with run A's environment variables",
+                        data,
+                    )
                 ),
                 f"a fresh process of run B with {names} as in run A",
             )
             if found is not None:
-                verdict.cause, verdict.environment_keys, verdict.confidence = Cause.ENVIRONMENT, variables, Confidence.PROVEN
+                verdict.cause, verdict.environment_keys, verdict.confidence = (
+                    Cause.ENVIRONMENT,
+                    variables,
+                    Confidence.PROVEN,
+                )
                 return True
         config = self.records.config_diff
         if config and spec_b.kind is not CodeKind.RECIPE and spec_a.argv != spec_b.argv:
@@ -268,41 +400,87 @@ class Swaps:
         def rebuilt(keys: list[str]) -> bool:
             changed = {**spec_b.config, **{k: config[k][0] for k in keys}}
             changed = {k: v for k, v in changed.items() if v is not None or k in spec_a.config}
-            spec, label = spec_b.with_config(changed), f"run B rebuilt with run A's {', '.join(keys)}"
+            spec, label = (
+                spec_b.with_config(changed),
+                f"run B rebuilt with run A's {', '.join(keys)}",
+            )
             if vanishes(*self._variant(spec, label, data)):
                 return True
-            # a config may have moved state the later checkpoint holds (a scheduler's learning rate): from the start
-            return first < self.checkpoint_b and vanishes(*self._variant(spec, f"{label}, from step {first}", data, first))
+            # a config may have moved state the later checkpoint holds (a scheduler's learning
+            # rate): from the start
+            return first < self.checkpoint_b and vanishes(
+                *self._variant(spec, f"{label}, from step {first}", data, first)
+            )
 
-        shown = ", ".join(f"{k}={v[0]!r}" if k in spec_a.config else f"{k} as the recipe's default" for k, v in config.items())
-        keys = self._narrowed("config", "run B rebuilt with run A's config", list(config), rebuilt, f"run B rebuilt with {shown}")
+        shown = ", ".join(
+            f"{k}={v[0]!r}" if k in spec_a.config else f"{k} as the recipe's default"
+            for k, v in config.items()
+        )
+        keys = self._narrowed(
+            "config",
+            "run B rebuilt with run A's config",
+            list(config),
+            rebuilt,
+            f"run B rebuilt with {shown}",
+        )
         if keys is None:
             return False
-        verdict.cause, verdict.config_keys, verdict.confidence = Cause.CONFIG, keys, Confidence.PROVEN
+        verdict.cause, verdict.config_keys, verdict.confidence = (
+            Cause.CONFIG,
+            keys,
+            Confidence.PROVEN,
+        )
         return True
 
-    def _relaunched(self, verdict: Verdict, vanishes: Callable[[Fetched, StepResult | None], bool], *, data: bool) -> bool:
-        """A script's config is its command line: run B's script relaunched with run A's arguments."""
+    def _relaunched(
+        self,
+        verdict: Verdict,
+        vanishes: Callable[[Fetched, StepResult | None], bool],
+        *,
+        data: bool,
+    ) -> bool:
+        """A script's config is its command line: run B's script relaunched with run A's
+        arguments."""
         spec_a, spec_b = self.specs
         label, command = "run B relaunched with run A's arguments", shown_command(spec_a.argv)
         try:
             matched = vanishes(*self._variant(replace(spec_b, argv=list(spec_a.argv)), label, data))
         except ReplicaFailed as error:  # run B's script does not take run A's arguments
-            detail = f"run B's script run with run A's command line ({command}) did not reach step {self.step}: {error}"
-            self.evidence.append(Evidence(experiment="config", subject=label, outcome="inconclusive", detail=detail))
+            detail = (
+                f"run B's script run with run A's command line ({command}) did not reach step "
+                f"{self.step}: {error}"
+            )
+            self.evidence.append(
+                Evidence(experiment="config", subject=label, outcome="inconclusive", detail=detail)
+            )
             return False
         outcome = "matches run A" if matched else "still differs"
-        self._add("config", label, matched, f"run B's script run with run A's command line ({command}): step {self.step} {outcome}")
+        self._add(
+            "config",
+            label,
+            matched,
+            f"run B's script run with run A's command line ({command}): step {self.step} {outcome}",
+        )
         if matched:
-            verdict.cause, verdict.config_keys, verdict.confidence = Cause.CONFIG, list(self.records.config_diff), Confidence.PROVEN
+            verdict.cause, verdict.config_keys, verdict.confidence = (
+                Cause.CONFIG,
+                list(self.records.config_diff),
+                Confidence.PROVEN,
+            )
         return matched
 
     def _variant(
-        self, spec: LaunchSpec, label: str, data: bool, checkpoint: int | None = None, *, run: Run | None = None
+        self,
+        spec: LaunchSpec,
+        label: str,
+        data: bool,
+        checkpoint: int | None = None,
+        *,
+        run: Run | None = None,
     ) -> tuple[Fetched, StepResult | None]:
-        """Run B's checkpoint (the replay's, or ``checkpoint``; ``run``'s where given) restored in a fresh
-        process of ``spec`` (with the hyperparameters its config gives), replayed to the step: its fetch
-        there and, unless ``data``, the step's trace."""
+        """Run B's checkpoint (the replay's, or ``checkpoint``; ``run``'s where given) restored in a
+        fresh process of ``spec`` (with the hyperparameters its config gives), replayed to the step:
+        its fetch there and, unless ``data``, the step's trace."""
         run = self.records.b if run is None else run
         own = self.specs[0] if run is self.records.a else self.specs[1]
         with self.start(spec, label) as replica:

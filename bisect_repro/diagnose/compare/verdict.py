@@ -64,8 +64,9 @@ class Evidence:
     """One experiment and what it showed."""
 
     experiment: str
-    """What was run: ``records``, ``replay``, ``self_rerun``, ``reseed_fixed``, ``streams``, ``stream:<name>``,
-    ``environment``, ``environment_variables``, ``config``, ``config:<key>``, ``data_streams``, ``rebuild``, ``op_trace``."""
+    """What was run: ``records``, ``replay``, ``self_rerun``, ``reseed_fixed``, ``streams``,
+    ``stream:<name>``, ``environment``, ``environment_variables``, ``config``, ``config:<key>``,
+    ``data_streams``, ``rebuild``, ``op_trace``."""
     subject: str
     """Which run it was run on, and how: ``run B with run A's streams``."""
     outcome: Outcome
@@ -73,13 +74,26 @@ class Evidence:
     detail: str
     """What was seen, in a sentence."""
 
-    def __init__(self, *, experiment: str, subject: str, outcome: Outcome | str, detail: str) -> None:
-        """``outcome`` may be given by its value (``"differs"``); an unknown one raises ``ValueError``."""
-        for name, value in (("experiment", experiment), ("subject", subject), ("outcome", Outcome(outcome)), ("detail", detail)):
+    def __init__(
+        self, *, experiment: str, subject: str, outcome: Outcome | str, detail: str
+    ) -> None:
+        """``outcome`` may be given by its value (``"differs"``); an unknown one raises
+        ``ValueError``."""
+        for name, value in (
+            ("experiment", experiment),
+            ("subject", subject),
+            ("outcome", Outcome(outcome)),
+            ("detail", detail),
+        ):
             object.__setattr__(self, name, value)  # the instance is frozen
 
     def to_json(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "subject": self.subject, "outcome": self.outcome.value, "detail": self.detail}
+        return {
+            "experiment": self.experiment,
+            "subject": self.subject,
+            "outcome": self.outcome.value,
+            "detail": self.detail,
+        }
 
 
 @dataclass(kw_only=True)
@@ -89,7 +103,8 @@ class Verdict:
     step: int
     """The 0-based count of ``step()`` calls before the divergent one (0 for the initial state)."""
     phase: str | None = None
-    """``init``, ``data``, ``forward``, ``backward``, ``optimizer`` or ``step`` (the loss, outside the model)."""
+    """``init``, ``data``, ``forward``, ``backward``, ``optimizer`` or ``step`` (the loss, outside
+    the model)."""
     layer: str | None = None
     tensor: str | None = None
     op: str | None = None
@@ -106,7 +121,8 @@ class Verdict:
     max_ulp: int | None = None
     fraction_differing: float | None = None
     histogram: dict[str, int] | None = None
-    """Counts of ``|a - b|`` by power of ten over the differing elements of the first divergent tensor."""
+    """Counts of ``|a - b|`` by power of ten over the differing elements of the first divergent
+    tensor."""
     explanation: str = ""
     fix: str = ""
     evidence: list[Evidence] = field(default_factory=list)
@@ -190,21 +206,26 @@ class TimelineRow(ReadBack):
     streams: list[str]
     """Random streams in different states at this snapshot."""
     layers: dict[str, int] = field(default_factory=dict)
-    """Differing tensors per layer (the module that owns them; ``optimizer`` state counts with its parameter's layer)."""
+    """Differing tensors per layer (the module that owns them; ``optimizer`` state counts with its
+    parameter's layer)."""
 
     def to_json(self) -> dict[str, Any]:
-        return plain_fields(self, "step", "equal", "differing_tensors", "first_tensor", "streams", "layers")
+        return plain_fields(
+            self, "step", "equal", "differing_tensors", "first_tensor", "streams", "layers"
+        )
 
 
 @dataclass(kw_only=True)
 class RankResult:
-    """One rank of two runs compared: where its records part (``None``: they do not), and its timeline."""
+    """One rank of two runs compared: where its records part (``None``: they do not), and its
+    timeline."""
 
     rank: int
     verdict: Verdict | None = None
     timeline: list[TimelineRow] = field(default_factory=list)
     role: str | None = None
-    """``origin`` (its own state differed first) or ``receiver`` (only after a collective); ``None`` when it agrees."""
+    """``origin`` (its own state differed first) or ``receiver`` (only after a collective); ``None``
+    when it agrees."""
     node: int | None = None
     """The node the rank ran on in run A (torchrun's ``GROUP_RANK``), where recorded."""
 
@@ -236,7 +257,9 @@ class CompareResult:
     verdict: Verdict | None = None
     config_diff: dict[str, list[Any]] = field(default_factory=dict)
     environment_diff: dict[str, list[Any]] = field(default_factory=dict)
-    snapshots: dict[str, int | None] = field(default_factory=lambda: {"last_equal": None, "first_divergent": None})
+    snapshots: dict[str, int | None] = field(
+        default_factory=lambda: {"last_equal": None, "first_divergent": None}
+    )
     replay: ReplayInfo = field(default_factory=ReplayInfo)
     timeline: list[TimelineRow] = field(default_factory=list)
     first_log_difference: dict[str, int | None] = field(default_factory=dict)
@@ -244,14 +267,17 @@ class CompareResult:
     """The ops around the first divergent op, in run A's order."""
     notes: list[str] = field(default_factory=list)
     ranks: list[RankResult] = field(default_factory=list)
-    """Each rank compared (rank 0 alone for single-process runs); the verdict is the earliest of theirs."""
+    """Each rank compared (rank 0 alone for single-process runs); the verdict is the earliest of
+    theirs."""
     unused_streams: list[str] = field(default_factory=list)
     """Random streams that differ between the runs but that nothing drew from (their state never
     moved in either run): shown as such, never a cause."""
     compile_bisect: CompileBisect | None = None
-    """Where one run compiled and the other did not: the compiler stage that changes the divergent step."""
+    """Where one run compiled and the other did not: the compiler stage that changes the divergent
+    step."""
     numerics: Numerics | None = None
-    """The distance between the runs' weights against the rounding envelope (:mod:`bisect_repro.diagnose.numerics.numerics`)."""
+    """The distance between the runs' weights against the rounding envelope
+    (:mod:`bisect_repro.diagnose.numerics.numerics`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -266,7 +292,9 @@ class CompareResult:
             "notes": self.notes,
             "ranks": [rank.to_json() for rank in self.ranks],
             "unused_streams": self.unused_streams,
-            "compile_bisect": self.compile_bisect.to_json() if self.compile_bisect is not None else None,
+            "compile_bisect": self.compile_bisect.to_json()
+            if self.compile_bisect is not None
+            else None,
             "numerics": self.numerics.to_json() if self.numerics else None,
         }
 
@@ -275,11 +303,25 @@ class CompareResult:
         """A ``bisect-repro/compare/2`` object (``compare --json``) read back."""
         verdict, numerics = found.get("verdict"), found.get("numerics")
         return cls(
-            **known_fields(cls, found, but=("verdict", "replay", "timeline", "ops_context", "ranks", "compile_bisect", "numerics")),
+            **known_fields(
+                cls,
+                found,
+                but=(
+                    "verdict",
+                    "replay",
+                    "timeline",
+                    "ops_context",
+                    "ranks",
+                    "compile_bisect",
+                    "numerics",
+                ),
+            ),
             ops_context=[OpContext.from_json(row) for row in found.get("ops_context") or []],
             numerics=Numerics.from_json(numerics) if numerics else None,
             verdict=Verdict.from_json(verdict) if verdict else None,
-            compile_bisect=CompileBisect(**known_fields(CompileBisect, found["compile_bisect"])) if found.get("compile_bisect") else None,
+            compile_bisect=CompileBisect(**known_fields(CompileBisect, found["compile_bisect"]))
+            if found.get("compile_bisect")
+            else None,
             replay=ReplayInfo.from_json(found.get("replay") or {}),
             timeline=[TimelineRow.from_json(row) for row in found.get("timeline") or []],
             ranks=[RankResult.from_json(rank) for rank in found.get("ranks") or []],

@@ -25,18 +25,31 @@ from .findings import Finding, Severity
 __all__ = ["environment_findings"]
 
 
-def environment_findings(fingerprint: Mapping[str, Any], *, threads_pinned: bool, audit: bool, convolutions: bool = True) -> list[Finding]:
+def environment_findings(
+    fingerprint: Mapping[str, Any], *, threads_pinned: bool, audit: bool, convolutions: bool = True
+) -> list[Finding]:
     """Findings about settings: those that bite elsewhere, and (``audit``) what the process is."""
     found = []
     cuda = bool(fingerprint.get("devices"))
     here = "" if cuda else "; there is no GPU here, so it changes nothing on this machine"
     if fingerprint.get("torch.backends.cudnn.benchmark"):
         evidence = (
-            "torch.backends.cudnn.benchmark is True: cuDNN times several convolution kernels for each new shape and keeps "
+            "torch.backends.cudnn.benchmark is True: cuDNN times several convolution kernels for "
+            "each new shape and keeps "
             f"the fastest, which can differ from run to run{here}"
         )
-        found.append(Finding("cudnn-benchmark", Severity.WARNING, evidence, causes.environment_fix(["torch.backends.cudnn.benchmark"])))
-    matmul, precision = fingerprint.get("torch.backends.cuda.matmul.allow_tf32"), fingerprint.get("torch.get_float32_matmul_precision")
+        found.append(
+            Finding(
+                "cudnn-benchmark",
+                Severity.WARNING,
+                evidence,
+                causes.environment_fix(["torch.backends.cudnn.benchmark"]),
+            )
+        )
+    matmul, precision = (
+        fingerprint.get("torch.backends.cuda.matmul.allow_tf32"),
+        fingerprint.get("torch.get_float32_matmul_precision"),
+    )
     lowered = [k for k, v in (("torch.backends.cuda.matmul.allow_tf32", matmul),) if v] + (
         ["torch.get_float32_matmul_precision"] if precision not in (None, "highest") else []
     )
@@ -45,21 +58,43 @@ def environment_findings(fingerprint: Mapping[str, Any], *, threads_pinned: bool
         parts = []
         if lowered:
             parts.append(
-                f"float32 matmuls may run in reduced precision (allow_tf32={matmul}, float32 matmul precision {precision!r}): "
+                f"float32 matmuls may run in reduced precision (allow_tf32={matmul}, float32 "
+                f"matmul precision {precision!r}): "
                 "on Ampere and later GPUs they keep 10 mantissa bits"
             )
         if conv:
-            parts.append("torch.backends.cudnn.allow_tf32 is True (PyTorch's default): convolutions on Ampere and later GPUs use TF32")
-        evidence = "; ".join(parts) + f", so results differ across GPU generations and from CPUs{here}"
+            parts.append(
+                "torch.backends.cudnn.allow_tf32 is True (PyTorch's default): convolutions on "
+                "Ampere and later GPUs use TF32"
+            )
+        evidence = (
+            "; ".join(parts) + f", so results differ across GPU generations and from CPUs{here}"
+        )
         keys = [*lowered, *(["torch.backends.cudnn.allow_tf32"] if conv else [])]
-        found.append(Finding("tf32", Severity.WARNING if lowered else Severity.INFO, evidence, causes.environment_fix(keys)))
+        found.append(
+            Finding(
+                "tf32",
+                Severity.WARNING if lowered else Severity.INFO,
+                evidence,
+                causes.environment_fix(keys),
+            )
+        )
     if not threads_pinned:
         threads = fingerprint.get("torch.get_num_threads")
         evidence = (
-            f"torch runs on {threads} threads, chosen from this machine's {fingerprint.get('cpu_count')} cores (OMP_NUM_THREADS unset and "
-            "no torch.set_num_threads): on a machine with another core count, reductions split differently and round differently"
+            f"torch runs on {threads} threads, chosen from this machine's "
+            f"{fingerprint.get('cpu_count')} cores (OMP_NUM_THREADS unset and "
+            "no torch.set_num_threads): on a machine with another core count, reductions split "
+            "differently and round differently"
         )
-        found.append(Finding("threads-unpinned", Severity.WARNING, evidence, causes.environment_fix(["torch.get_num_threads"])))
+        found.append(
+            Finding(
+                "threads-unpinned",
+                Severity.WARNING,
+                evidence,
+                causes.environment_fix(["torch.get_num_threads"]),
+            )
+        )
     if audit:
         found += _process_audit(fingerprint, cuda)
     return found
@@ -69,34 +104,84 @@ def _process_audit(fingerprint: Mapping[str, Any], cuda: bool) -> list[Finding]:
     found = []
     if not fingerprint.get("torch.are_deterministic_algorithms_enabled"):
         evidence = (
-            "torch.use_deterministic_algorithms is off: ops without a deterministic kernel run as they are (index_put_ with "
-            "accumulate=True on several CPU threads, scatter_add_/index_add_ on CUDA, ...); `bisect-repro doctor TARGET` "
+            "torch.use_deterministic_algorithms is off: ops without a deterministic kernel run as "
+            "they are (index_put_ with "
+            "accumulate=True on several CPU threads, scatter_add_/index_add_ on CUDA, ...); "
+            "`bisect-repro doctor TARGET` "
             "shows whether a recipe runs any"
         )
-        found.append(Finding("deterministic-algorithms", Severity.INFO, evidence, causes.op_fix(None)))
-    if cuda and not fingerprint.get("torch.backends.cudnn.deterministic"):
-        evidence = "torch.backends.cudnn.deterministic is False: cuDNN may pick nondeterministic convolution algorithms"
         found.append(
-            Finding("cudnn-deterministic", Severity.INFO, evidence, causes.environment_fix(["torch.backends.cudnn.deterministic"]))
+            Finding("deterministic-algorithms", Severity.INFO, evidence, causes.op_fix(None))
+        )
+    if cuda and not fingerprint.get("torch.backends.cudnn.deterministic"):
+        evidence = (
+            "torch.backends.cudnn.deterministic is False: cuDNN may pick nondeterministic "
+            "convolution algorithms"
+        )
+        found.append(
+            Finding(
+                "cudnn-deterministic",
+                Severity.INFO,
+                evidence,
+                causes.environment_fix(["torch.backends.cudnn.deterministic"]),
+            )
         )
     if cuda and fingerprint.get("env.CUBLAS_WORKSPACE_CONFIG") is None:
-        evidence = "CUBLAS_WORKSPACE_CONFIG is unset: with deterministic algorithms on, cuBLAS matmuls raise (or are nondeterministic)"
-        found.append(Finding("cublas-workspace", Severity.INFO, evidence, causes.environment_fix(["env.CUBLAS_WORKSPACE_CONFIG"])))
+        evidence = (
+            "CUBLAS_WORKSPACE_CONFIG is unset: with deterministic algorithms on, cuBLAS "
+            "matmuls raise (or are nondeterministic)"
+        )
+        found.append(
+            Finding(
+                "cublas-workspace",
+                Severity.INFO,
+                evidence,
+                causes.environment_fix(["env.CUBLAS_WORKSPACE_CONFIG"]),
+            )
+        )
     if fingerprint.get("env.PYTHONHASHSEED") in (None, "random"):
         evidence = (
-            "PYTHONHASHSEED is unset: str hashes are salted anew in every process, so anything ordered by a set of strings or "
-            "by hash() changes between runs; `bisect-repro doctor TARGET` tests whether a recipe depends on it"
+            "PYTHONHASHSEED is unset: str hashes are salted anew in every process, so anything "
+            "ordered by a set of strings or "
+            "by hash() changes between runs; `bisect-repro doctor TARGET` tests whether a recipe "
+            "depends on it"
         )
-        found.append(Finding("pythonhashseed", Severity.INFO, evidence, causes.environment_fix(["env.PYTHONHASHSEED"])))
-    numeric = {k: v for k, v in fingerprint.items() if k.startswith("env.") and v is not None and k != "env.PYTHONHASHSEED"}
+        found.append(
+            Finding(
+                "pythonhashseed",
+                Severity.INFO,
+                evidence,
+                causes.environment_fix(["env.PYTHONHASHSEED"]),
+            )
+        )
+    numeric = {
+        k: v
+        for k, v in fingerprint.items()
+        if k.startswith("env.") and v is not None and k != "env.PYTHONHASHSEED"
+    }
     if numeric:
         evidence = "set in this environment, and read by the libraries that compute: " + ", ".join(
             f"{k.removeprefix('env.')}={v}" for k, v in numeric.items()
         )
-        found.append(Finding("environment-variables", Severity.INFO, evidence, "set them the same way wherever runs must match"))
-    versions = ", ".join(f"{k} {fingerprint.get(k)}" for k in ("python", "torch", "numpy", "cuda", "cudnn"))
+        found.append(
+            Finding(
+                "environment-variables",
+                Severity.INFO,
+                evidence,
+                "set them the same way wherever runs must match",
+            )
+        )
+    versions = ", ".join(
+        f"{k} {fingerprint.get(k)}" for k in ("python", "torch", "numpy", "cuda", "cudnn")
+    )
     devices = ", ".join(fingerprint.get("devices") or []) or "none"
-    evidence = f"{versions}; GPUs: {devices}; CPU: {fingerprint.get('cpu')}: results may differ when any of these changes"
-    fix = "compare runs made with the same versions and hardware (bisect-repro record stores all of these in each run)"
+    evidence = (
+        f"{versions}; GPUs: {devices}; CPU: {fingerprint.get('cpu')}: results may differ "
+        "when any of these changes"
+    )
+    fix = (
+        "compare runs made with the same versions and hardware (bisect-repro record stores all "
+        "of these in each run)"
+    )
     found.append(Finding("versions", Severity.INFO, evidence, fix))
     return found

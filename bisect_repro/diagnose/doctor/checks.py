@@ -1,4 +1,5 @@
-"""``doctor``'s experiments on one process of the recipe, each a step run again from the state it started from.
+"""``doctor``'s experiments on one process of the recipe, each a step run again from the state it
+started from.
 
 The recipe runs in a :class:`~bisect_repro.replay.replica.Replica` that has trained its first
 steps and kept the state each started from (:func:`bisect_repro.diagnose.doctor.probe.probe`).
@@ -67,13 +68,19 @@ class RecipeChecks:
         environment: Mapping[str, Any],
         fresh: Callable[[], ReplicaLike] | None = None,
     ) -> None:
-        self.replica, self.outcomes, self.environment, self.fresh = replica, outcomes, dict(environment), fresh
+        self.replica, self.outcomes, self.environment, self.fresh = (
+            replica,
+            outcomes,
+            dict(environment),
+            fresh,
+        )
         self.unrepeatable_step: int | None = None
         self.findings: list[Finding] = []
 
     # -- does each step repeat? ----------------------------------------------------------------
     def rerun_steps(self) -> None:
-        """Re-run each step from the state it started from; on the first that does not repeat, say why."""
+        """Re-run each step from the state it started from; on the first that does not repeat, say
+        why."""
         for outcome in self.outcomes:
             check = check_repeats(self.replica, outcome.step, outcome, trace="none")
             if not check.repeats:
@@ -84,7 +91,9 @@ class RecipeChecks:
                         if any(f.severity is Severity.ERROR for f in confirmed):
                             self.unrepeatable_step = outcome.step
                         return
-                    continue  # the first run itself differs in another process: the processes' comparison says why
+                    # the first run itself differs in another process: the processes' comparison
+                    # says why
+                    continue
                 self.unrepeatable_step = outcome.step
                 self.findings += self._why(check)
                 return
@@ -94,7 +103,8 @@ class RecipeChecks:
         trace (see the module docstring); ``None`` when that first run computes something else."""
         s = check.step
         assert self.fresh is not None
-        with self.fresh() as replica:  # the same steps in the same order, then step s again, as here
+        # the same steps in the same order, then step s again, as here
+        with self.fresh() as replica:
             replica.connect()
             runs = []
             for step in range(len(self.outcomes)):
@@ -109,24 +119,47 @@ class RecipeChecks:
         ops_one, ops_two = one.ops or [], two.ops or []
         where = first_divergent_op(ops_one, ops_two)
         shown = (
-            f"{check.hidden}; shown in a fresh process, which computes what the first run did and then, run again after the same steps, "
+            f"{check.hidden}; shown in a fresh process, which computes what the first run did "
+            "and then, run again after the same steps, "
         )
         if not same_sequence(ops_one, ops_two):
             evidence = shown + "runs other ops: it took another branch"
-        elif where is not None and not where[1] and ops_one[where[0]].inputs == ops_two[where[0]].inputs:
+        elif (
+            where is not None
+            and not where[1]
+            and ops_one[where[0]].inputs == ops_two[where[0]].inputs
+        ):
             x, y = ops_one[where[0]], ops_two[where[0]]
-            evidence = shown + f"hands {x.op} other Python arguments ({x.arguments[:60]} vs {y.arguments[:60]})"
+            evidence = (
+                shown
+                + f"hands {x.op} other Python arguments ({x.arguments[:60]} vs {y.arguments[:60]})"
+            )
         elif where is not None and where[1] and not uninitialised(ops_one[where[0]].op):
             op = ops_one[where[0]]
             evidence = (
-                f"step {s} gives other results the first time it runs in a process than when it runs again: in a fresh process, "
-                f"{op.op} in the {op.phase or 'step'} pass of {op.layer or 'the step function'} gives different outputs on identical "
-                "inputs the first time and the second; runs from the start agree with each other, a run resumed from a "
+                f"step {s} gives other results the first time it runs in a process than when it "
+                "runs again: in a fresh process, "
+                f"{op.op} in the {op.phase or 'step'} pass of {op.layer or 'the step function'} "
+                "gives different outputs on identical "
+                "inputs the first time and the second; runs from the start agree with each other, "
+                "a run resumed from a "
                 "checkpoint may not"
             )
-            return [Finding("nondeterministic-op", "warning", evidence, causes.op_fix(op.op), layer=op.layer, op=op.op)]
+            return [
+                Finding(
+                    "nondeterministic-op",
+                    "warning",
+                    evidence,
+                    causes.op_fix(op.op),
+                    layer=op.layer,
+                    op=op.op,
+                )
+            ]
         elif where is not None and not where[1]:
-            evidence = shown + f"hands {ops_one[where[0]].op} other tensors, from outside the restored state"
+            evidence = (
+                shown
+                + f"hands {ops_one[where[0]].op} other tensors, from outside the restored state"
+            )
         else:
             evidence = shown + "computes something else, outside the ops of the step"
         return [Finding("hidden-state", "error", evidence, causes.hidden_state_fix())]
@@ -143,32 +176,55 @@ class RecipeChecks:
             fix = causes.fix_for(Cause.RNG_STATE, streams=check.streams, reseeds=check.reseeds)
             return [
                 Finding(
-                    f"reseeded-stream:{name}", "error",
-                    f"step {s} run twice from the same state ends with {name} in a different state: "
+                    f"reseeded-stream:{name}",
+                    "error",
+                    f"step {s} run twice from the same state ends with {name} in a different "
+                    "state: "
                     f"{calls or 'something'} reseeds it from entropy during the step; {proof}",
                     fix,
                 )
                 for name in check.streams
-            ]  # fmt: skip
+            ]
         if check.kind == "hidden_state":
-            evidence = f"{check.hidden}: the step depends on state outside the Trainee, such as how many times it has been called"
+            evidence = (
+                f"{check.hidden}: the step depends on state outside the Trainee, such as "
+                "how many times it has been called"
+            )
             return [Finding("hidden-state", "error", evidence, causes.hidden_state_fix())]
         where = ""
         if check.trace is not None and check.first is not None:
             stats = self._difference(s, check.first)
-            where = f"; the step first differs at {_described(check.trace, check.first)}{_stats_text(stats)}"
+            where = (
+                "; the step first differs at "
+                f"{_described(check.trace, check.first)}{_stats_text(stats)}"
+            )
         fresh = not self.replica.reruns and check.trace is not None and check.first is not None
-        if check.op is None and fresh and check.trace.entries[check.first].phase == "data":  # a script's fresh process drew another batch
+        # a script's fresh process drew another batch
+        if check.op is None and fresh and check.trace.entries[check.first].phase == "data":
             return [_unseeded_data(s, where)]
         if check.op is None:
-            evidence = f"step {s} run twice from the same state, batch and random streams gives different results{where}"
+            evidence = (
+                f"step {s} run twice from the same state, batch and random streams gives "
+                f"different results{where}"
+            )
             return [Finding("nondeterministic-op", "error", evidence, causes.op_fix(None))]
         op = check.op
         evidence = (
-            f"step {s} run again from the same state, batch and random streams: {op.op} in the {op.phase or 'step'} pass of "
-            f"{op.layer or 'the step function'} gives different outputs on identical inputs, in {check.op_pairs} pair(s) of re-runs{where}"
+            f"step {s} run again from the same state, batch and random streams: {op.op} in the "
+            f"{op.phase or 'step'} pass of "
+            f"{op.layer or 'the step function'} gives different outputs on identical inputs, in "
+            f"{check.op_pairs} pair(s) of re-runs{where}"
         )
-        return [Finding("nondeterministic-op", "error", evidence, causes.op_fix(op.op), layer=op.layer, op=op.op)]
+        return [
+            Finding(
+                "nondeterministic-op",
+                "error",
+                evidence,
+                causes.op_fix(op.op),
+                layer=op.layer,
+                op=op.op,
+            )
+        ]
 
     def _difference(self, step: int, index: int) -> dict[str, Any]:
         runs = [self.replica.run(step, trace="full", keep=[index]) for _ in range(4)]
@@ -182,22 +238,39 @@ class RecipeChecks:
     # -- what PyTorch reports ------------------------------------------------------------------
     def determinism_alerts(self) -> None:
         """Step 0 under ``use_deterministic_algorithms(True)``: the ops PyTorch reports."""
-        environment = {"torch.are_deterministic_algorithms_enabled": True, "torch.is_deterministic_algorithms_warn_only_enabled": False}
+        environment = {
+            "torch.are_deterministic_algorithms_enabled": True,
+            "torch.is_deterministic_algorithms_warn_only_enabled": False,
+        }
         alerts = self.replica.run(0, trace="none", alerts=True, environment=environment).alerts
         by_op: dict[Any, list[dict[str, Any]]] = {}
         for alert in alerts:
             places = by_op.setdefault(alert["op"], [])
             if all((alert["layer"], alert["phase"]) != (p["layer"], p["phase"]) for p in places):
                 places.append(alert)
-        for op, places in by_op.items():  # one finding per op: on CUDA without CUBLAS_WORKSPACE_CONFIG every matmul alerts
-            shown = [f"the {p['phase']} pass of {p['layer']}" if p["layer"] else f"the {p['phase']}" for p in places[:4]]
+        # one finding per op: on CUDA without CUBLAS_WORKSPACE_CONFIG every matmul alerts
+        for op, places in by_op.items():
+            shown = [
+                f"the {p['phase']} pass of {p['layer']}" if p["layer"] else f"the {p['phase']}"
+                for p in places[:4]
+            ]
             more = f" and {len(places) - 4} more places" if len(places) > 4 else ""
             evidence = (
-                f"step 0 under torch.use_deterministic_algorithms(True): PyTorch reports {op or 'an op'} in {', '.join(shown)}"
+                "step 0 under torch.use_deterministic_algorithms(True): PyTorch reports "
+                f"{op or 'an op'} in {', '.join(shown)}"
                 f"{more}: {places[0]['message']}"
             )
             fix = causes.alert_fix(op, places[0]["message"])
-            self.findings.append(Finding("deterministic-warning", "warning", evidence, fix, layer=places[0]["layer"], op=op))
+            self.findings.append(
+                Finding(
+                    "deterministic-warning",
+                    "warning",
+                    evidence,
+                    fix,
+                    layer=places[0]["layer"],
+                    op=op,
+                )
+            )
 
     # -- what a step depends on ----------------------------------------------------------------
     def step_changes(self, step: int = 0, **options: Any) -> str | None:
@@ -208,7 +281,8 @@ class RecipeChecks:
         if self.replica.run(step, trace="none", **options).outcome == base.outcome:
             return None
         if self.replica.run(step, trace="none").outcome != base.outcome:
-            return None  # the step does not repeat by itself: it cannot show what the option changes
+            # the step does not repeat by itself: it cannot show what the option changes
+            return None
         traced = self.replica.run(step, trace="full")
         other = self.replica.run(step, trace="full", **options)
         index = first_difference(traced.entries, other.entries)
@@ -217,7 +291,8 @@ class RecipeChecks:
         return _described(traced if index < len(traced.entries) else other, index)
 
     def with_stream_advanced(self, name: str) -> tuple[int, str] | None:
-        """The first kept step that computes something else with ``name`` one draw further, and where."""
+        """The first kept step that computes something else with ``name`` one draw further, and
+        where."""
         for outcome in self.outcomes:
             changed = self.step_changes(outcome.step, advance=[name])
             if changed is not None:
@@ -225,23 +300,32 @@ class RecipeChecks:
         return None
 
     def dataset_draws_from(self, name: str, batch: int) -> bool | None:
-        """Whether the dataset's items of step ``batch`` change with ``name`` one draw further (``None``: cannot tell)."""
+        """Whether the dataset's items of step ``batch`` change with ``name`` one draw further
+        (``None``: cannot tell)."""
         return self.replica.items_change(batch, name)
 
 
 def _unseeded_data(step: int, where: str) -> Finding:
-    """A script's step, run again in a fresh process started with the global streams seeded alike, takes another batch."""
+    """A script's step, run again in a fresh process started with the global streams seeded alike,
+    takes another batch."""
     evidence = (
-        f"step {step} of the script, run again in a fresh process with the global random streams seeded alike, takes another "
-        f"batch{where}: the data draws from a source that no global seed reaches (a generator made without a seed, "
-        "np.random.default_rng(), torch.Generator().seed(), random.Random(), or values from time or os.urandom)"
+        f"step {step} of the script, run again in a fresh process with the global random streams "
+        "seeded alike, takes another "
+        f"batch{where}: the data draws from a source that no global seed reaches (a generator made "
+        "without a seed, "
+        "np.random.default_rng(), torch.Generator().seed(), random.Random(), or values from time "
+        "or os.urandom)"
     )
-    fix = "give every generator the script makes a seed (np.random.default_rng(seed), torch.Generator().manual_seed(seed))"
+    fix = (
+        "give every generator the script makes a seed (np.random.default_rng(seed), "
+        "torch.Generator().manual_seed(seed))"
+    )
     return Finding("unseeded-source", "error", evidence, fix)
 
 
 def threads_finding(findings: list[Finding], local: RecipeChecks) -> None:
-    """Prove or weaken the ``threads-unpinned`` warning by running step 0 on another thread count."""
+    """Prove or weaken the ``threads-unpinned`` warning by running step 0 on another thread
+    count."""
     unpinned = next((f for f in findings if f.id == "threads-unpinned"), None)
     if unpinned is None:
         return
@@ -252,7 +336,13 @@ def threads_finding(findings: list[Finding], local: RecipeChecks) -> None:
         return
     changed = local.step_changes(0, environment={"torch.get_num_threads": other})
     if changed is not None:
-        unpinned.evidence += f"; shown here: step 0 on {other} thread(s) instead of {threads} computes a different {changed}"
+        unpinned.evidence += (
+            f"; shown here: step 0 on {other} thread(s) instead of {threads} "
+            f"computes a different {changed}"
+        )
     else:
         unpinned.severity = Severity.INFO
-        unpinned.evidence += f"; step 0 on {other} thread(s) instead of {threads} computes the same results, so this recipe may not care"
+        unpinned.evidence += (
+            f"; step 0 on {other} thread(s) instead of {threads} computes the "
+            "same results, so this recipe may not care"
+        )

@@ -1,22 +1,23 @@
-"""``doctor``: audit a recipe or a script for every known source of irreproducibility, proving each by a run.
+"""``doctor``: audit a recipe or a script for every known source of irreproducibility, proving each
+by a run.
 
 With a TARGET (or a script's command, ``doctor -- python train.py ARGS``: the same audit, the
-script run unchanged, see :mod:`bisect_repro.diagnose.doctor.subjects`), it is built and trained in two fresh processes
-(:class:`~bisect_repro.replay.replica.Replica` s, the engine ``compare`` replays with) that
-differ only in ``PYTHONHASHSEED``:
+script run unchanged, see :mod:`bisect_repro.diagnose.doctor.subjects`), it is built and trained in
+two fresh processes (:class:`~bisect_repro.replay.replica.Replica` s, the engine ``compare`` replays
+with) that differ only in ``PYTHONHASHSEED``:
 
 1. Across the two: their parameters after the build, their random streams (including generators
    found inside the dataset and samplers), the first batches' sample indices and contents, the
-   losses and the state after training (:mod:`bisect_repro.diagnose.doctor.probe`). What differs is not
-   seeded (``unseeded-init``, ``unseeded-shuffle``, ``unseeded-stream:<name>``,
+   losses and the state after training (:mod:`bisect_repro.diagnose.doctor.probe`). What differs is
+   not seeded (``unseeded-init``, ``unseeded-shuffle``, ``unseeded-stream:<name>``,
    ``unseeded-workers``). A difference no random stream explains is settled by two more processes
    with the same two ``PYTHONHASHSEED`` values: each reproducing its namesake, the recipe depends
    on string hashing (``pythonhashseed``); otherwise on some other entropy (``unseeded-source``).
-2. Within the first (:mod:`bisect_repro.diagnose.doctor.checks`): each step run again from the state it
-   started from, by the rule ``compare`` uses (:mod:`bisect_repro.diagnose.selfcheck`): a step that
-   does not repeat reseeds a stream from entropy (``reseeded-stream:<name>``, with the call site),
-   reads state outside the trainee (``hidden-state``: another branch, other ops or other Python
-   values in a re-run, such as a counter in a closure), or runs an op that gives different
+2. Within the first (:mod:`bisect_repro.diagnose.doctor.checks`): each step run again from the state
+   it started from, by the rule ``compare`` uses (:mod:`bisect_repro.diagnose.selfcheck`): a step
+   that does not repeat reseeds a stream from entropy (``reseeded-stream:<name>``, with the call
+   site), reads state outside the trainee (``hidden-state``: another branch, other ops or other
+   Python values in a re-run, such as a counter in a closure), or runs an op that gives different
    outputs on identical inputs (``nondeterministic-op``, with its module, forward or backward).
    Step 0 also runs under ``torch.use_deterministic_algorithms(True)`` (``deterministic-warning``
    for each op PyTorch reports), with each unseeded stream one draw further (which streams the
@@ -143,23 +144,41 @@ class _Diagnosis:
         if not changed:
             return
         streams = [s for s in self.diff.streams if s not in _LOADER_STREAMS]
-        if "torch" in streams:  # what torch.nn initialises from; other streams are judged by what draws from them
+        # what torch.nn initialises from; other streams are judged by what draws from them
+        if "torch" in streams:
             streams = ["torch"]
         first = changed[0]
         total = len(self.a.built.init)
-        what = f"{first} differs between two builds in separate processes ({len(changed)} of {total} parameters and buffers differ)"
+        what = (
+            f"{first} differs between two builds in separate processes ({len(changed)} of "
+            f"{total} parameters and buffers differ)"
+        )
         if not streams:
             self.unexplained.append(f"the initial {first}")
             return
         names = ", ".join(f"{s} ({self._digests(s)})" for s in streams)
-        evidence = f"{what}; the random streams the initialisation draws from differ after the build: {names}"
-        self._add(Finding("unseeded-init", "error", evidence, causes.stream_fix(streams), layer=first.rpartition(".")[0] or None))
+        evidence = (
+            f"{what}; the random streams the initialisation draws from differ after the "
+            f"build: {names}"
+        )
+        self._add(
+            Finding(
+                "unseeded-init",
+                "error",
+                evidence,
+                causes.stream_fix(streams),
+                layer=first.rpartition(".")[0] or None,
+            )
+        )
         self.explained |= {"init", *streams}
 
     def _order(self, batch: int) -> None:
         diff, loader = self.diff, self.loader
         indices = (self.a.batches[batch].indices, self.b.batches[batch].indices)
-        what = f"batch {batch} holds samples {_short(indices[0])} in one process and {_short(indices[1])} in the other"
+        what = (
+            f"batch {batch} holds samples {_short(indices[0])} in one process and "
+            f"{_short(indices[1])} in the other"
+        )
         streams = [s for s in diff.streams if s in _LOADER_STREAMS]
         if not loader.get("generator") and "torch" in diff.streams:
             streams.append("torch")
@@ -167,8 +186,18 @@ class _Diagnosis:
         if hidden:
             for name in hidden:
                 kind = self.a.built.hidden[name].kind
-                evidence = f"{what}; the sampler draws from {name} ({kind}), which starts in a different state in each process"
-                self._add(Finding(f"unseeded-stream:{name}", "error", evidence, causes.generator_fix(name, kind)))
+                evidence = (
+                    f"{what}; the sampler draws from {name} ({kind}), which starts in a "
+                    "different state in each process"
+                )
+                self._add(
+                    Finding(
+                        f"unseeded-stream:{name}",
+                        "error",
+                        evidence,
+                        causes.generator_fix(name, kind),
+                    )
+                )
             self.explained |= {"order", *hidden}
         elif streams:
             source = (
@@ -176,8 +205,15 @@ class _Diagnosis:
                 if streams == ["torch"]
                 else f"the sampler shuffles from {', '.join(streams)}"
             )
-            evidence = f"{what}; {source}, which is in a different state in each process ({self._digests(streams[0])})"
-            self._add(Finding("unseeded-shuffle", "error", evidence, causes.data_fix("data_order", loader)))
+            evidence = (
+                f"{what}; {source}, which is in a different state in each process "
+                f"({self._digests(streams[0])})"
+            )
+            self._add(
+                Finding(
+                    "unseeded-shuffle", "error", evidence, causes.data_fix("data_order", loader)
+                )
+            )
             self.explained |= {"order", *streams}
         else:
             self.unexplained.append(f"the samples of batch {batch}")
@@ -190,12 +226,23 @@ class _Diagnosis:
         hidden = [h for h in diff.hidden if h.startswith("loader.dataset")]
         candidates = [*hidden, *(s for s in diff.streams if s in GLOBAL_STREAMS and not workers)]
         proven = {name: self.local.dataset_draws_from(name, batch) for name in candidates}
-        culprits = [name for name, draws in proven.items() if draws] or [name for name in hidden if proven[name] is None]
+        culprits = [name for name, draws in proven.items() if draws] or [
+            name for name in hidden if proven[name] is None
+        ]
         for name in culprits:
-            shown = f"{name} ({self.a.built.hidden[name].kind})" if name in self.a.built.hidden else f"{name}'s global stream"
-            evidence = f"{what}; the dataset draws from {shown}, which starts in a different state in each process"
+            shown = (
+                f"{name} ({self.a.built.hidden[name].kind})"
+                if name in self.a.built.hidden
+                else f"{name}'s global stream"
+            )
+            evidence = (
+                f"{what}; the dataset draws from {shown}, which starts in a different state "
+                "in each process"
+            )
             if proven[name]:
-                evidence += "; shown here: with it one draw further, the same samples come out different"
+                evidence += (
+                    "; shown here: with it one draw further, the same samples come out different"
+                )
             fix = (
                 causes.generator_fix(name, self.a.built.hidden[name].kind, workers=workers)
                 if name in self.a.built.hidden
@@ -207,13 +254,26 @@ class _Diagnosis:
             return
         if workers and diff.base_seed is not None:
             seeds = (self.a.batches[0].base_seed, self.b.batches[0].base_seed)
-            source = "the loader's generator" if loader.get("generator") else "torch's global stream (the loader has no generator=)"
+            source = (
+                "the loader's generator"
+                if loader.get("generator")
+                else "torch's global stream (the loader has no generator=)"
+            )
             evidence = (
-                f"{what}; the {workers} loader workers are seeded from a base seed drawn from {source}, which differs "
+                f"{what}; the {workers} loader workers are seeded from a base seed drawn from "
+                f"{source}, which differs "
                 f"({seeds[0]} vs {seeds[1]})"
             )
-            self._add(Finding("unseeded-workers", "error", evidence, causes.data_fix("data_content", loader)))
-            self.explained |= {"content", "torch", *(s for s in diff.streams if s in _LOADER_STREAMS)}
+            self._add(
+                Finding(
+                    "unseeded-workers", "error", evidence, causes.data_fix("data_content", loader)
+                )
+            )
+            self.explained |= {
+                "content",
+                "torch",
+                *(s for s in diff.streams if s in _LOADER_STREAMS),
+            }
         else:
             self.unexplained.append(f"the contents of batch {batch}")
 
@@ -229,7 +289,14 @@ class _Diagnosis:
             )
             evidence = f"{name} ({kind}) starts in a different state in each process; {seen}"
             workers = int(self.loader.get("num_workers") or 0)
-            self._add(Finding(f"unseeded-stream:{name}", "warning", evidence, causes.generator_fix(name, kind, workers=workers)))
+            self._add(
+                Finding(
+                    f"unseeded-stream:{name}",
+                    "warning",
+                    evidence,
+                    causes.generator_fix(name, kind, workers=workers),
+                )
+            )
 
     def _streams(self) -> None:
         """Unexplained streams: do the steps draw from them? Advance each by one draw and see."""
@@ -242,25 +309,37 @@ class _Diagnosis:
             if changed is not None:
                 step, where = changed
                 evidence = (
-                    f"{name}'s stream is in a different state in each process after the build ({digests}), and step {step} draws "
-                    f"from it: with it one draw further, {where} changes (the step repeats without it)"
+                    f"{name}'s stream is in a different state in each process after the build "
+                    f"({digests}), and step {step} draws "
+                    f"from it: with it one draw further, {where} changes (the step repeats without "
+                    "it)"
                 )
-                self._add(Finding(f"unseeded-stream:{name}", "error", evidence, causes.stream_fix([name])))
+                self._add(
+                    Finding(f"unseeded-stream:{name}", "error", evidence, causes.stream_fix([name]))
+                )
                 self.explained |= {"step", name}
             elif final_differs and self.local.unrepeatable_step is None:
                 evidence = (
-                    f"{name}'s stream is in a different state in each process after the build ({digests}), and after "
-                    f"{self.steps} steps the processes differ ({self.diff.final[0]} first) though they started alike"
+                    f"{name}'s stream is in a different state in each process after the build "
+                    f"({digests}), and after "
+                    f"{self.steps} steps the processes differ ({self.diff.final[0]} first) though "
+                    "they started alike"
                 )
-                self._add(Finding(f"unseeded-stream:{name}", "error", evidence, causes.stream_fix([name])))
+                self._add(
+                    Finding(f"unseeded-stream:{name}", "error", evidence, causes.stream_fix([name]))
+                )
                 self.explained |= {"step", name}
             else:
                 evidence = (
-                    f"{name}'s stream is in a different state in each process after the build ({digests}); none of the first "
-                    f"{self.steps} step(s) computes anything else with it one draw further, so nothing here draws from it yet, but "
+                    f"{name}'s stream is in a different state in each process after the build "
+                    f"({digests}); none of the first "
+                    f"{self.steps} step(s) computes anything else with it one draw further, so "
+                    "nothing here draws from it yet, but "
                     "anything that draws from it later will differ"
                 )
-                self._add(Finding(f"unseeded-stream:{name}", "info", evidence, causes.stream_fix([name])))
+                self._add(
+                    Finding(f"unseeded-stream:{name}", "info", evidence, causes.stream_fix([name]))
+                )
         if self.local.unrepeatable_step is not None:
             self.explained.add("step")
 
@@ -269,7 +348,9 @@ def _same(a: Probe, b: Probe) -> bool:
     return differences(a, b).none
 
 
-def _hash_seed_findings(unexplained: list[str], pair: tuple[Probe, ...], again: tuple[Probe, ...]) -> list[Finding]:
+def _hash_seed_findings(
+    unexplained: list[str], pair: tuple[Probe, ...], again: tuple[Probe, ...]
+) -> list[Finding]:
     """Two more processes, with the first two's PYTHONHASHSEED values, settle what no stream
     explained: each matches its namesake only if string hashing is the cause (a nondeterministic
     kernel or other entropy would have to repeat both outcomes by chance)."""
@@ -278,22 +359,34 @@ def _hash_seed_findings(unexplained: list[str], pair: tuple[Probe, ...], again: 
     if all(_same(x, y) for x, y in zip(pair, again, strict=True)):
         unset = os.environ.get("PYTHONHASHSEED") in (None, "random")
         evidence = (
-            f"{what} differ between two processes whose only difference is PYTHONHASHSEED ({seeds}), and two more processes "
-            "with the same two values reproduce each: the recipe depends on string hashing (iteration order of a set or a "
+            f"{what} differ between two processes whose only difference is PYTHONHASHSEED "
+            f"({seeds}), and two more processes "
+            "with the same two values reproduce each: the recipe depends on string hashing "
+            "(iteration order of a set or a "
             "dict keyed by str, or hash())"
         )
         if not unset:
-            evidence += f"; reproducible here only because PYTHONHASHSEED={os.environ['PYTHONHASHSEED']} is set"
-        fix = causes.environment_fix(["env.PYTHONHASHSEED"]) + "; better, sort what the recipe iterates (sorted(set(...)))"
+            evidence += (
+                "; reproducible here only because "
+                f"PYTHONHASHSEED={os.environ['PYTHONHASHSEED']} is set"
+            )
+        fix = (
+            causes.environment_fix(["env.PYTHONHASHSEED"])
+            + "; better, sort what the recipe iterates (sorted(set(...)))"
+        )
         return [Finding("pythonhashseed", "error" if unset else "warning", evidence, fix)]
     evidence = (
-        f"{what} differ between two processes, and again between processes with the same PYTHONHASHSEED, while every random "
-        "stream bisect-repro can see matched: the recipe draws from entropy outside them, or runs a nondeterministic kernel "
+        f"{what} differ between two processes, and again between processes with the same "
+        "PYTHONHASHSEED, while every random "
+        "stream bisect-repro can see matched: the recipe draws from entropy outside them, or runs "
+        "a nondeterministic kernel "
         "that happened to agree with itself in this process"
     )
     fix = (
-        "look for randomness created without a seed outside the loader (np.random.default_rng(), random.Random(), "
-        "torch.Generator().seed()) and values from time or os.urandom; run doctor again with more --steps to catch a "
+        "look for randomness created without a seed outside the loader (np.random.default_rng(), "
+        "random.Random(), "
+        "torch.Generator().seed()) and values from time or os.urandom; run doctor again with more "
+        "--steps to catch a "
         "rarely nondeterministic kernel"
     )
     return [Finding("unseeded-source", "error", evidence, fix)]
@@ -316,7 +409,9 @@ def doctor(
     config = dict(config or {})
     if command is not None:
         if config:
-            raise BisectReproError("doctor: --set is for a recipe; a script takes its own arguments after --")
+            raise BisectReproError(
+                "doctor: --set is for a recipe; a script takes its own arguments after --"
+            )
         subject = script_subject(command, replica)
         target = subject.name
         findings, fingerprint = _diagnose(subject, _checked_steps(steps), say)
@@ -330,7 +425,11 @@ def doctor(
         path = recipe_file(target)  # checks the TARGET's form
         if path is not None and not path.is_file():
             raise RecipeError(f"{path}: no such recipe file; check the TARGET path")
-        subject = recipe_subject(target, config) if replica is None else recipe_subject(target, config, replica)
+        subject = (
+            recipe_subject(target, config)
+            if replica is None
+            else recipe_subject(target, config, replica)
+        )
         findings, fingerprint = _diagnose(subject, _checked_steps(steps), say)
     order = {severity: rank for rank, severity in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
@@ -372,7 +471,8 @@ def _diagnose(subject: Subject, steps: int, say: Progress) -> tuple[list[Finding
         a, outcomes = probe(first, steps, keep=True)
         b, _ = probe(second, steps)
         second.close()
-        if subject.pinned is not None:  # a script: its steps run again in processes whose global streams start alike
+        # a script: its steps run again in processes whose global streams start alike
+        if subject.pinned is not None:
             first.close()
             first = subject.pinned()
             first.connect()
@@ -380,7 +480,8 @@ def _diagnose(subject: Subject, steps: int, say: Progress) -> tuple[list[Finding
         fresh = subject.pinned or (lambda: subject.start(_HASH_SEEDS[0]))
         local = RecipeChecks(first, outcomes, a.built.environment, fresh=fresh)
         say(f"re-running the first {steps} step(s) from the same states")
-        local.rerun_steps()  # first: nothing else may have run in between (a compiled step would recompile)
+        # first: nothing else may have run in between (a compiled step would recompile)
+        local.rerun_steps()
         say("running step 0 under deterministic algorithms")
         local.determinism_alerts()
         say("comparing the processes")
@@ -391,7 +492,9 @@ def _diagnose(subject: Subject, steps: int, say: Progress) -> tuple[list[Finding
             findings += _hash_seed_findings(diagnosis.unexplained, (a, b), _probes(subject, steps))
         fingerprint = a.built.environment
         pinned = fingerprint.get("env.OMP_NUM_THREADS") is not None or bool(a.built.threads_set)
-        findings += environment_findings(fingerprint, threads_pinned=pinned, audit=False, convolutions=a.built.convolutions)
+        findings += environment_findings(
+            fingerprint, threads_pinned=pinned, audit=False, convolutions=a.built.convolutions
+        )
         threads_finding(findings, local)
         return findings, fingerprint
     finally:

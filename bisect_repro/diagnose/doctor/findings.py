@@ -47,9 +47,25 @@ class Finding:
     op: str | None = None
     """The aten op, when one is named."""
 
-    def __init__(self, id: str, severity: Severity | str, evidence: str, fix: str, layer: str | None = None, op: str | None = None) -> None:
-        """``severity`` may be given by its value (``"error"``); an unknown one raises ``ValueError``."""
-        self.id, self.severity, self.evidence, self.fix, self.layer, self.op = id, Severity(severity), evidence, fix, layer, op
+    def __init__(
+        self,
+        id: str,
+        severity: Severity | str,
+        evidence: str,
+        fix: str,
+        layer: str | None = None,
+        op: str | None = None,
+    ) -> None:
+        """``severity`` may be given by its value (``"error"``); an unknown one raises
+        ``ValueError``."""
+        self.id, self.severity, self.evidence, self.fix, self.layer, self.op = (
+            id,
+            Severity(severity),
+            evidence,
+            fix,
+            layer,
+            op,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -64,10 +64,18 @@ class ProbeDifferences:
     @property
     def none(self) -> bool:
         """Nothing that matters differs: the state before and after, the data and the losses."""
-        return not self.init and not self.final and self.order is None and self.content is None and self.loss is None
+        return (
+            not self.init
+            and not self.final
+            and self.order is None
+            and self.content is None
+            and self.loss is None
+        )
 
 
-def probe(replica: ReplicaLike, steps: int, *, keep: bool = False) -> tuple[Probe, list[StepResult]]:
+def probe(
+    replica: ReplicaLike, steps: int, *, keep: bool = False
+) -> tuple[Probe, list[StepResult]]:
     """The probe of a freshly connected replica (see the module docstring), and each step's
     untraced result; ``keep`` keeps every step's start in the replica, to run again."""
     built = replica.describe()
@@ -76,7 +84,14 @@ def probe(replica: ReplicaLike, steps: int, *, keep: bool = False) -> tuple[Prob
         fetched = replica.fetch(keep=list(range(step)) if keep else [])
         outcome = replica.run(step, trace="none", commit=True)
         outcomes.append(outcome)
-        batches.append(ProbedBatch(indices=fetched.indices, content=fetched.batch, base_seed=fetched.base_seed, loss=outcome.loss))
+        batches.append(
+            ProbedBatch(
+                indices=fetched.indices,
+                content=fetched.batch,
+                base_seed=fetched.base_seed,
+                loss=outcome.loss,
+            )
+        )
     return Probe(built=built, batches=batches, final=replica.hashes()), outcomes
 
 

@@ -48,18 +48,23 @@ _PINNED = {"python": 0, "numpy": 0, "torch": 0}
 
 @dataclass(frozen=True)
 class Subject:
-    """What runs, by name (a recipe TARGET, or a script's command line), and how to start a process of it."""
+    """What runs, by name (a recipe TARGET, or a script's command line), and how to start a process
+    of it."""
 
     name: str
     start: Callable[[str], ReplicaLike]
     """A fresh process of the code with this ``PYTHONHASHSEED``."""
     pinned: Callable[[], ReplicaLike] | None = None
     """A script's: a fresh process with the global streams seeded alike before the script runs, for
-    the steps run again (``None``: a recipe's steps run again in the process that first ran them)."""
+    the steps run again (``None``: a recipe's steps run again in the process that first ran
+    them)."""
 
 
-def recipe_subject(target: str, config: Mapping[str, Any], replica: ReplicaFactory = Replica) -> Subject:
-    """A recipe TARGET built with ``config``; ``replica`` starts each process (a real one by default)."""
+def recipe_subject(
+    target: str, config: Mapping[str, Any], replica: ReplicaFactory = Replica
+) -> Subject:
+    """A recipe TARGET built with ``config``; ``replica`` starts each process (a real one by
+    default)."""
 
     def start(hash_seed: str) -> ReplicaLike:
         spec = spec_for_recipe(target, dict(config), {"PYTHONHASHSEED": hash_seed})
@@ -76,8 +81,11 @@ class _FromStart(Replica):
         super().__init__(spec, label)
         self._restored, self.step = (Path(spec.path or "."), 0, None), 0
 
-    def _exchange(self, request: Asks[Any], progress: Progress | None = None) -> tuple[dict[str, Any], Any]:
-        if isinstance(request, Restore):  # nothing to restore: the process stands at the script's own start
+    def _exchange(
+        self, request: Asks[Any], progress: Progress | None = None
+    ) -> tuple[dict[str, Any], Any]:
+        # nothing to restore: the process stands at the script's own start
+        if isinstance(request, Restore):
             return Restored(step=request.step).to_json(), None
         return super()._exchange(request, progress)
 
@@ -89,12 +97,17 @@ def script_subject(words: list[str], replica: ReplicaFactory | None = None) -> S
     make: ReplicaFactory = replica or _FromStart
     command = parse_command(words)
     if command.nproc is not None:
-        raise BisectReproError("doctor: give the script itself, as in: doctor -- python train.py ARGS (torchrun is not audited yet)")
+        raise BisectReproError(
+            "doctor: give the script itself, as in: doctor -- python train.py ARGS (torchrun is "
+            "not audited yet)"
+        )
     name = shlex.join(["python", *(["-m"] if command.module else []), *command.argv])
     path = Path(command.path) if command.path else _module_path(command.module or "")
 
     def spec(hash_seed: str) -> LaunchSpec:
-        return spec_for_command(path, command.argv, {"PYTHONHASHSEED": hash_seed}, module=command.module)
+        return spec_for_command(
+            path, command.argv, {"PYTHONHASHSEED": hash_seed}, module=command.module
+        )
 
     def start(hash_seed: str) -> ReplicaLike:
         return make(spec(hash_seed), f"{name} (PYTHONHASHSEED={hash_seed})")
@@ -112,9 +125,16 @@ def _module_path(module: str) -> Path:
     sys.path.insert(0, os.getcwd())  # as python -m does
     try:
         path = module_file(module)
-        package = module_file(f"{module}.__main__") if path is not None and path.name == "__init__.py" else None
+        package = (
+            module_file(f"{module}.__main__")
+            if path is not None and path.name == "__init__.py"
+            else None
+        )
     finally:
         sys.path.pop(0)
     if path is None:
-        raise BisectReproError(f"doctor: no module {printable(module)} is found from {printable(os.getcwd())}; check its name")
+        raise BisectReproError(
+            f"doctor: no module {printable(module)} is found from {printable(os.getcwd())}; check "
+            "its name"
+        )
     return package or path

@@ -6,12 +6,14 @@ and the code are A's, restored from the checkpoint); the distance of that replay
 each snapshot is the envelope. What changes, in order (the first that moves the weights at all;
 ``itself`` alone where it applies, since any other change would be read through that op's noise):
 
-| experiment | what changes | where it moves the weights |
-| --- | --- | --- |
-| ``itself`` | nothing, where the compare proved run A differs from itself (a nondeterministic op) | where that op adds |
-| ``tf32`` | run B's TF32 switches and variables, where they differ from run A's | matmuls and convolutions on a GPU |
-| ``threads`` | torch's intra-op thread count, 1 and 2 swapped | reductions that torch splits across threads |
-| ``ulp`` | every floating-point parameter one ulp up, at the first step | everywhere: for a training exact under any thread count |
+- ``itself``: nothing changes, where the compare proved run A differs from itself (a
+  nondeterministic op); it moves the weights where that op adds;
+- ``tf32``: run B's TF32 switches and variables, where they differ from run A's; it moves the
+  matmuls and convolutions on a GPU;
+- ``threads``: torch's intra-op thread count, 1 and 2 swapped; it moves the reductions that torch
+  splits across threads;
+- ``ulp``: every floating-point parameter one ulp up, at the first step; it moves everything, for
+  a training exact under any thread count.
 
 The replay is run A's own launch (:class:`~bisect_repro.replay.launch.LaunchSpec`: its recipe,
 checked by hash, its recorded numeric variables), and runs only where compare replays: with the
@@ -19,7 +21,8 @@ user's consent for a run not recorded here. The replayed run is written to a tem
 deleted.
 
 A distributed run A is replayed on its own world size under ``torchrun``, each rank from its own
-checkpoint; its distance is that of the whole run (:func:`~bisect_repro.diagnose.numerics.numerics.run_sketches`).
+checkpoint; its distance is that of the whole run
+(:func:`~bisect_repro.diagnose.numerics.numerics.run_sketches`).
 
 Where the guarantees stop: recipes only (a script's loop has no entry point to record it again
 from a checkpoint), on one node; the replay costs another training from the first
@@ -53,7 +56,11 @@ __all__ = ["experiments", "judge", "measure_envelope", "tf32_of"]
 _JOB = "BISECT_REPRO_ENVELOPE"
 
 
-TF32_SWITCHES = ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32", "torch.get_float32_matmul_precision")
+TF32_SWITCHES = (
+    "torch.backends.cuda.matmul.allow_tf32",
+    "torch.backends.cudnn.allow_tf32",
+    "torch.get_float32_matmul_precision",
+)
 TF32_VARIABLES = ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
 _PRECISIONS = ("highest", "high", "medium")
 
@@ -69,7 +76,11 @@ def tf32_of(a: Run, b: Run) -> _TF32 | None:
     ours, theirs = a.environment, b.environment
     switches = {k: theirs.get(k) for k in TF32_SWITCHES if theirs.get(k) != ours.get(k)}
     switches = {k: v for k, v in switches.items() if isinstance(v, bool) or v in _PRECISIONS}
-    variables = {n: theirs.get(f"env.{n}") for n in TF32_VARIABLES if theirs.get(f"env.{n}") != ours.get(f"env.{n}")}
+    variables = {
+        n: theirs.get(f"env.{n}")
+        for n in TF32_VARIABLES
+        if theirs.get(f"env.{n}") != ours.get(f"env.{n}")
+    }
     return (switches, variables) if switches or variables else None
 
 
@@ -96,15 +107,28 @@ def measure_envelope(
             except _Failed as error:
                 return None, str(error)
             if last or any(p.relative != 0 for p in measured.weights):
-                return Envelope(method=method, from_step=start, points=measured.weights, activations=measured.activations), None
+                return Envelope(
+                    method=method,
+                    from_step=start,
+                    points=measured.weights,
+                    activations=measured.activations,
+                ), None
     raise AssertionError("unreachable: the last experiment returns")
 
 
-def experiments(threads: int, tf32: _TF32 | None, unrepeatable: str | None) -> list[tuple[str, _Change, bool]]:
+def experiments(
+    threads: int, tf32: _TF32 | None, unrepeatable: str | None
+) -> list[tuple[str, _Change, bool]]:
     """The experiments to try, in order, each with its method as the sentence names it and
     whether it is the last (the table of the module docstring)."""
     if unrepeatable is not None:
-        return [(f"nothing changed (run A differs from itself: {unrepeatable})", _Change(threads=threads), True)]
+        return [
+            (
+                f"nothing changed (run A differs from itself: {unrepeatable})",
+                _Change(threads=threads),
+                True,
+            )
+        ]
     swapped = 2 if threads == 1 else 1
     found = [] if tf32 is None else [(_tf32_method(*tf32), _Change(threads=threads, tf32=tf32))]
     found += [
@@ -124,7 +148,10 @@ class _Change:
 
 
 def _tf32_method(switches: dict[str, Any], variables: dict[str, str | None]) -> str:
-    named = [*(f"{k}={v}" for k, v in switches.items()), *(f"{n}={v if v is not None else '(unset)'}" for n, v in variables.items())]
+    named = [
+        *(f"{k}={v}" for k, v in switches.items()),
+        *(f"{n}={v if v is not None else '(unset)'}" for n, v in variables.items()),
+    ]
     return f"run B's TF32 settings ({', '.join(named)})"
 
 
@@ -141,25 +168,32 @@ def judge(records: Records, spec: LaunchSpec | None, unrepeatable: str | None = 
         signals = [(step, what) for step, what in signals if what.startswith("config")]
     if measured is not None and all(p.relative == 0 for p in measured.weights) and not signals:
         return Numerics(
-            rounding_only=True, distance=measured.weights, sentence="the runs' weights are equal at every snapshot: no rounding to measure"
+            rounding_only=True,
+            distance=measured.weights,
+            sentence="the runs' weights are equal at every snapshot: no rounding to measure",
         )
     unmeasured = _not_rounding(records, measured, signals) if measured is not None else None
     if unmeasured is not None:
         return decide(measured, None, signals, unmeasured)
-    envelope, why = measure_envelope(records.a, spec, records.b, unrepeatable) if measured is not None else (None, None)
+    envelope, why = (
+        measure_envelope(records.a, spec, records.b, unrepeatable)
+        if measured is not None
+        else (None, None)
+    )
     return decide(measured, envelope, signals, why)
 
 
-def _not_rounding(records: Records, measured: Measured, signals: list[tuple[int, str]]) -> str | None:
+def _not_rounding(
+    records: Records, measured: Measured, signals: list[tuple[int, str]]
+) -> str | None:
     """Why the records alone show that the runs do not differ by rounding from the start, so no
     envelope is measured (it costs another training); ``None`` when only an envelope can tell.
 
-    | the records show | envelope |
-    | --- | --- |
-    | an exact signal that differs | not measured: the signal is the cause |
-    | different weights at the first snapshot | not measured: training has not rounded anything yet |
-    | weights equal bit for bit at a later snapshot | not measured: a discrete divergence, the verdict's |
-    | none of these | measured |
+    - an exact signal that differs: not measured, the signal is the cause;
+    - different weights at the first snapshot: not measured, training has not rounded anything yet;
+    - weights equal bit for bit at a later snapshot: not measured, a discrete divergence (the
+      verdict's);
+    - none of these: measured.
 
     Where rank 0 of the runs holds other tensors (another layout: FSDP2's shards against DDP's
     whole tensors), their hashes do not compare, and the weights at the first snapshot are the
@@ -173,14 +207,19 @@ def _not_rounding(records: Records, measured: Measured, signals: list[tuple[int,
         return None
     if not rank_zero_alike(records.a, records.b):
         start = measured.weights[0]
-        first_step, first_equal, last_equal = start.step, start.relative <= FLOOR, None  # the hashes do not compare: the sketches do
+        # the hashes do not compare: the sketches do
+        first_step, first_equal, last_equal = start.step, start.relative <= FLOOR, None
     else:
         first_step, first_equal, last_equal = first.step, first.equal, records.last_equal
     if not first_equal:
-        return f"the runs start from different weights at step {first_step}; rounding in training cannot explain that"
+        return (
+            f"the runs start from different weights at step {first_step}; rounding in training "
+            "cannot explain that"
+        )
     if last_equal is not None and last_equal > first_step:
         return (
-            f"the runs are equal bit for bit up to step {last_equal}: they do not differ by rounding from the start, "
+            f"the runs are equal bit for bit up to step {last_equal}: they do not differ by "
+            "rounding from the start, "
             "and the verdict explains where they part"
         )
     return None
@@ -217,7 +256,14 @@ def _replayed(run: Run, spec: LaunchSpec, start: int, out: Path, change: _Change
             environment[name] = value
     cwd = spec.cwd if spec.cwd and Path(spec.cwd).is_dir() else str(out.parent)
     launcher = torchrun_command(run.world_size) if run.distributed is not None else [sys.executable]
-    done = subprocess.run([*launcher, "-m", __name__], env=environment, cwd=cwd, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [*launcher, "-m", __name__],
+        env=environment,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise _Failed(f"replaying run A to measure its envelope failed: {last}")
@@ -235,7 +281,9 @@ class _Perturbed:
             with torch.no_grad():
                 for parameter in self.model.parameters():
                     if parameter.is_floating_point():
-                        parameter.copy_(torch.nextafter(parameter, torch.full_like(parameter, torch.inf)))
+                        parameter.copy_(
+                            torch.nextafter(parameter, torch.full_like(parameter, torch.inf))
+                        )
             self.done = True
         return self.step(batch)
 
@@ -250,7 +298,8 @@ def _main() -> None:
     job = json.loads(os.environ[_JOB])
     if job["root"]:
         sys.path.insert(0, job["root"])
-    rank = int(os.environ.get("RANK", "0")) if "LOCAL_RANK" in os.environ else 0  # under torchrun: one rank of A's world
+    # under torchrun: one rank of A's world
+    rank = int(os.environ.get("RANK", "0")) if "LOCAL_RANK" in os.environ else 0
     ours = init_process_group() if "LOCAL_RANK" in os.environ else False
     environment = dict(Run.open(job["source"], rank).environment)
     environment["torch.get_num_threads"] = job["threads"]
@@ -258,8 +307,17 @@ def _main() -> None:
     trainee = build(job["target"], job["config"], expected=Path(job["path"]))
     if job["perturb"]:
         trainee.step = _Perturbed(trainee.step, trainee.model)
-    options = RecordOptions(steps=job["steps"], every=job["every"], checkpoint_every=None, force=True)
-    record(trainee, job["out"], options, target=job["target"], config=job["config"], resume_from=(job["source"], job["step"]))
+    options = RecordOptions(
+        steps=job["steps"], every=job["every"], checkpoint_every=None, force=True
+    )
+    record(
+        trainee,
+        job["out"],
+        options,
+        target=job["target"],
+        config=job["config"],
+        resume_from=(job["source"], job["step"]),
+    )
     if ours:
         import torch.distributed as dist
 

@@ -12,14 +12,18 @@
 A snapshot's distance is within the envelope when ``relative <= FACTOR * envelope + FLOOR``, the
 envelope taken as its largest value up to that step (rounding differences do not shrink back).
 
-| exact signals (indices, batches, streams, settings, config) | distance | ``rounding_only`` | ``departure`` |
-| --- | --- | --- | --- |
-| agree | within the envelope at every snapshot | true | null |
-| agree | leaves it at snapshot N | false | N, the layer furthest out, cause ``numerics`` |
-| differ | within the envelope | false | the first step a signal differs, cause that signal |
-| differ | leaves it at snapshot N | false | N, the layer furthest out, cause the first signal |
-| differ | no envelope measured | false | the first step a signal differs, cause that signal |
-| agree | no envelope measured, or no sketches | false | null; ``sentence`` says why |
+With the exact signals (indices, batches, streams, settings, config) and the distance:
+
+- signals agree, within the envelope at every snapshot: ``rounding_only`` true, no departure;
+- signals agree, the distance leaves the envelope at snapshot N: ``rounding_only`` false,
+  ``departure`` N with the layer furthest out, cause ``numerics``;
+- signals differ, within the envelope: false, departure at the first step a signal differs,
+  cause that signal;
+- signals differ, the envelope left at snapshot N: false, departure N with the layer furthest
+  out, cause the first signal;
+- signals differ, no envelope measured: false, departure at the first step a signal differs, cause
+  that signal;
+- signals agree, no envelope measured or no sketches: false, no departure; ``sentence`` says why.
 
 The departing layer is the one whose distance is the largest multiple of its own envelope at the
 first snapshot out of the envelope.
@@ -46,7 +50,15 @@ from ...store.sketches import Sketches, read_sketches
 from ..compare.records import Records, layer_of, model_name
 from .numerics_result import Departure, Distance, Envelope, Numerics
 
-__all__ = ["FACTOR", "FLOOR", "Measured", "decide", "distances", "run_sketches", "signals_differing"]
+__all__ = [
+    "FACTOR",
+    "FLOOR",
+    "Measured",
+    "decide",
+    "distances",
+    "run_sketches",
+    "signals_differing",
+]
 
 FACTOR = 10.0
 FLOOR = 1e-12  # the float64 sums' own noise, relative: far below any rounding of float32 training
@@ -54,7 +66,9 @@ FLOOR = 1e-12  # the float64 sums' own noise, relative: far below any rounding o
 Sketched = dict[str, np.ndarray]
 
 
-def run_sketches(run: Run, step: int, other: Run | None = None) -> tuple[Sketched | None, Sketches | None]:
+def run_sketches(
+    run: Run, step: int, other: Run | None = None
+) -> tuple[Sketched | None, Sketches | None]:
     """The sketch of every parameter of the whole run at ``step`` (all ranks; ``None`` where a
     rank's snapshot holds none), and the activation sketches the snapshot holds (rank 0's); named
     as the model names them where ``other`` (the run compared with) has another layout
@@ -84,11 +98,16 @@ def run_sketches(run: Run, step: int, other: Run | None = None) -> tuple[Sketche
 
 
 def _replicas(placement: Mapping[str, object], meshes: Mapping[str, object]) -> int:
-    """How many ranks hold the same shard of a DTensor: the mesh's size along its ``R`` dimensions."""
+    """How many ranks hold the same shard of a DTensor: the mesh's size along its ``R``
+    dimensions."""
     mesh = meshes.get(str(placement.get("mesh")))
     shape = mesh.get("shape") if isinstance(mesh, dict) else None
     placements = placement.get("placements")
-    if not isinstance(shape, list) or not isinstance(placements, list) or len(shape) != len(placements):
+    if (
+        not isinstance(shape, list)
+        or not isinstance(placements, list)
+        or len(shape) != len(placements)
+    ):
         return 1
     return math.prod(int(size) for size, p in zip(shape, placements, strict=True) if p == "R")
 
@@ -105,7 +124,11 @@ def distance_at(step: int, a: Sketched, b: Sketched) -> Distance:
     layers: dict[str, list[str]] = {}
     for name in shared:
         layers.setdefault(layer_of(name) or "(model)", []).append(name)
-    return Distance(step=step, relative=_relative(a, b, shared), layers={layer: _relative(a, b, names) for layer, names in layers.items()})
+    return Distance(
+        step=step,
+        relative=_relative(a, b, shared),
+        layers={layer: _relative(a, b, names) for layer, names in layers.items()},
+    )
 
 
 def _exact(a: Run, b: Run, step: int) -> float | None:
@@ -114,7 +137,11 @@ def _exact(a: Run, b: Run, step: int) -> float | None:
         return None
     names = a.meta.model.get("parameters", {})
     ma, mb = a.checkpoint(step)["model"], b.checkpoint(step)["model"]
-    shared = [n for n in names if n in ma and n in mb and ma[n].shape == mb[n].shape and ma[n].is_floating_point()]
+    shared = [
+        n
+        for n in names
+        if n in ma and n in mb and ma[n].shape == mb[n].shape and ma[n].is_floating_point()
+    ]
     moved = sum(float((mb[n].double() - ma[n].double()).square().sum()) for n in shared)
     norm = sum(float(ma[n].double().square().sum()) for n in shared)
     return math.sqrt(moved / norm) if norm > 0 else None
@@ -139,19 +166,30 @@ def distances(a: Run, b: Run, *, exact: bool = True) -> Measured | None:
     checked = {both[0], both[-1]} if both and exact else set()
     for step in sorted(set(a.snapshots) & set(b.snapshots)):
         (sa, aa), (sb, ab) = run_sketches(a, step, b), run_sketches(b, step, a)
-        if sa is None or sb is None or not sa.keys() & sb.keys():  # no parameter of the same name: nothing to measure
+        # no parameter of the same name: nothing to measure
+        if sa is None or sb is None or not sa.keys() & sb.keys():
             continue
         point = distance_at(step, sa, sb)
         point.exact = _exact(a, b, step) if step in checked else None
         found.weights.append(point)
-        if same_batches and aa is not None and ab is not None and aa.step == ab.step and aa.step is not None:
+        if (
+            same_batches
+            and aa is not None
+            and ab is not None
+            and aa.step == ab.step
+            and aa.step is not None
+        ):
             found.activations.append(_activation_distance(aa.step, aa.values, ab.values))
     return found if found.weights else None
 
 
 def _activation_distance(step: int, a: Sketched, b: Sketched) -> Distance:
     shared = [n for n in a if n in b and a[n].shape == b[n].shape]
-    return Distance(step=step, relative=_relative(a, b, shared), layers={n: _relative(a, b, [n]) for n in shared})
+    return Distance(
+        step=step,
+        relative=_relative(a, b, shared),
+        layers={n: _relative(a, b, [n]) for n in shared},
+    )
 
 
 _SIGNALS = {"order": "sample indices", "batch": "batch contents"}
@@ -159,11 +197,20 @@ _SIGNALS = {"order": "sample indices", "batch": "batch contents"}
 
 def signals_differing(records: Records) -> list[tuple[int, str]]:
     """The exact signals that differ between the runs, each with the first step it does."""
-    found = [(step, f"{_SIGNALS[key]}") for key, step in records.logs.items() if key in _SIGNALS and step is not None]
+    found = [
+        (step, f"{_SIGNALS[key]}")
+        for key, step in records.logs.items()
+        if key in _SIGNALS and step is not None
+    ]
     unused = set(records.unused_streams())
     streams = next((row for row in records.timeline if set(row.streams) - unused), None)
     if streams is not None:
-        found.append((streams.step, f"random streams ({', '.join(s for s in streams.streams if s not in unused)})"))
+        found.append(
+            (
+                streams.step,
+                f"random streams ({', '.join(s for s in streams.streams if s not in unused)})",
+            )
+        )
     if records.settings is not None:
         found.append((records.settings.step, "settings"))
     if records.config_diff:
@@ -184,7 +231,9 @@ def _bounds(points: list[Distance]) -> dict[int, _Bound]:
     overall, layers = 0.0, dict[str, float]()
     for point in sorted(points, key=lambda p: p.step):
         overall = max(overall, point.relative)
-        layers = {k: max(layers.get(k, 0.0), point.layers.get(k, 0.0)) for k in {*layers, *point.layers}}
+        layers = {
+            k: max(layers.get(k, 0.0), point.layers.get(k, 0.0)) for k in {*layers, *point.layers}
+        }
         found[point.step] = _Bound(overall, layers)
     return found
 
@@ -200,7 +249,10 @@ def _within(distance: float, envelope: float) -> bool:
 
 def _departing_layer(point: Distance, bound: _Bound) -> str | None:
     """The layer whose weights are the largest multiple of their own envelope."""
-    ratios = {layer: d / (FACTOR * bound.layers.get(layer, 0.0) + FLOOR) for layer, d in point.layers.items()}
+    ratios = {
+        layer: d / (FACTOR * bound.layers.get(layer, 0.0) + FLOOR)
+        for layer, d in point.layers.items()
+    }
     return max(ratios, key=lambda layer: (ratios[layer], point.layers[layer]), default=None)
 
 
@@ -211,26 +263,54 @@ def _entering_module(measured: Measured, envelope: Envelope, step: int | None) -
     point = next((p for p in measured.activations if p.step == step), None)
     if point is None or step is None:
         return None
-    bound = _bound_at(_bounds(envelope.activations), step) if envelope.activations else _Bound(0.0, {})
-    return next((module for module, d in point.layers.items() if not _within(d, bound.layers.get(module, 0.0))), None)
+    bound = (
+        _bound_at(_bounds(envelope.activations), step) if envelope.activations else _Bound(0.0, {})
+    )
+    return next(
+        (
+            module
+            for module, d in point.layers.items()
+            if not _within(d, bound.layers.get(module, 0.0))
+        ),
+        None,
+    )
 
 
-def decide(measured: Measured | None, envelope: Envelope | None, signals: list[tuple[int, str]], why_none: str | None) -> Numerics:
+def decide(
+    measured: Measured | None,
+    envelope: Envelope | None,
+    signals: list[tuple[int, str]],
+    why_none: str | None,
+) -> Numerics:
     """The decision table of the module docstring."""
     named = [what for _, what in signals]
     if measured is None:
-        why = "the runs hold no sketches of parameters they both name (recorded before sketches existed, or named otherwise): no distance"
+        why = (
+            "the runs hold no sketches of parameters they both name (recorded before sketches "
+            "existed, or named otherwise): no distance"
+        )
         return Numerics(rounding_only=False, signals=named, sentence=why)
     points = measured.weights
     if envelope is None:
         why = why_none or "no replay"
-        numerics = Numerics(rounding_only=False, distance=points, signals=named, sentence=f"no rounding envelope was measured ({why})")
+        numerics = Numerics(
+            rounding_only=False,
+            distance=points,
+            signals=named,
+            sentence=f"no rounding envelope was measured ({why})",
+        )
         if signals:
-            numerics.departure = Departure(step=signals[0][0], layer=None, relative=0.0, envelope=0.0, cause=named[0])
+            numerics.departure = Departure(
+                step=signals[0][0], layer=None, relative=0.0, envelope=0.0, cause=named[0]
+            )
         return numerics
     bounds = _bounds(envelope.points)
-    out = next((p for p in points if not _within(p.relative, _bound_at(bounds, p.step).overall)), None)
-    numerics = Numerics(rounding_only=out is None and not signals, distance=points, envelope=envelope, signals=named)
+    out = next(
+        (p for p in points if not _within(p.relative, _bound_at(bounds, p.step).overall)), None
+    )
+    numerics = Numerics(
+        rounding_only=out is None and not signals, distance=points, envelope=envelope, signals=named
+    )
     cause = named[0] if signals else "numerics"
     if out is not None:
         bound = _bound_at(bounds, out.step)
@@ -246,23 +326,44 @@ def decide(measured: Measured | None, envelope: Envelope | None, signals: list[t
         )
     elif signals:
         step = signals[0][0]
-        numerics.departure = Departure(step=step, layer=None, relative=0.0, envelope=_bound_at(bounds, step).overall, cause=cause)
+        numerics.departure = Departure(
+            step=step,
+            layer=None,
+            relative=0.0,
+            envelope=_bound_at(bounds, step).overall,
+            cause=cause,
+        )
     numerics.sentence = _sentence(numerics, envelope, points)
     return numerics
 
 
 def _sentence(numerics: Numerics, envelope: Envelope, points: list[Distance]) -> str:
-    measured = f"the envelope measured by replaying run A from step {envelope.from_step} with {envelope.method}"
+    measured = (
+        f"the envelope measured by replaying run A from step {envelope.from_step} with "
+        f"{envelope.method}"
+    )
     if numerics.rounding_only:
         last = points[-1]
-        return f"the runs differ by rounding only, within {measured} (relative distance {last.relative:.2g} at step {last.step})"
+        return (
+            f"the runs differ by rounding only, within {measured} (relative distance "
+            f"{last.relative:.2g} at step {last.step})"
+        )
     departure = numerics.departure
     assert departure is not None
     if departure.layer is None:
-        return f"the weights stay within {measured}, but {departure.cause} differ from step {departure.step}: not rounding alone"
-    until = f"until step {departure.last_within}" if departure.last_within is not None else "from the start"
+        return (
+            f"the weights stay within {measured}, but {departure.cause} differ from step "
+            f"{departure.step}: not rounding alone"
+        )
+    until = (
+        f"until step {departure.last_within}"
+        if departure.last_within is not None
+        else "from the start"
+    )
     return (
-        f"they differ by rounding {until}; at step {departure.step} layer {departure.layer} departs "
-        f"(relative distance {departure.relative:.2g}, {FACTOR:g} times {measured} is {FACTOR * departure.envelope:.2g}): "
+        f"they differ by rounding {until}; at step {departure.step} layer {departure.layer} "
+        "departs "
+        f"(relative distance {departure.relative:.2g}, {FACTOR:g} times {measured} is "
+        f"{FACTOR * departure.envelope:.2g}): "
         f"cause {departure.cause}"
     )

@@ -1,6 +1,7 @@
 """The ``numerics`` object of ``compare --json``, typed: the distance between two runs' weights
 snapshot by snapshot, the rounding envelope it is read against, and where it departs from it
-(computed by :mod:`bisect_repro.diagnose.numerics.numerics` and :mod:`bisect_repro.diagnose.numerics.envelope`).
+(computed by :mod:`bisect_repro.diagnose.numerics.numerics` and
+:mod:`bisect_repro.diagnose.numerics.envelope`).
 
 Where the guarantees stop: these are results as computed; what each distance means, and how far it
 can be trusted, is stated where it is computed.
@@ -20,7 +21,8 @@ __all__ = ["Departure", "Distance", "Envelope", "Numerics"]
 @dataclass(kw_only=True)
 class Distance(ReadBack):
     """The relative L2 distance of all weights at one snapshot (run B from run A, over A's norm),
-    from the sketches; ``exact`` from both runs' checkpoints where both have one; ``layers`` per layer."""
+    from the sketches; ``exact`` from both runs' checkpoints where both have one; ``layers`` per
+    layer."""
 
     step: int
     relative: float
@@ -53,8 +55,16 @@ class Envelope:
 
     @classmethod
     def from_json(cls, found: Mapping[str, Any]) -> Envelope:
-        points, activations = ([Distance.from_json(p) for p in found.get(key) or []] for key in ("points", "activations"))
-        return cls(method=found["method"], from_step=found["from_step"], points=points, activations=activations)
+        points, activations = (
+            [Distance.from_json(p) for p in found.get(key) or []]
+            for key in ("points", "activations")
+        )
+        return cls(
+            method=found["method"],
+            from_step=found["from_step"],
+            points=points,
+            activations=activations,
+        )
 
 
 @dataclass(kw_only=True)
@@ -68,7 +78,8 @@ class Departure(ReadBack):
     envelope: float
     cause: str
     last_within: int | None = None
-    """The last snapshot within the envelope before ``step``: the step that departed lies between."""
+    """The last snapshot within the envelope before ``step``: the step that departed lies
+    between."""
 
     def to_json(self) -> dict[str, Any]:
         return plain_fields(self, "step", "layer", "relative", "envelope", "cause", "last_within")
@@ -83,7 +94,8 @@ class Numerics:
     distance: list[Distance] = field(default_factory=list)
     envelope: Envelope | None = None
     signals: list[str] = field(default_factory=list)
-    """The exact signals that differ (sample indices, batch contents, streams, settings, config); empty when they agree."""
+    """The exact signals that differ (sample indices, batch contents, streams, settings, config);
+    empty when they agree."""
     sentence: str = ""
 
     def to_json(self) -> dict[str, Any]:

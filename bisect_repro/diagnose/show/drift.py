@@ -43,7 +43,8 @@ __all__ = ["DriftedTensor", "RankDrift", "rank_drift"]
 class DriftedTensor:
     tensor: str
     ranks: list[int]
-    """The ranks whose copy differs from most of the group's (with a tie, from the lowest rank's)."""
+    """The ranks whose copy differs from most of the group's (with a tie, from the lowest
+    rank's)."""
     group: list[int]
     """The ranks that must hold it equal."""
 
@@ -58,7 +59,8 @@ class RankDrift:
     layout: str
     world_size: int
     replicated: str
-    """``all``, ``dtensor`` or ``none``: what the run says its replicas share (see the module docstring)."""
+    """``all``, ``dtensor`` or ``none``: what the run says its replicas share (see the module
+    docstring)."""
     compared: int = 0
     """Tensors compared across ranks at the last snapshot read."""
     snapshots: list[int] = field(default_factory=list)
@@ -70,13 +72,24 @@ class RankDrift:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            **plain_fields(self, "layout", "world_size", "replicated", "compared", "snapshots", "last_equal", "step", "ranks"),
+            **plain_fields(
+                self,
+                "layout",
+                "world_size",
+                "replicated",
+                "compared",
+                "snapshots",
+                "last_equal",
+                "step",
+                "ranks",
+            ),
             "tensors": [t.to_json() for t in self.tensors],
         }
 
 
 def _mesh_groups(mesh: dict[str, Any], placements: list[str]) -> list[tuple[int, ...]]:
-    """Ranks of the mesh that hold the same local shard: equal coordinates on every dimension not ``Replicate`` (``R``)."""
+    """Ranks of the mesh that hold the same local shard: equal coordinates on every dimension not
+    ``Replicate`` (``R``)."""
     shape, flat = mesh.get("shape") or [], _flatten(mesh.get("ranks"))
     groups: dict[tuple[int, ...], list[int]] = {}
     for index, rank in enumerate(flat):
@@ -85,7 +98,9 @@ def _mesh_groups(mesh: dict[str, Any], placements: list[str]) -> list[tuple[int,
             coordinates.append(rest % size)
             rest //= size
         coordinates.reverse()
-        key = tuple(c for c, placement in zip(coordinates, placements, strict=False) if placement != "R")
+        key = tuple(
+            c for c, placement in zip(coordinates, placements, strict=False) if placement != "R"
+        )
         groups.setdefault(key, []).append(rank)
     return [tuple(g) for g in groups.values() if len(g) > 1]
 
@@ -103,7 +118,10 @@ class _Groups:
         self.replicated = run.distributed.replicated if run.distributed is not None else "none"
         self.rank_local = set(run.distributed.rank_local if run.distributed is not None else ())
         self.world = tuple(range(run.world_size))
-        declared = {(r.rank_meta.replica_group if r.rank_meta is not None else None) or self.world for r in ranks}
+        declared = {
+            (r.rank_meta.replica_group if r.rank_meta is not None else None) or self.world
+            for r in ranks
+        }
         self.data_parallel = sorted(g for g in declared if len(g) > 1)
 
     def of(self, name: str, snapshot: dict[str, Any]) -> list[tuple[int, ...]]:
@@ -115,7 +133,11 @@ class _Groups:
         if placed is None:
             return [self.world] if len(self.world) > 1 else []
         mesh = (snapshot.get("meshes") or {}).get(placed.get("mesh"))
-        return _mesh_groups(mesh, list(placed.get("placements") or [])) if isinstance(mesh, dict) else []
+        return (
+            _mesh_groups(mesh, list(placed.get("placements") or []))
+            if isinstance(mesh, dict)
+            else []
+        )
 
 
 def _departing(values: dict[int, str | None]) -> list[int]:
@@ -126,7 +148,8 @@ def _departing(values: dict[int, str | None]) -> list[int]:
 
 
 def rank_drift(run: Run) -> RankDrift:
-    """Compare the replicas of ``run`` across its ranks, snapshot by snapshot (see the module docstring)."""
+    """Compare the replicas of ``run`` across its ranks, snapshot by snapshot (see the module
+    docstring)."""
     replicated = run.distributed.replicated if run.distributed is not None else "none"
     drift = RankDrift(layout=run.layout, world_size=run.world_size, replicated=replicated)
     if run.world_size < 2 or drift.replicated == "none":
@@ -136,7 +159,9 @@ def rank_drift(run: Run) -> RankDrift:
     common = set.intersection(*(set(r.snapshots) for r in ranks))
     for step in sorted(common):
         snapshots = {r.rank: r.snapshot(step) for r in ranks}
-        names = dict.fromkeys(name for snapshot in snapshots.values() for name in snapshot["hashes"])
+        names = dict.fromkeys(
+            name for snapshot in snapshots.values() for name in snapshot["hashes"]
+        )
         drift.snapshots.append(step)
         drift.compared = 0
         for name in names:
@@ -144,12 +169,18 @@ def rank_drift(run: Run) -> RankDrift:
                 shared = groups.of(name, snapshots[0])
             except (TypeError, ValueError, AttributeError):
                 where = ranks[0].folder / ranks[0].snapshots[step].file
-                raise RunFormatError(where, f"the placements recorded for {name} are malformed", "the file is damaged") from None
+                raise RunFormatError(
+                    where,
+                    f"the placements recorded for {name} are malformed",
+                    "the file is damaged",
+                ) from None
             drift.compared += bool(shared)
             for group in shared:
                 values = {rank: snapshots[rank]["hashes"].get(name) for rank in group}
                 if len(set(values.values())) > 1:
-                    drift.tensors.append(DriftedTensor(tensor=name, ranks=_departing(values), group=list(group)))
+                    drift.tensors.append(
+                        DriftedTensor(tensor=name, ranks=_departing(values), group=list(group))
+                    )
         if drift.tensors:
             drift.step = step
             drift.ranks = sorted({rank for tensor in drift.tensors for rank in tensor.ranks})

@@ -53,7 +53,8 @@ class RunSummary:
     options: dict[str, Any]
     """``run.json``'s ``options`` as recorded (``steps``, ``every``, ``checkpoint_every``, ...)."""
     recorded_by_you: bool
-    """Signed with this user's key on this machine, every file as written: ``compare`` replays it without asking."""
+    """Signed with this user's key on this machine, every file as written: ``compare`` replays it
+    without asking."""
     complete: bool
     steps_logged: int
     last_step: int | None
@@ -73,7 +74,8 @@ class RunSummary:
     loader: dict[str, Any]
     environment: dict[str, Any]
     distributed: dict[str, Any] | None = None
-    """``run.json``'s ``distributed`` as recorded (``world_size``, ``layout``, ``backend``, ...); ``None`` for one process."""
+    """``run.json``'s ``distributed`` as recorded (``world_size``, ``layout``, ``backend``, ...);
+    ``None`` for one process."""
     ranks: list[RankStatus] = field(default_factory=list)
     replicas: RankDrift | None = None
     edited: list[str] = field(default_factory=list)
@@ -81,7 +83,8 @@ class RunSummary:
     layout: Layout | None = None
     """The nodes and ranks, with the ranks missing or incomplete (the run is then partial)."""
     command: str | None = None
-    """A script's or module's run (no ``target``): the command, as typed (``python train.py --lr 0.1``)."""
+    """A script's or module's run (no ``target``): the command, as typed (``python train.py --lr
+    0.1``)."""
     cwd: str | None = None
     """The working directory the run was recorded in."""
     script: str | None = None
@@ -154,19 +157,29 @@ def run_summary(run: Run, *, verify: bool = False) -> RunSummary:
         ]
         summary.layout = layout
         summary.replicas = rank_drift(run) if layout is None or not layout.missing else None
-        summary.complete = all(r.complete for r in ranks) and not (layout is not None and layout.partial)
-        summary.verified = sum(len(r.snapshots) + len(r.checkpoints) for r in ranks) if verify else None
+        summary.complete = all(r.complete for r in ranks) and not (
+            layout is not None and layout.partial
+        )
+        summary.verified = (
+            sum(len(r.snapshots) + len(r.checkpoints) for r in ranks) if verify else None
+        )
     return summary
 
 
 def _launch(run: Run) -> dict[str, Any]:
-    """The command, working directory and file of a run recorded from a script or module (``{}`` for a recipe)."""
+    """The command, working directory and file of a run recorded from a script or module (``{}`` for
+    a recipe)."""
     launch = run.meta.launch
     code = launch.code if launch is not None else None
     if launch is None or code is None or code.kind is CodeKind.RECIPE or run.meta.target:
         return {}
     words = ["python", *(("-m",) if code.kind is CodeKind.MODULE else ()), *launch.argv]
-    return {"command": shlex.join(words), "cwd": launch.cwd, "script": code.path, "script_sha256": code.sha256}
+    return {
+        "command": shlex.join(words),
+        "cwd": launch.cwd,
+        "script": code.path,
+        "script_sha256": code.sha256,
+    }
 
 
 def _rank_summary(run: Run, *, verify: bool) -> RunSummary:

@@ -14,11 +14,20 @@ from bisect_repro.diagnose.compare.verdict import Confidence, Verdict
 from bisect_repro.replay.lockstep import Attempt, Parted
 from tests.fakes import write_run
 
-CALL = {"stream": "torch", "call": "torch.seed()", "entropy": True, "where": "train.py:9", "value": 5}
+CALL = {
+    "stream": "torch",
+    "call": "torch.seed()",
+    "entropy": True,
+    "where": "train.py:9",
+    "value": 5,
+}
 
 
 def _run(path: Path, seeded: bool) -> Any:
-    lines = [{"step": s, "loss": 2.5 if seeded and s == 3 else 1.0, "order": None, "batch": f"b{s}"} for s in range(6)]
+    lines = [
+        {"step": s, "loss": 2.5 if seeded and s == 3 else 1.0, "order": None, "batch": f"b{s}"}
+        for s in range(6)
+    ]
     if seeded:
         lines[3]["seeded"] = [CALL]
     hashes = {0: "w0", 2: "w2", 4: "moved" if seeded else "w4", 6: "moved" if seeded else "w6"}
@@ -26,7 +35,9 @@ def _run(path: Path, seeded: bool) -> Any:
 
 
 def _replayed() -> Verdict:
-    verdict = Verdict(step=3, phase="forward", layer="2", tensor="2.output", op="aten.bernoulli_.float")
+    verdict = Verdict(
+        step=3, phase="forward", layer="2", tensor="2.output", op="aten.bernoulli_.float"
+    )
     verdict.cause, verdict.confidence = Cause.RNG_STATE, Confidence.INFERRED
     return verdict
 
@@ -44,8 +55,16 @@ def test_a_replay_that_parted_before_the_step_never_places_the_verdict(tmp_path:
     records = read_records(_run(tmp_path / "a", False), _run(tmp_path / "b", True))
     verdict = _replayed()
     place(verdict, records, SimpleNamespace(from_step=0), faithful=False)
-    assert (verdict.step, verdict.phase, verdict.layer, verdict.tensor, verdict.op) == (3, None, None, None, None)
-    assert [(e.experiment, e.subject, e.outcome.value) for e in verdict.evidence] == [("location", "the records", "inconclusive")]
+    assert (verdict.step, verdict.phase, verdict.layer, verdict.tensor, verdict.op) == (
+        3,
+        None,
+        None,
+        None,
+        None,
+    )
+    assert [(e.experiment, e.subject, e.outcome.value) for e in verdict.evidence] == [
+        ("location", "the records", "inconclusive")
+    ]
 
 
 def test_the_closing_note_shows_each_walk_with_its_steps_and_verdict() -> None:
@@ -55,7 +74,9 @@ def test_the_closing_note_shows_each_walk_with_its_steps_and_verdict() -> None:
     two = SimpleNamespace(attempts=[Attempt((5, 5), 5, parted, 9), Attempt((0, 0), 10, (), 9)])
     note = closing_note(two, _replayed())
     assert note == (
-        "the replays: from the checkpoints at steps 5/5, 5 step(s) replayed, parted from the records (run B at step 9 (loss)): "
-        "no verdict taken from it; from the checkpoints at steps 0/0, 10 step(s) replayed, matched the records: step 3, "
+        "the replays: from the checkpoints at steps 5/5, 5 step(s) replayed, parted from the "
+        "records (run B at step 9 (loss)): "
+        "no verdict taken from it; from the checkpoints at steps 0/0, 10 step(s) replayed, matched "
+        "the records: step 3, "
         "rng_state, inferred"
     )

@@ -16,14 +16,22 @@ from bisect_repro.replay.rewind import Rewinds
 from bisect_repro.serve.protocol import StepResult
 from tests.fakes import write_run
 
-CALL = {"stream": "torch", "call": "torch.seed()", "entropy": True, "where": "train.py:9", "value": 5}
+CALL = {
+    "stream": "torch",
+    "call": "torch.seed()",
+    "entropy": True,
+    "where": "train.py:9",
+    "value": 5,
+}
 
 
 def _run(path: Path, reseeds: bool) -> Any:
     lines = [{"step": s, "loss": 1.0, "order": None, "batch": f"b{s}"} for s in range(4)]
     if reseeds:
         lines[2]["seeded"] = [CALL]
-    return write_run(path, lines, {0: {"hashes": {"fc.weight": "w"}}, 4: {"hashes": {"fc.weight": "w"}}})
+    return write_run(
+        path, lines, {0: {"hashes": {"fc.weight": "w"}}, 4: {"hashes": {"fc.weight": "w"}}}
+    )
 
 
 def _trace(mask: str) -> StepResult:
@@ -45,7 +53,9 @@ class _Fresh:
     def connect(self) -> None:
         pass
 
-    def restore(self, run: Path, step: int, environment: Any = None, *, kept_from: int | None = None) -> None:
+    def restore(
+        self, run: Path, step: int, environment: Any = None, *, kept_from: int | None = None
+    ) -> None:
         self.asked.append(("restore", step, kept_from))
 
     def skip(self, until: int) -> None:
@@ -58,28 +68,50 @@ class _Fresh:
         return _trace(self.mask)
 
 
-def _prove(tmp_path: Path, reseeds: tuple[bool, bool], kept_mask: str) -> tuple[Verdict, Any, list[Any]]:
+def _prove(
+    tmp_path: Path, reseeds: tuple[bool, bool], kept_mask: str
+) -> tuple[Verdict, Any, list[Any]]:
     runs = (_run(tmp_path / "a", reseeds[0]), _run(tmp_path / "b", reseeds[1]))
     asked: list[Any] = []
     verdict = Verdict(step=2, phase="forward", layer="2", tensor="2.output")
     found = prove_kept(
-        verdict, runs, ("spec a", "spec b"), (0, 0), (_trace("a"), _trace("b")), lambda spec, label: _Fresh(kept_mask, asked)
+        verdict,
+        runs,
+        ("spec a", "spec b"),
+        (0, 0),
+        (_trace("a"), _trace("b")),
+        lambda spec, label: _Fresh(kept_mask, asked),
     )
     return verdict, found, asked
 
 
-def test_the_run_that_reseeds_computes_the_others_step_with_its_reseed_kept_proven(tmp_path: Path) -> None:
+def test_the_run_that_reseeds_computes_the_others_step_with_its_reseed_kept_proven(
+    tmp_path: Path,
+) -> None:
     verdict, found, asked = _prove(tmp_path, (False, True), "a")
-    assert asked == [("restore", 0, 2), ("skip", 2)]  # replayed from its checkpoint, kept from the step on
-    assert (found.experiment, found.outcome.value) == ("reseed_kept", "matches") and found.subject.startswith("run B with torch.seed()")
-    assert (verdict.cause, verdict.confidence, verdict.rng) == (Cause.RNG_STATE, Confidence.PROVEN, ["torch"])
+    # replayed from its checkpoint, kept from the step on
+    assert asked == [("restore", 0, 2), ("skip", 2)]
+    assert (found.experiment, found.outcome.value) == (
+        "reseed_kept",
+        "matches",
+    ) and found.subject.startswith("run B with torch.seed()")
+    assert (verdict.cause, verdict.confidence, verdict.rng) == (
+        Cause.RNG_STATE,
+        Confidence.PROVEN,
+        ["torch"],
+    )
     assert verdict.reseeded == [SeedingCall.from_json(CALL)]
-    assert verdict.to_json()["reseeded"] == [{k: v for k, v in CALL.items() if k != "value"}]  # the JSON form: the call less its value
+    # the JSON form: the call less its value
+    assert verdict.to_json()["reseeded"] == [{k: v for k, v in CALL.items() if k != "value"}]
 
 
 def test_a_kept_reseed_that_still_differs_proves_nothing(tmp_path: Path) -> None:
     verdict, found, _ = _prove(tmp_path, (False, True), "other")
-    assert found.outcome.value == "differs" and verdict.cause is Cause.UNKNOWN and verdict.reseeded == []
+    assert (
+        found.outcome.value == "differs"
+        and verdict.cause is Cause.UNKNOWN
+        and verdict.reseeded == []
+    )
 
 
 def test_without_reseeds_in_the_step_logs_the_experiment_does_not_run(tmp_path: Path) -> None:
@@ -109,11 +141,24 @@ class _Rewound:
         return _trace("a")
 
 
-def test_a_verified_rewind_runs_the_experiment_in_the_replays_process_and_none_starts_afresh(tmp_path: Path) -> None:
+def test_a_verified_rewind_runs_the_experiment_in_the_replays_process_and_none_starts_afresh(
+    tmp_path: Path,
+) -> None:
     runs = (_run(tmp_path / "a", False), _run(tmp_path / "b", True))
-    for verified, expected in ((True, [("rewound", 2, True)]), (False, [("restore", 0, 2), ("skip", 2)])):
+    for verified, expected in (
+        (True, [("rewound", 2, True)]),
+        (False, [("restore", 0, 2), ("skip", 2)]),
+    ):
         asked: list[Any] = []
         verdict = Verdict(step=2, phase="forward", layer="2", tensor="2.output")
         replicas = cast(Any, (_Rewound(verified, asked), _Rewound(verified, asked)))
-        found = prove_kept(verdict, runs, ("spec a", "spec b"), (0, 0), (_trace("a"), _trace("b")), partial(_fresh, asked), replicas)
+        found = prove_kept(
+            verdict,
+            runs,
+            ("spec a", "spec b"),
+            (0, 0),
+            (_trace("a"), _trace("b")),
+            partial(_fresh, asked),
+            replicas,
+        )
         assert asked == expected and found is not None and found.outcome.value == "matches"

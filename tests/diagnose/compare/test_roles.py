@@ -19,7 +19,8 @@ class _Rank:
 
 @dataclass
 class _Records:
-    """What :func:`roles` reads of a rank's records: its rank, its logs' first differences, its reseeds."""
+    """What :func:`roles` reads of a rank's records: its rank, its logs' first differences, its
+    reseeds."""
 
     a: _Rank
     logs: dict[str, int | None] = field(default_factory=dict)
@@ -29,8 +30,14 @@ class _Records:
         return [(step, {}) for step in self.reseeded if start <= step <= end]
 
 
-def _parted(rank: int, step: int | None, *, log: int | None = None, reseed: int | None = None) -> tuple[Records, Verdict | None]:
-    records = _Records(_Rank(rank), logs={"loss": log} if log is not None else {}, reseeded=[reseed] if reseed is not None else [])
+def _parted(
+    rank: int, step: int | None, *, log: int | None = None, reseed: int | None = None
+) -> tuple[Records, Verdict | None]:
+    records = _Records(
+        _Rank(rank),
+        logs={"loss": log} if log is not None else {},
+        reseeded=[reseed] if reseed is not None else [],
+    )
     return cast(Records, records), (Verdict(step=step) if step is not None else None)
 
 
@@ -44,5 +51,7 @@ def _parted(rank: int, step: int | None, *, log: int | None = None, reseed: int 
         ([_parted(0, None), _parted(1, None)], {}),
     ],
 )
-def test_a_ranks_role_follows_what_differed_on_it_first(ranks: list[tuple[Records, Verdict | None]], expected: dict[int, str]) -> None:
+def test_a_ranks_role_follows_what_differed_on_it_first(
+    ranks: list[tuple[Records, Verdict | None]], expected: dict[int, str]
+) -> None:
     assert roles(ranks) == expected

@@ -20,7 +20,13 @@ from bisect_repro.diagnose.doctor.audit import environment_findings
 from bisect_repro.diagnose.doctor.checks import RecipeChecks
 from bisect_repro.diagnose.doctor.doctor import SCHEMA, DoctorReport, doctor
 from bisect_repro.diagnose.doctor.findings import Finding
-from bisect_repro.diagnose.doctor.probe import Probe, ProbedBatch, ProbeDifferences, differences, probe
+from bisect_repro.diagnose.doctor.probe import (
+    Probe,
+    ProbedBatch,
+    ProbeDifferences,
+    differences,
+    probe,
+)
 from bisect_repro.replay.launch import spec_for_recipe
 from bisect_repro.replay.replica import Replica
 from bisect_repro.report.text import render_doctor
@@ -51,7 +57,11 @@ def test_streams_hidden_in_datasets_are_found_by_attribute_path() -> None:
     generator = torch.Generator()
     loader = DataLoader(dataset, batch_size=4, shuffle=True, generator=generator)
     found = find_streams(loader, known=[generator])
-    assert set(found) == {"loader.dataset.rng", "loader.dataset.transforms[0].rng", "loader.dataset.transforms[1]['noise']"}
+    assert set(found) == {
+        "loader.dataset.rng",
+        "loader.dataset.transforms[0].rng",
+        "loader.dataset.transforms[1]['noise']",
+    }
     assert found["loader.dataset.rng"] is dataset.rng
     wrapped = find_streams(DataLoader(Subset(dataset, [0, 1]), batch_size=1))
     assert "loader.dataset.dataset.rng" in wrapped
@@ -94,7 +104,8 @@ def test_ops_are_attributed_to_their_module_forward_and_backward() -> None:
     backward = {(r.op, r.layer) for r, p in records if p == "backward"}
     assert any("index_put" in op and layer == "embed" for op, layer in backward), backward
     assert any(layer == "head" for _, layer in backward)
-    assert ("aten.mean.dim", None, "forward") in {(r.op, r.layer, p) for r, p in records}  # the root module's own ops
+    # the root module's own ops
+    assert ("aten.mean.dim", None, "forward") in {(r.op, r.layer, p) for r, p in records}
 
 
 class PutBack(torch.autograd.Function):
@@ -134,7 +145,9 @@ def test_ops_without_a_deterministic_kernel_are_caught_with_their_module() -> No
         torch.use_deterministic_algorithms(before)
     found = {(a["op"], a["layer"], a["phase"]) for a in alerts.alerts}
     assert found == {("aten.put_.default", "1", "forward"), ("aten.put_.default", "2", "backward")}
-    assert all("does not have a deterministic implementation" in a["message"] for a in alerts.alerts)
+    assert all(
+        "does not have a deterministic implementation" in a["message"] for a in alerts.alerts
+    )
     assert model[0].weight.grad is not None  # the step ran to the end
 
 
@@ -173,19 +186,42 @@ def ids(findings: list[Finding]) -> dict[str, str]:
 
 def test_settings_that_bite_elsewhere() -> None:
     assert environment_findings(FINGERPRINT, threads_pinned=True, audit=False) == []
-    risky = {**FINGERPRINT, "torch.backends.cudnn.benchmark": True, "torch.get_float32_matmul_precision": "high"}
+    risky = {
+        **FINGERPRINT,
+        "torch.backends.cudnn.benchmark": True,
+        "torch.get_float32_matmul_precision": "high",
+    }
     found = environment_findings(risky, threads_pinned=False, audit=False)
-    assert ids(found) == {"cudnn-benchmark": "warning", "tf32": "warning", "threads-unpinned": "warning"}
+    assert ids(found) == {
+        "cudnn-benchmark": "warning",
+        "tf32": "warning",
+        "threads-unpinned": "warning",
+    }
     assert all(f.evidence and f.fix for f in found)
     assert "no GPU here" in found[0].evidence
     default_conv = {**FINGERPRINT, "torch.backends.cudnn.allow_tf32": True}
-    assert ids(environment_findings(default_conv, threads_pinned=True, audit=False)) == {"tf32": "info"}
-    assert environment_findings(default_conv, threads_pinned=True, audit=False, convolutions=False) == []
+    assert ids(environment_findings(default_conv, threads_pinned=True, audit=False)) == {
+        "tf32": "info"
+    }
+    assert (
+        environment_findings(default_conv, threads_pinned=True, audit=False, convolutions=False)
+        == []
+    )
 
 
 def test_the_process_audit_explains_each_setting() -> None:
-    gpu = {**FINGERPRINT, "devices": ["NVIDIA H100"], "torch.are_deterministic_algorithms_enabled": False}
-    gpu.update({"torch.backends.cudnn.deterministic": False, "env.CUBLAS_WORKSPACE_CONFIG": None, "env.PYTHONHASHSEED": None})
+    gpu = {
+        **FINGERPRINT,
+        "devices": ["NVIDIA H100"],
+        "torch.are_deterministic_algorithms_enabled": False,
+    }
+    gpu.update(
+        {
+            "torch.backends.cudnn.deterministic": False,
+            "env.CUBLAS_WORKSPACE_CONFIG": None,
+            "env.PYTHONHASHSEED": None,
+        }
+    )
     found = ids(environment_findings(gpu, threads_pinned=True, audit=True))
     assert found == {
         "deterministic-algorithms": "info",
@@ -208,7 +244,9 @@ def probe_result(*, init=None, hidden=None, batches=None) -> Probe:
     built = Description(
         init=init or {"0.weight": "a", "0.bias": "b"},
         streams={"torch": "t", "loader.generator": "g"},
-        hidden={"loader.dataset.rng": HiddenStream(kind="numpy.random.Generator", digest=hidden or "r")},
+        hidden={
+            "loader.dataset.rng": HiddenStream(kind="numpy.random.Generator", digest=hidden or "r")
+        },
         environment={},
         threads_set=[],
         loader={},
@@ -216,7 +254,10 @@ def probe_result(*, init=None, hidden=None, batches=None) -> Probe:
         build_seeding=[],
     )
     rows = batches or [([1, 2], "c1", "l1"), ([3, 4], "c2", "l2")]
-    probed = [ProbedBatch(indices=indices, content=content, base_seed=5, loss=loss) for indices, content, loss in rows]
+    probed = [
+        ProbedBatch(indices=indices, content=content, base_seed=5, loss=loss)
+        for indices, content, loss in rows
+    ]
     return Probe(built=built, batches=probed, final={"0.weight": "x", "0.bias": "y"})
 
 
@@ -224,9 +265,20 @@ def test_probes_differences() -> None:
     a = probe_result()
     same = differences(a, probe_result())
     assert same.none and same == ProbeDifferences(
-        init=[], streams=[], hidden=[], order=None, content=None, base_seed=None, loss=None, final=[]
+        init=[],
+        streams=[],
+        hidden=[],
+        order=None,
+        content=None,
+        base_seed=None,
+        loss=None,
+        final=[],
     )
-    b = probe_result(init={"0.weight": "a", "0.bias": "B"}, hidden="R", batches=[([1, 2], "c1", "l1"), ([3, 4], "C2", "L2")])
+    b = probe_result(
+        init={"0.weight": "a", "0.bias": "B"},
+        hidden="R",
+        batches=[([1, 2], "c1", "l1"), ([3, 4], "C2", "L2")],
+    )
     diff = differences(a, b)
     assert diff.init == ["0.bias"] and diff.hidden == ["loader.dataset.rng"] and not diff.none
     assert diff.order is None and diff.content == 1 and diff.loss == 1
@@ -246,21 +298,30 @@ def test_a_recipe_replica_runs_with_the_recipe_settings_in_its_own_process() -> 
         replica.fetch()
         assert replica.run(0, trace="none").entries == []
         assert replica.run(0, trace="full").entries
-    assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (threads, deterministic)
+    assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (
+        threads,
+        deterministic,
+    )
 
 
 def test_fixes_for_hidden_generators_and_alerts() -> None:
     fix = causes.generator_fix("loader.dataset.rng", "numpy.random.Generator", workers=2)
     assert "np.random.default_rng(seed)" in fix and "worker_init_fn" in fix
-    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in causes.alert_fix("aten.mm.default", "... set CUBLAS_WORKSPACE_CONFIG=:4096:8 ...")
-    assert "aten.put_.default" in causes.alert_fix("aten.put_.default", "put_ does not have a deterministic implementation")
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in causes.alert_fix(
+        "aten.mm.default", "... set CUBLAS_WORKSPACE_CONFIG=:4096:8 ..."
+    )
+    assert "aten.put_.default" in causes.alert_fix(
+        "aten.put_.default", "put_ does not have a deterministic implementation"
+    )
 
 
 @pytest.mark.parametrize("reproducible", [True, False])
 def test_the_human_report_leads_with_the_verdict(reproducible: bool) -> None:
     finding = Finding("unseeded-init", "error", "0.weight differs", "seed it", layer="0")
     findings = [] if reproducible else [finding]
-    report = DoctorReport(findings=findings, target="r.py:build", config={}, steps=3, seconds=1.0, environment={})
+    report = DoctorReport(
+        findings=findings, target="r.py:build", config={}, steps=3, seconds=1.0, environment={}
+    )
     assert report.reproducible is reproducible
     out = io.StringIO()
     render_doctor(report, Console(file=out, width=120))
@@ -268,7 +329,12 @@ def test_the_human_report_leads_with_the_verdict(reproducible: bool) -> None:
     if reproducible:
         assert "Reproducible on this machine" in text
     else:
-        assert text.index("Not reproducible on this machine") < text.index("unseeded-init") < text.index("0.weight") < text.index("Fix:")
+        assert (
+            text.index("Not reproducible on this machine")
+            < text.index("unseeded-init")
+            < text.index("0.weight")
+            < text.index("Fix:")
+        )
 
 
 DETERMINISM_RECIPE = """
@@ -305,4 +371,5 @@ def test_one_finding_per_op_without_a_deterministic_kernel(tmp_path) -> None:
     assert finding.id == "deterministic-warning" and finding.severity == "warning"
     assert finding.op == "aten.put_.default" and finding.layer == "1"
     assert "forward pass of 1, the forward pass of 3" in finding.evidence
-    assert local.unrepeatable_step is None  # put_ without accumulate is deterministic on the CPU: PyTorch warns, the step repeats
+    # put_ without accumulate is deterministic on the CPU: PyTorch warns, the step repeats
+    assert local.unrepeatable_step is None

@@ -23,17 +23,26 @@ from bisect_repro.store.sketches import read_sketches
 
 def _points(values: list[float], layers: dict[str, list[float]] | None = None) -> list[Distance]:
     layers = layers or {"1": values}
-    return [Distance(step=s, relative=v, layers={k: vs[s] for k, vs in layers.items()}) for s, v in enumerate(values)]
+    return [
+        Distance(step=s, relative=v, layers={k: vs[s] for k, vs in layers.items()})
+        for s, v in enumerate(values)
+    ]
 
 
 _ROUNDING = [0.0, 1e-8, 2e-8, 3e-8, 4e-8]
-ENVELOPE = Envelope(method="2 torch threads instead of 1", from_step=0, points=_points(_ROUNDING, {"1": _ROUNDING, "3": _ROUNDING}))
+ENVELOPE = Envelope(
+    method="2 torch threads instead of 1",
+    from_step=0,
+    points=_points(_ROUNDING, {"1": _ROUNDING, "3": _ROUNDING}),
+)
 
 
 def test_within_the_envelope_with_every_signal_agreeing_is_rounding_only() -> None:
     numerics = decide(Measured(_points([0.0, 2e-8, 5e-8, 1e-7, 3e-7])), ENVELOPE, [], None)
     assert numerics.rounding_only and numerics.departure is None
-    assert "rounding only" in numerics.sentence and "2 torch threads instead of 1" in numerics.sentence
+    assert (
+        "rounding only" in numerics.sentence and "2 torch threads instead of 1" in numerics.sentence
+    )
 
 
 def test_the_envelope_is_its_running_maximum() -> None:
@@ -46,13 +55,21 @@ def test_leaving_the_envelope_is_a_departure_at_that_snapshot() -> None:
     numerics = decide(Measured(_points([0.0, 1e-8, 2e-8, 1e-4, 2e-4], layers)), ENVELOPE, [], None)
     assert not numerics.rounding_only
     departure = numerics.departure
-    assert departure is not None and (departure.step, departure.last_within, departure.cause) == (3, 2, "numerics")
-    assert departure.layer == "1"  # no activations: the layer whose weights moved furthest beyond the envelope
+    assert departure is not None and (departure.step, departure.last_within, departure.cause) == (
+        3,
+        2,
+        "numerics",
+    )
+    # no activations: the layer whose weights moved furthest beyond the envelope
+    assert departure.layer == "1"
     assert "until step 2" in numerics.sentence and "layer 1 departs" in numerics.sentence
 
 
 def test_the_departing_layer_is_the_first_module_whose_output_leaves_its_envelope() -> None:
-    weights = _points([0.0, 1e-8, 2e-8, 1e-4, 2e-4], {"1": [0.0, 1e-8, 2e-8, 1e-4, 2e-4], "3": [0.0, 1e-8, 2e-8, 5e-6, 1e-5]})
+    weights = _points(
+        [0.0, 1e-8, 2e-8, 1e-4, 2e-4],
+        {"1": [0.0, 1e-8, 2e-8, 1e-4, 2e-4], "3": [0.0, 1e-8, 2e-8, 5e-6, 1e-5]},
+    )
     forward = {"0": 1e-9, "1": 1e-7, "2": 1e-7, "3": 2e-3, "4": 1e-3, "5": 1e-3}
     envelope_forward = dict.fromkeys(forward, 1e-7) | {"0": 1e-9}
     activations = [Distance(step=2, relative=1e-3, layers=forward)]
@@ -63,28 +80,61 @@ def test_the_departing_layer_is_the_first_module_whose_output_leaves_its_envelop
 
 
 def test_an_exact_signal_that_differs_is_never_rounding_only() -> None:
-    numerics = decide(Measured(_points([0.0, 1e-8, 2e-8, 3e-8, 4e-8])), ENVELOPE, [(2, "sample indices")], None)
+    numerics = decide(
+        Measured(_points([0.0, 1e-8, 2e-8, 3e-8, 4e-8])), ENVELOPE, [(2, "sample indices")], None
+    )
     assert not numerics.rounding_only
-    assert numerics.departure is not None and numerics.departure.step == 2 and numerics.departure.cause == "sample indices"
+    assert (
+        numerics.departure is not None
+        and numerics.departure.step == 2
+        and numerics.departure.cause == "sample indices"
+    )
     assert numerics.departure.layer is None and "sample indices" in numerics.sentence
 
 
 def test_without_an_envelope_a_differing_signal_is_still_the_departure() -> None:
-    numerics = decide(Measured(_points([0.0, 1e-3])), None, [(1, "batch contents")], "batch contents differ from step 1")
+    numerics = decide(
+        Measured(_points([0.0, 1e-3])),
+        None,
+        [(1, "batch contents")],
+        "batch contents differ from step 1",
+    )
     assert not numerics.rounding_only and numerics.departure is not None
-    assert (numerics.departure.step, numerics.departure.layer, numerics.departure.cause) == (1, None, "batch contents")
+    assert (numerics.departure.step, numerics.departure.layer, numerics.departure.cause) == (
+        1,
+        None,
+        "batch contents",
+    )
 
 
 def test_no_envelope_and_no_sketches_decide_nothing() -> None:
-    none = decide(Measured(_points([0.0, 1e-8])), None, [], "run A is a script; the envelope is measured for recipes")
-    assert not none.rounding_only and none.departure is None and "is a script" in none.sentence and len(none.distance) == 2
+    none = decide(
+        Measured(_points([0.0, 1e-8])),
+        None,
+        [],
+        "run A is a script; the envelope is measured for recipes",
+    )
+    assert (
+        not none.rounding_only
+        and none.departure is None
+        and "is a script" in none.sentence
+        and len(none.distance) == 2
+    )
     old = decide(None, ENVELOPE, [], None)
     assert not old.rounding_only and old.distance == [] and "no sketches" in old.sentence
 
 
 def test_distance_from_sketches_is_relative_per_layer_and_overall() -> None:
-    a = {"0.weight": np.array([3.0, 4.0]), "0.bias": np.array([0.0, 0.0]), "2.weight": np.array([1.0, 0.0])}
-    b = {"0.weight": np.array([3.0, 4.5]), "0.bias": np.array([0.0, 0.0]), "2.weight": np.array([1.0, 0.0])}
+    a = {
+        "0.weight": np.array([3.0, 4.0]),
+        "0.bias": np.array([0.0, 0.0]),
+        "2.weight": np.array([1.0, 0.0]),
+    }
+    b = {
+        "0.weight": np.array([3.0, 4.5]),
+        "0.bias": np.array([0.0, 0.0]),
+        "2.weight": np.array([1.0, 0.0]),
+    }
     point = distance_at(4, a, b)
     assert point.step == 4 and point.layers == {"0": pytest.approx(0.1), "2": 0.0}
     assert point.relative == pytest.approx(0.5 / np.sqrt(26.0))
@@ -101,7 +151,12 @@ def test_numerics_reads_back_from_json() -> None:
     result = CompareResult(runs=["a", "b"], numerics=numerics)
     found = result.to_json()["numerics"]
     assert set(found) >= {"rounding_only", "departure", "distance"}
-    assert found["distance"][3] == {"step": 3, "relative": 1e-4, "exact": None, "layers": {"1": 1e-4}}
+    assert found["distance"][3] == {
+        "step": 3,
+        "relative": 1e-4,
+        "exact": None,
+        "layers": {"1": 1e-4},
+    }
     assert found["departure"]["step"] == 3 and found["departure"]["layer"] == "1"
     back = CompareResult.from_json(result.to_json()).numerics
     assert isinstance(back, Numerics) and back.to_json() == found
@@ -109,7 +164,15 @@ def test_numerics_reads_back_from_json() -> None:
 
 
 def _tree(**sketch: object) -> dict:
-    return {"sketch": {"width": 4, "seed": 1, "names": ["a", "b"], "values": torch.zeros(2, 4, dtype=torch.float64)} | sketch}
+    return {
+        "sketch": {
+            "width": 4,
+            "seed": 1,
+            "names": ["a", "b"],
+            "values": torch.zeros(2, 4, dtype=torch.float64),
+        }
+        | sketch
+    }
 
 
 def test_sketches_are_read_whole_or_refused(tmp_path: Path) -> None:
@@ -139,9 +202,14 @@ def _run(layout: str, world_size: int) -> Run:
 
 def test_a_ddp_wrapper_s_prefix_is_dropped_only_against_another_layout() -> None:
     ddp, fsdp, single = _run("ddp", 2), _run("fsdp", 2), _run("single", 1)
-    assert model_name("module.0.weight", ddp, fsdp) == "0.weight" and model_name("module.0.weight", ddp, single) == "0.weight"
-    assert model_name("module.0.weight", ddp, _run("ddp", 1)) == "module.0.weight"  # both wrapped: both keep it
-    assert model_name("module.0.weight", fsdp, ddp) == "module.0.weight"  # a model's own submodule named module
+    assert (
+        model_name("module.0.weight", ddp, fsdp) == "0.weight"
+        and model_name("module.0.weight", ddp, single) == "0.weight"
+    )
+    # both wrapped: both keep it
+    assert model_name("module.0.weight", ddp, _run("ddp", 1)) == "module.0.weight"
+    # a model's own submodule named module
+    assert model_name("module.0.weight", fsdp, ddp) == "module.0.weight"
     assert model_name("0.weight", ddp, fsdp) == "0.weight"
 
 
@@ -156,19 +224,29 @@ def test_a_ddp_wrapper_s_prefix_is_dropped_only_against_another_layout() -> None
         (("single", 1), ("ddp", 1), False),  # other names
     ],
 )
-def test_rank_zero_hashes_compare_only_where_both_hold_the_same_tensors(a: tuple[str, int], b: tuple[str, int], alike: bool) -> None:
+def test_rank_zero_hashes_compare_only_where_both_hold_the_same_tensors(
+    a: tuple[str, int], b: tuple[str, int], alike: bool
+) -> None:
     assert rank_zero_alike(_run(*a), _run(*b)) is alike
 
 
-def test_runs_that_name_no_parameter_alike_have_no_distance(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sketches under other names compare nothing: not a distance of zero, which reads as equal weights."""
+def test_runs_that_name_no_parameter_alike_have_no_distance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sketches under other names compare nothing: not a distance of zero, which reads as equal
+    weights."""
     names = {"a": ["module.0.weight"], "b": ["0.weight"]}
 
-    def sketches(run: SimpleNamespace, step: int, other: object = None) -> tuple[dict[str, np.ndarray], None]:
+    def sketches(
+        run: SimpleNamespace, step: int, other: object = None
+    ) -> tuple[dict[str, np.ndarray], None]:
         return {name: np.full(4, float(step + 1)) for name in names[run.tag]}, None
 
     monkeypatch.setattr(numerics, "run_sketches", sketches)
-    a, b = (cast(Run, SimpleNamespace(tag=tag, world_size=1, snapshots={0: 0, 1: 1}, checkpoints={})) for tag in "ab")
+    a, b = (
+        cast(Run, SimpleNamespace(tag=tag, world_size=1, snapshots={0: 0, 1: 1}, checkpoints={}))
+        for tag in "ab"
+    )
     assert numerics.distances(a, b) is None
     names["b"] = ["module.0.weight"]
     measured = numerics.distances(a, b)

@@ -17,7 +17,9 @@ def get_args():
     parser.add_argument("--accum-steps", type=int, default=2)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--clip-grad", type=float, default=0.0, help="max gradient norm (0: no clipping)")
+    parser.add_argument(
+        "--clip-grad", type=float, default=0.0, help="max gradient norm (0: no clipping)"
+    )
     parser.add_argument("--ema-decay", type=float, default=0.99)
     parser.add_argument("--seed", type=int, default=123)
     return parser.parse_args()
@@ -74,7 +76,10 @@ def main():
         with torch.no_grad():
             x = torch.randn(64, 32, generator=data_gen)
             val = nn.functional.mse_loss(ema(x), 20 * x.abs().amax(1, keepdim=True) + 10)
-        print(f"step {step}: loss {loss.item() * args.accum_steps:.4f} grad norm {norm:.3f} ema val {val.item():.4f}")
+        print(
+            f"step {step}: loss {loss.item() * args.accum_steps:.4f} grad norm {norm:.3f} ema val "
+            f"{val.item():.4f}"
+        )
 
 
 if __name__ == "__main__":

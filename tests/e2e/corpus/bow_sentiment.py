@@ -59,7 +59,9 @@ def main():
     torch.manual_seed(args.seed)
 
     train_iter = make_reviews(64, seed=0)
-    dataloader = DataLoader(train_iter, batch_size=args.batch_size, shuffle=True, collate_fn=collate_batch)
+    dataloader = DataLoader(
+        train_iter, batch_size=args.batch_size, shuffle=True, collate_fn=collate_batch
+    )
     model = TextClassificationModel(len(VOCAB), args.embed_dim, 2)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)

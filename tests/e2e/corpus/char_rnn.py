@@ -78,7 +78,12 @@ def main():
 
     train_loader = DataLoader(
         train_dataset,
-        sampler=RandomSampler(train_dataset, replacement=True, num_samples=int(1e10), generator=torch.Generator().manual_seed(args.seed)),
+        sampler=RandomSampler(
+            train_dataset,
+            replacement=True,
+            num_samples=int(1e10),
+            generator=torch.Generator().manual_seed(args.seed),
+        ),
         shuffle=False,
         pin_memory=False,
         batch_size=args.batch_size,

@@ -48,10 +48,17 @@ def main():
     print(json.dumps(cfg))
     torch.manual_seed(cfg["seed"])
 
-    loader = DataLoader(build_data({**cfg["data"], "seed": cfg["seed"]}), batch_size=cfg["batch_size"], shuffle=True)
+    loader = DataLoader(
+        build_data({**cfg["data"], "seed": cfg["seed"]}), batch_size=cfg["batch_size"], shuffle=True
+    )
     model = ResMLP(cfg["data"]["features"], **cfg["model"])
     opt_cfg = cfg["optimizer"]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg["lr"], weight_decay=opt_cfg["weight_decay"], betas=tuple(opt_cfg["betas"]))
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=opt_cfg["lr"],
+        weight_decay=opt_cfg["weight_decay"],
+        betas=tuple(opt_cfg["betas"]),
+    )
     for epoch in range(cfg["epochs"]):
         for x, y in loader:
             optimizer.zero_grad()

@@ -21,7 +21,9 @@ parser.add_argument("--ngf", type=int, default=16)
 parser.add_argument("--ndf", type=int, default=16)
 parser.add_argument("--niter", type=int, default=25, help="number of epochs to train for")
 parser.add_argument("--lr", type=float, default=0.0002, help="learning rate, default=0.0002")
-parser.add_argument("--lrG", type=float, default=None, help="learning rate of the generator, default: --lr")
+parser.add_argument(
+    "--lrG", type=float, default=None, help="learning rate of the generator, default: --lr"
+)
 parser.add_argument("--beta1", type=float, default=0.5, help="beta1 for adam. default=0.5")
 parser.add_argument("--manualSeed", type=int, help="manual seed")
 opt = parser.parse_args()
@@ -36,7 +38,9 @@ torch.manual_seed(opt.manualSeed)
 if opt.dataset != "fake":
     raise SystemExit(f"dataset {opt.dataset!r} is not available offline; use --dataset fake")
 images = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(0)).clamp(-1, 1)
-dataloader = DataLoader(TensorDataset(images), batch_size=opt.batchSize, shuffle=True, num_workers=opt.workers)
+dataloader = DataLoader(
+    TensorDataset(images), batch_size=opt.batchSize, shuffle=True, num_workers=opt.workers
+)
 
 device = torch.device("cpu")
 nz, ngf, ndf = opt.nz, opt.ngf, opt.ndf
@@ -121,7 +125,10 @@ if __name__ == "__main__":
             errG = criterion(output, label)
             errG.backward()
             optimizerG.step()
-            print(f"[{epoch}/{opt.niter}][{i}/{len(dataloader)}] Loss_D: {errD.item():.4f} Loss_G: {errG.item():.4f} D(x): {D_x:.4f}")
+            print(
+                f"[{epoch}/{opt.niter}][{i}/{len(dataloader)}] Loss_D: {errD.item():.4f} Loss_G: "
+                f"{errG.item():.4f} D(x): {D_x:.4f}"
+            )
         with torch.no_grad():
             fake = netG(fixed_noise)
         print(f"epoch {epoch}: samples mean {fake.mean():.4f}")

@@ -32,7 +32,12 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=0, help="report the loss on a fresh batch every N steps (0: never)")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="report the loss on a fresh batch every N steps (0: never)",
+    )
     args = parser.parse_args()
     torch.manual_seed(args.seed)
 

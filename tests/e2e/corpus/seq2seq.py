@@ -106,7 +106,9 @@ def main():
     torch.manual_seed(args.seed)
 
     train_data = ReversalPairs(48, args.length, args.token_dropout)
-    train_iterator = DataLoader(train_data, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
+    train_iterator = DataLoader(
+        train_data, batch_size=args.batch_size, shuffle=True, num_workers=args.workers
+    )
     model = Seq2Seq(Encoder(8, 24), Decoder(8, 24))
     for param in model.parameters():
         nn.init.uniform_(param.data, -0.08, 0.08)

@@ -44,7 +44,9 @@ def main():
 
     dataset = load_dataset()
     train_set, val_set = random_split(
-        dataset, [1 - args.val_fraction, args.val_fraction], generator=torch.Generator().manual_seed(args.split_seed)
+        dataset,
+        [1 - args.val_fraction, args.val_fraction],
+        generator=torch.Generator().manual_seed(args.split_seed),
     )
     train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
     val_loader = DataLoader(val_set, batch_size=64)
@@ -59,7 +61,10 @@ def main():
             loss.backward()
             optimizer.step()
         val_loss, val_acc = evaluate(model, val_loader, loss_fn)
-        print(f"epoch {epoch}: train loss {loss.item():.4f} val loss {val_loss:.4f} val acc {val_acc:.2%}")
+        print(
+            f"epoch {epoch}: train loss {loss.item():.4f} val loss {val_loss:.4f} val acc "
+            f"{val_acc:.2%}"
+        )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,11 @@ def main():
     x_train, x_test, y_train, y_test = train_test_split(x, y, args.test_size)
     mean, std = x_train.mean(0), x_train.std(0)
     x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
-    train_loader = DataLoader(TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)), batch_size=args.batch_size, shuffle=True)
+    train_loader = DataLoader(
+        TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)),
+        batch_size=args.batch_size,
+        shuffle=True,
+    )
 
     model = nn.Sequential(nn.Linear(x.shape[1], 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -56,7 +60,9 @@ def main():
             loss.backward()
             optimizer.step()
         with torch.no_grad():
-            test_loss = nn.functional.mse_loss(model(torch.from_numpy(x_test)).squeeze(1), torch.from_numpy(y_test))
+            test_loss = nn.functional.mse_loss(
+                model(torch.from_numpy(x_test)).squeeze(1), torch.from_numpy(y_test)
+            )
         print(f"epoch {epoch}: train {loss.item():.4f} test {test_loss.item():.4f}")
 
 

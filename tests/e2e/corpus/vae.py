@@ -9,12 +9,31 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 parser = argparse.ArgumentParser(description="VAE example")
-parser.add_argument("--batch-size", type=int, default=16, metavar="N", help="input batch size for training (default: 16)")
-parser.add_argument("--epochs", type=int, default=10, metavar="N", help="number of epochs to train (default: 10)")
+parser.add_argument(
+    "--batch-size",
+    type=int,
+    default=16,
+    metavar="N",
+    help="input batch size for training (default: 16)",
+)
+parser.add_argument(
+    "--epochs", type=int, default=10, metavar="N", help="number of epochs to train (default: 10)"
+)
 parser.add_argument("--seed", type=int, default=1, metavar="S", help="random seed (default: 1)")
 parser.add_argument("--latent", type=int, default=4, help="size of the latent code")
-parser.add_argument("--log-interval", type=int, default=2, metavar="N", help="how many batches to wait before logging training status")
-parser.add_argument("--sample-seed", type=int, default=0, help="seed of the sample grid; -1 draws a new grid every epoch")
+parser.add_argument(
+    "--log-interval",
+    type=int,
+    default=2,
+    metavar="N",
+    help="how many batches to wait before logging training status",
+)
+parser.add_argument(
+    "--sample-seed",
+    type=int,
+    default=0,
+    help="seed of the sample grid; -1 draws a new grid every epoch",
+)
 args = parser.parse_args()
 
 torch.manual_seed(args.seed)
@@ -83,7 +102,11 @@ def train(epoch):
         train_loss += loss.item()
         optimizer.step()
         if batch_idx % args.log_interval == 0:
-            print(f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_loader.dataset)}]\tLoss: {loss.item() / len(data):.6f}")
+            print(
+                f"Train Epoch: {epoch} "
+                f"[{batch_idx * len(data)}/{len(train_loader.dataset)}]\tLoss: "
+                f"{loss.item() / len(data):.6f}"
+            )
     print(f"====> Epoch: {epoch} Average loss: {train_loss / len(train_loader.dataset):.4f}")
 
 
@@ -104,7 +127,9 @@ def sample(epoch):
             torch.seed()  # a fresh grid every epoch
             z = torch.randn(16, args.latent)
         else:
-            z = torch.randn(16, args.latent, generator=torch.Generator().manual_seed(args.sample_seed))
+            z = torch.randn(
+                16, args.latent, generator=torch.Generator().manual_seed(args.sample_seed)
+            )
         grid = model.decode(z.to(device)).cpu()
     print(f"====> Samples of epoch {epoch}: mean {grid.mean():.4f}")
 

@@ -1,6 +1,7 @@
 """A loop in the style of small GPT training scripts: batches sampled by ``get_batch()`` from
-torch's global stream (no DataLoader: the function itself is the data source), gradient accumulation over micro-batches, a module global
-``iter_num``, and a reseed from entropy when ``iter_num`` reaches ``--reseed-at`` (the planted bug)."""
+torch's global stream (no DataLoader: the function itself is the data source), gradient accumulation
+over micro-batches, a module global ``iter_num``, and a reseed from entropy when ``iter_num``
+reaches ``--reseed-at`` (the planted bug)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ def main() -> None:
         if iter_num == args.reseed_at:
             torch.seed()
         for x, y in micro_batches:
-            loss = nn.functional.cross_entropy(model(x).view(-1, 64), y.view(-1)) / len(micro_batches)
+            loss = nn.functional.cross_entropy(model(x).view(-1, 64), y.view(-1)) / len(
+                micro_batches
+            )
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

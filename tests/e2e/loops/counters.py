@@ -42,12 +42,19 @@ def main() -> None:
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(1)
     inputs, targets = torch.randn(512, 8, generator=data), torch.randn(512, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     maybe_reseed = make_maybe_reseed(args.reseed_at)
     options = RecordOptions(steps=args.steps, every=5, checkpoint_every=5, force=True)
-    with Recorder(args.out, Trainee(model, optimizer, loader), options, config=vars(args)) as recorder:
+    with Recorder(
+        args.out, Trainee(model, optimizer, loader), options, config=vars(args)
+    ) as recorder:
         for it, (x, y) in enumerate(recorder.batches()):
             if args.counter == "closure":
                 maybe_reseed()

@@ -42,7 +42,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     corpus = torch.randint(0, 200, (8 * 512 + 1, 64), generator=torch.Generator().manual_seed(1))
-    batches = [(corpus[i : i + args.bptt], corpus[i + 1 : i + 1 + args.bptt]) for i in range(0, len(corpus) - 1 - args.bptt + 1, args.bptt)]
+    batches = [
+        (corpus[i : i + args.bptt], corpus[i + 1 : i + 1 + args.bptt])
+        for i in range(0, len(corpus) - 1 - args.bptt + 1, args.bptt)
+    ]
     model = Model(200, 256)
     criterion = nn.CrossEntropyLoss()
     options = RecordOptions(steps=len(batches), every=2, checkpoint_every=4, force=True)

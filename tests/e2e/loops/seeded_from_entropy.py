@@ -23,7 +23,12 @@ def main() -> None:
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(1)
     inputs, targets = torch.randn(96, 8, generator=data), torch.randn(96, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     options = RecordOptions(steps=4, every=2, checkpoint_every=2, force=True)

@@ -19,7 +19,12 @@ def build(seed: int = 0, reseed_at: int | None = None) -> Trainee:
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(192, 8, generator=data), torch.randn(192, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     steps = Steps()

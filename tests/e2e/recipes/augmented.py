@@ -14,7 +14,10 @@ from bisect_repro import Trainee
 class Noisy(Dataset):
     def __init__(self, seeded: bool) -> None:
         data = torch.Generator().manual_seed(0)
-        self.inputs, self.targets = torch.randn(256, 8, generator=data), torch.randn(256, 1, generator=data)
+        self.inputs, self.targets = (
+            torch.randn(256, 8, generator=data),
+            torch.randn(256, 1, generator=data),
+        )
         self.rng = np.random.default_rng(7 if seeded else None)
 
     def __len__(self) -> int:
@@ -27,7 +30,9 @@ class Noisy(Dataset):
 
 def build(seeded: bool = True) -> Trainee:
     torch.manual_seed(0)
-    loader = DataLoader(Noisy(seeded), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        Noisy(seeded), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)

@@ -18,7 +18,9 @@ class Block(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(width)
         self.attn = nn.Linear(width, 3 * width)
-        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.attn(self.norm(x)).chunk(3, dim=-1)
@@ -30,7 +32,12 @@ def build(seed: int = 0, compile: bool = False, device: str = "cpu", bf16: bool 
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(64, 8, 16, generator=data), torch.randn(64, 8, 16, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = Block().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model = torch.compile(model) if compile else model  # the Trainee names the module it wraps

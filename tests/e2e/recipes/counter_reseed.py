@@ -1,6 +1,7 @@
-"""A loop that keeps its own step counter in a closure and reseeds torch from entropy when it reaches
-a value: before the step's forward pass, or (``after_update``) once the step's update is taken, as a
-logging helper would, so that the next snapshot's tensors are still equal and only the stream differs."""
+"""A loop that keeps its own step counter in a closure and reseeds torch from entropy when it
+reaches a value: before the step's forward pass, or (``after_update``) once the step's update is
+taken, as a logging helper would, so that the next snapshot's tensors are still equal and only the
+stream differs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ def build(seed: int = 0, reseed_at: int | None = None, after_update: bool = Fals
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(512, 8, generator=data), torch.randn(512, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     count = {"n": 0}

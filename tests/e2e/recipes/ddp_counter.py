@@ -17,8 +17,12 @@ def build(seed: int = 0, reseed_at: int | None = None, reseed_rank: int = 1) -> 
     data = torch.Generator().manual_seed(1234)
     inputs = torch.randn(64, 16, generator=data)
     dataset = TensorDataset(inputs, inputs[:, :4].sum(dim=1, keepdim=True))
-    loader = DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset, shuffle=True, seed=seed))
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1)))
+    loader = DataLoader(
+        dataset, batch_size=8, sampler=DistributedSampler(dataset, shuffle=True, seed=seed)
+    )
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     calls = {"n": 0}
 

@@ -1,4 +1,5 @@
-"""A recipe whose learning rate drops tenfold at a milestone step (``MultiStepLR``), set in its config."""
+"""A recipe whose learning rate drops tenfold at a milestone step (``MultiStepLR``), set in its
+config."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ def build(milestone: int = 40, out_dir: str = "out") -> Trainee:
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(512, 8, generator=data), torch.randn(512, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[milestone], gamma=0.1)

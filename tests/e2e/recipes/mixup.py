@@ -22,7 +22,12 @@ def build(seed: int = 0, mixup_from: int = 12) -> Trainee:
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(512, 16, generator=data), torch.randn(512, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=32,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     warmup = Warmup()

@@ -16,7 +16,10 @@ from bisect_repro import Trainee
 class Noisy(Dataset):
     def __init__(self) -> None:
         data = torch.Generator().manual_seed(0)
-        self.inputs, self.targets = torch.randn(256, 8, generator=data), torch.randn(256, 1, generator=data)
+        self.inputs, self.targets = (
+            torch.randn(256, 8, generator=data),
+            torch.randn(256, 1, generator=data),
+        )
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -29,7 +32,13 @@ def build(seed: int = 0, num_workers: int = 0) -> Trainee:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    loader = DataLoader(Noisy(), batch_size=32, shuffle=True, num_workers=num_workers, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        Noisy(),
+        batch_size=32,
+        shuffle=True,
+        num_workers=num_workers,
+        generator=torch.Generator().manual_seed(seed),
+    )
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)

@@ -37,8 +37,12 @@ def main() -> None:
     torch.manual_seed(0)
     text = Path("data.txt").read_text()
     vocab = "".join(sorted(set(text) | set("abcdefghijklmnopqrstuvwxyz .")))
-    loader = DataLoader(Windows(text, vocab), batch_size=4, sampler=Endless(len(text) - BLOCK - 1), num_workers=2)
-    model = nn.Sequential(nn.Embedding(len(vocab), 8), nn.Flatten(), nn.Linear(8 * BLOCK, len(vocab) * BLOCK))
+    loader = DataLoader(
+        Windows(text, vocab), batch_size=4, sampler=Endless(len(text) - BLOCK - 1), num_workers=2
+    )
+    model = nn.Sequential(
+        nn.Embedding(len(vocab), 8), nn.Flatten(), nn.Linear(8 * BLOCK, len(vocab) * BLOCK)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for step, (x, y) in enumerate(loader):
         logits = model(x).view(-1, len(vocab))

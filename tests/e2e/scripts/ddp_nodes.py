@@ -21,7 +21,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--reseed-at", type=int, default=None)
-    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long each step (a run to kill midway)")
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.0,
+        help="sleep this long each step (a run to kill midway)",
+    )
     args = parser.parse_args()
     dist.init_process_group(backend="gloo")
     torch.manual_seed(0)
@@ -29,7 +34,9 @@ def main() -> None:
     dataset = TensorDataset(inputs, inputs[:, :2].sum(dim=1, keepdim=True))
     sampler = DistributedSampler(dataset, seed=0)
     loader = DataLoader(dataset, batch_size=8, sampler=sampler)
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1)))
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     step = 0
     for epoch in range(args.epochs):

@@ -18,7 +18,12 @@ def main() -> None:
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(1)
     inputs, targets = torch.randn(192, 8, generator=data), torch.randn(192, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for it, (x, y) in enumerate(loader):

@@ -1,8 +1,8 @@
 """A DataLoader loop with dropout and a per-step learning-rate schedule, knowing nothing of
 bisect-repro. ``--reseed-at N`` plants a bug: torch is reseeded from entropy at step N (counted by
 the scheduler, whose state the replay keeps), so that step's dropout differs in every run.
-``--local-counter`` makes the loop scale the learning rate by its own ``enumerate`` counter, which no
-checkpoint holds and a step run again from its kept start does not put back."""
+``--local-counter`` makes the loop scale the learning rate by its own ``enumerate`` counter, which
+no checkpoint holds and a step run again from its kept start does not put back."""
 
 import argparse
 
@@ -19,7 +19,12 @@ def main() -> None:
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(1)
     inputs, targets = torch.randn(96, 6, generator=data), torch.randn(96, 1, generator=data)
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2))
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=8,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(2),
+    )
     model = nn.Sequential(nn.Linear(6, 12), nn.Dropout(0.5), nn.Linear(12, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.97**step)

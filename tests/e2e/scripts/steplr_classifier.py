@@ -17,7 +17,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1.0)
     parser.add_argument("--gamma", type=float, default=0.7, help="learning rate step gamma")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--api-token", default=None, help="never used; a secret on the command line")
+    parser.add_argument(
+        "--api-token", default=None, help="never used; a secret on the command line"
+    )
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     data = torch.Generator().manual_seed(0)

@@ -61,7 +61,10 @@ def main() -> None:
                 torch.optim.SGD(netG.parameters(), lr=0.1)
             if done == args.iterations:
                 break
-        print(f"{done} iterations: loss D {(errD_real + errD_fake).item():.4f}, loss G {errG.item():.4f}")
+        print(
+            f"{done} iterations: loss D {(errD_real + errD_fake).item():.4f}, loss G "
+            f"{errG.item():.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -9,8 +9,12 @@ class Textures(Dataset):
     def __init__(self, n, train=True):
         rs = np.random.RandomState(0 if train else 1)
         self.labels = rs.randint(0, 4, size=n)
-        base = np.stack([np.sin(np.arange(8)[:, None] * (k + 1) + np.arange(8)[None, :] * k) for k in range(4)])
-        self.images = (base[self.labels][:, None] + 0.2 * rs.normal(size=(n, 3, 8, 8))).astype(np.float32)
+        base = np.stack(
+            [np.sin(np.arange(8)[:, None] * (k + 1) + np.arange(8)[None, :] * k) for k in range(4)]
+        )
+        self.images = (base[self.labels][:, None] + 0.2 * rs.normal(size=(n, 3, 8, 8))).astype(
+            np.float32
+        )
         self.train = train
 
     def __len__(self):

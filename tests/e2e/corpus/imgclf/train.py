@@ -38,7 +38,9 @@ def main(argv=None):
     args = parse_args(argv)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    loader = DataLoader(Textures(64), batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
+    loader = DataLoader(
+        Textures(64), batch_size=args.batch_size, shuffle=True, num_workers=args.workers
+    )
     model = SmallConvNet(dropout=args.dropout)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, nesterov=True)
     criterion = torch.nn.CrossEntropyLoss()
