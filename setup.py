@@ -12,7 +12,8 @@ setup(
         Extension(
             "bisect_repro.capture._hash_c",
             sources=["bisect_repro/capture/_hash_c.c"],
-            extra_compile_args=["-O3", "-pthread"],  # vector levels are chosen at run time: never -march=native
+            # vector levels are chosen at run time: never -march=native
+            extra_compile_args=["-O3", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,
         )
