@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
-from .diagnose.causes import cause_title
+from .diagnose.compare.causes.registry import cause_title
 from .diagnose.compare.compare import compare
 from .diagnose.compare.verdict import CompareResult
 from .report.html import comparison_html, run_losses, write_html

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from bisect_repro.diagnose.compare import compare as compare_module
-from bisect_repro.diagnose.compare.rules import Signals, violation
+from bisect_repro.diagnose.compare.rules import violation
+from bisect_repro.diagnose.compare.signals import Signals
 from bisect_repro.diagnose.compare.verdict import CompareResult
 
 __all__ = ["assert_rules_hold", "every_comparison_is_checked", "rule_violations"]

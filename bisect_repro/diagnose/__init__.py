@@ -9,9 +9,11 @@
 - ``show/``: what one run directory holds (entry:
   :func:`bisect_repro.diagnose.show.summary.run_summary`).
 
-Shared by them, here: the one table of causes and fixes (``causes``), whether a step repeats from
-the same state (``selfcheck``), how large a tensor's difference is (``difference``) and the
-helpers of the results' JSON forms (``jsonform``).
+Shared by them, here: the fix for each kind of thing that makes runs differ, in words
+(``advice``), whether a step repeats from the same state (``selfcheck``), how large a tensor's
+difference is (``difference``) and the helpers of the results' JSON forms (``jsonform``). The
+causes ``compare`` names are its own: one registry, a module per cause
+(:mod:`bisect_repro.diagnose.compare.causes`).
 
 Imports between the parts run one way (``tests/test_layering.py`` checks it): the shared modules
 import no subpackage; ``doctor/`` imports nothing of ``compare/``, ``numerics/`` or ``show/``, and

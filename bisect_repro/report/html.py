@@ -9,9 +9,9 @@ no file and run nothing. Reading the losses and writing the file is :func:`run_l
 
 The guarantee: the page holds the same facts as ``--json`` (the verdict with its cause,
 confidence, explanation, fix and evidence; the snapshot timeline by layer and random stream; the
-first divergent tensor's difference; the ops around the first divergent op; the config and
-environment diffs; the replay; the notes; per-rank rows when the object has ``ranks``), plus the
-loss curves. Every string from the object or a run (paths, names, values, explanations) is
+first divergent tensor's difference; the ops around the first divergent op; the config,
+environment and code diffs; the replay; the notes; per-rank rows when the object has ``ranks``),
+plus the loss curves. Every string from the object or a run (paths, names, values, explanations) is
 escaped, nothing is loaded from the network and no script runs in it. Its size is bounded by the
 charts' limits, not the run's length: a 10,000-step run gives a report of a few hundred KB.
 
@@ -28,7 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..diagnose.causes import cause_title
+from ..diagnose.compare.causes.registry import cause_title
+from ..diagnose.compare.differences import CodeDifference
 from ..diagnose.compare.verdict import SCHEMA as COMPARE_SCHEMA
 from ..diagnose.compare.verdict import CompareResult, OpContext, RankResult, TimelineRow, Verdict
 from ..diagnose.show.summary import SCHEMA as SHOW_SCHEMA
@@ -206,7 +207,7 @@ def _verdict(result: CompareResult) -> str:
         body += f"<p>Reseeded from entropy during the step:</p><ul>{items}</ul>"
     if verdict.evidence:
         rows = [
-            [esc(e.experiment), esc(e.subject), badge(e.outcome.value), esc(e.detail)]
+            [esc(e.label), esc(e.subject), badge(e.outcome.value), esc(e.detail)]
             for e in verdict.evidence
         ]
         body += "<h2>Evidence</h2>" + table(["experiment", "on", "result", "what was seen"], rows)
@@ -418,17 +419,18 @@ def _ops(ops: Sequence[OpContext]) -> str:
 
 
 def _diffs(result: CompareResult) -> str:
-    """The config and environment diffs: ``{key: [a, b]}``, ``None`` for a key one run does not
-    set."""
+    """The config and environment diffs (``{key: [a, b]}``, ``None`` for a key one run does not
+    set), and each code file that differs."""
 
     def side(pair: Any, i: int) -> str:
         found = pair[i] if isinstance(pair, list) and len(pair) > i else None
         return '<span class="muted">not set</span>' if found is None else value(found)
 
+    differences = result.differences
     out = ""
     for title, diff in (
-        ("Config diff", result.config_diff),
-        ("Environment diff", result.environment_diff),
+        ("Config diff", differences.config),
+        ("Environment diff", differences.environment),
     ):
         if diff:
             out += section(
@@ -438,7 +440,25 @@ def _diffs(result: CompareResult) -> str:
                     [[f"<code>{esc(k)}</code>", side(v, 0), side(v, 1)] for k, v in diff.items()],
                 ),
             )
+    for code in differences.code:
+        out += section("Code diff", table(["", "run A", "run B"], _code_rows(code)))
     return out
+
+
+def _code_rows(code: CodeDifference) -> list[list[str]]:
+    """A code file's path and hash in each run, and the first lines that differ (or why not)."""
+    rows = [
+        ["file", *(_code(path or "-") for path in code.path)],
+        ["sha256", *(_code(digest) for digest in code.sha256)],
+    ]
+    found = code.first_lines
+    if found is None:
+        return [*rows, ["lines", esc(code.lines_unavailable or "-"), ""]]
+    shown = [
+        f"line {value(line)}: <pre>{esc(chr(10).join(text) or '(nothing)')}</pre>"
+        for line, text in ((found.line[0], found.a), (found.line[1], found.b))
+    ]
+    return [*rows, ["first differing", *shown]]
 
 
 def _replay(result: CompareResult) -> str:

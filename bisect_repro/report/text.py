@@ -17,7 +17,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..diagnose.causes import cause_title
+from ..diagnose.compare.causes.registry import cause_title
+from ..diagnose.compare.differences import CodeDifference, Differences
 from ..diagnose.compare.verdict import CompareResult, RankResult, ReplayInfo, TimelineRow, Verdict
 from ..diagnose.doctor.doctor import DoctorReport
 from ..diagnose.doctor.findings import SEVERITIES
@@ -199,6 +200,36 @@ def _diff_table(title: str, diff: dict[str, list[Any]]) -> Table:
     return table
 
 
+def _code_table(code: CodeDifference) -> Table:
+    """A code file that differs: its path and hash in each run, and the first lines that differ
+    (or why they are not shown)."""
+    table = Table(title="code diff", title_justify="left", show_header=True, header_style="bold")
+    for column in ("", "run A", "run B"):
+        table.add_column(column)
+    table.add_row("file", *(safe_text(path or "-") for path in code.path))
+    table.add_row("sha256", *(safe_text(digest[:16]) for digest in code.sha256))
+    found = code.first_lines
+    if found is None:
+        table.add_row("lines", safe_text(code.lines_unavailable or "-"), "")
+        return table
+    shown = [
+        f"line {line}: " + safe_text("\n".join(text) or "(nothing)")
+        for line, text in ((found.line[0], found.a), (found.line[1], found.b))
+    ]
+    table.add_row("first differing", *shown)
+    return table
+
+
+def _print_differences(differences: Differences, console: Console) -> None:
+    """The config, environment and code differences, a table each where something differs."""
+    if differences.config:
+        console.print(_diff_table("config diff", differences.config))
+    if differences.environment:
+        console.print(_diff_table("environment diff", differences.environment))
+    for code in differences.code:
+        console.print(_code_table(code))
+
+
 def verdict_where(
     verdict: Verdict, *, ranks: Sequence[RankResult] | None = None
 ) -> list[tuple[str, str]]:
@@ -232,10 +263,7 @@ def render_comparison(result: CompareResult, console: Console) -> None:
     else:
         assert verdict is not None
         _print_verdict(verdict, result.ranks, console)
-    if result.config_diff:
-        console.print(_diff_table("config diff", result.config_diff))
-    if result.environment_diff:
-        console.print(_diff_table("environment diff", result.environment_diff))
+    _print_differences(result.differences, console)
     if verdict and verdict.max_abs_diff is not None:
         console.print(
             f"first divergent tensor [bold]{safe_text(verdict.tensor)}[/]: max |a-b| = "
@@ -300,7 +328,7 @@ def _print_verdict(verdict: Verdict, ranks: list[RankResult], console: Console) 
     for item in verdict.evidence:
         outcome = marks.get(item.outcome.value) or safe_text(item.outcome.value)
         table.add_row(
-            safe_text(item.experiment), safe_text(item.subject), outcome, safe_text(item.detail)
+            safe_text(item.label), safe_text(item.subject), outcome, safe_text(item.detail)
         )
     console.print(table)
 

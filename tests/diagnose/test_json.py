@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bisect_repro.capture.seeding import SeedingCall
-from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.compare.causes import Cause
 from bisect_repro.diagnose.compare.verdict import (
     CompareResult,
     Confidence,

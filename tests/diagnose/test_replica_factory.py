@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.compare.causes import Cause
 from bisect_repro.diagnose.compare.rebuild import streams_deciding_init
 from bisect_repro.diagnose.compare.verdict import Confidence
 from bisect_repro.diagnose.doctor.doctor import doctor

@@ -15,6 +15,10 @@
    precondition on the records before it is reported; a replay that contradicts the records yields
    to them, with a note.
 
+The records' verdict and their signals are made once per pair of runs compared (per rank of
+distributed runs) and handed to each stage that needs them: the replay's placement, the checks,
+the fallbacks where the replay proves nothing.
+
 Distributed runs are compared rank by rank from their records first: the first divergence over
 all ranks (:func:`~bisect_repro.diagnose.compare.records.first_divergence`) names a step and a rank,
 and ``ranks`` holds each rank's verdict from the records. Then both runs are replayed on all their
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...errors import RunFormatError
@@ -47,13 +51,22 @@ from ...replay.launch import Consent, LaunchSpec, ReplayUnavailable, spec_for_ru
 from ...replay.replica import ReplicaFailed, processes_started
 from ...store.nodes import Layout, read_layout
 from ...store.run import Run
-from ..causes import Cause
 from ..numerics.envelope import judge
+from .causes import Cause
 from .from_records import rank_verdict, records_verdict, structure_verdict
-from .records import Records, first_divergence, rank_zero_alike, read_records, through_collectives
-from .roles import RECEIVER, roles
-from .rules import Signals, enforce, reconcile
-from .verdict import CompareResult, Confidence, Numerics, Outcome, RankResult, Verdict
+from .records import Records, first_divergence, rank_zero_alike, read_records
+from .roles import RECEIVER, roles, through_collectives
+from .rules import enforce, reconcile
+from .signals import Signals
+from .verdict import (
+    DIFFERENCE_FIELDS,
+    CompareResult,
+    Confidence,
+    Numerics,
+    Outcome,
+    RankResult,
+    Verdict,
+)
 from .walk import Progress, walk
 
 __all__ = ["compare"]
@@ -102,11 +115,7 @@ def _compare_pair(
         )
     records = read_records(a, b)
     if records.structure is not None:
-        result = CompareResult(
-            runs=[str(a.path), str(b.path)],
-            config_diff=records.config_diff,
-            environment_diff=records.environment_diff,
-        )
+        result = CompareResult(runs=[str(a.path), str(b.path)], differences=records.differences)
         _run_names(records, result)
         result.verdict = structure_verdict(records)
         return result
@@ -115,10 +124,13 @@ def _compare_pair(
         _identical(records, result)
         result.numerics = judge(records, None)
         return result
+    named = records_verdict(records)
     specs = _specs(records, result, allow) if replay else None
-    replayed = _replay(records, specs, result, progress, announce) if specs is not None else None
+    replayed = (
+        _replay(records, named, specs, result, progress, announce) if specs is not None else None
+    )
     if replayed is None:
-        replayed, notes = enforce(records_verdict(records), Signals.of_records(records))
+        replayed, notes = enforce(named, Signals.of_records(records))
         result.notes += notes
     result.verdict = replayed
     result.numerics = judge(
@@ -137,7 +149,7 @@ def _unrepeatable(verdict: Verdict | None) -> str | None:
     ):
         return None
     shown = any(
-        e.experiment == "self_rerun" and e.subject == "run A" and e.outcome is Outcome.DIFFERS
+        e.experiment == "self_rerun" and e.run == "A" and e.outcome is Outcome.DIFFERS
         for e in verdict.evidence
     )
     return (verdict.op or "a nondeterministic op") if shown else None
@@ -145,14 +157,11 @@ def _unrepeatable(verdict: Verdict | None) -> str | None:
 
 def _result_of(records: Records, a: Run, b: Run) -> CompareResult:
     """What the records of two runs (or of one rank of each) say, before any replay."""
-    result = CompareResult(
-        runs=[str(a.path), str(b.path)],
-        config_diff=records.config_diff,
-        environment_diff=records.environment_diff,
-    )
+    result = CompareResult(runs=[str(a.path), str(b.path)], differences=records.differences)
     _run_names(records, result)
     result.timeline, result.first_log_difference = records.timeline, records.logs
     result.unused_streams = records.unused_streams()
+    result.reseeded_steps = records.reseeded_steps()
     result.snapshots = {
         "last_equal": records.last_equal,
         "first_divergent": records.first_divergent,
@@ -162,21 +171,22 @@ def _result_of(records: Records, a: Run, b: Run) -> CompareResult:
 
 def _replay(
     records: Records,
+    named: Verdict,
     specs: tuple[LaunchSpec, LaunchSpec],
     result: CompareResult,
     progress: Progress | None,
     announce: Announce | None,
 ) -> Verdict | None:
     """Both runs replayed under ``specs`` (announced first): the verdict of the experiments, the
-    records' where they could not prove a cause; ``None``, with a note, when the replay failed or
-    did not reproduce the divergence."""
+    records' (``named``) where they could not prove a cause; ``None``, with a note, when the replay
+    failed or did not reproduce the divergence."""
     result.replay.commands = [spec.describe() for spec in specs]
     if announce is not None:
         announce(list(specs))
     started = processes_started()
     with forking() as forks:
         try:
-            replayed = walk(records, specs, result, progress)
+            replayed = walk(records, named, specs, result, progress)
         except (ReplicaFailed, ReplayUnavailable) as error:
             result.notes.append(
                 f"the replay failed, so the verdict is from the records alone: {error}"
@@ -200,40 +210,36 @@ def _replay(
             )
         return None
     signals = Signals.of_records(records)
-    checked, notes = reconcile(
-        _named_by_the_records(replayed, records), signals, lambda: records_verdict(records)
-    )
+    checked, notes = reconcile(_named_by_the_records(replayed, named), signals, named)
     result.notes += notes
     return checked
 
 
-def _named_by_the_records(verdict: Verdict, records: Records) -> Verdict:
-    """A replayed verdict that found no cause yields to the cause the records name (a reseed from
-    entropy in the divergent step, a stream that moved differently, a config or environment key),
-    marked inferred, with why the replay could not prove it: never "unknown" while the records
-    name a cause."""
-    if verdict.cause is not Cause.UNKNOWN:
-        return verdict
-    named = records_verdict(records)
-    if named.cause is Cause.UNKNOWN:
+def _named_by_the_records(verdict: Verdict, named: Verdict) -> Verdict:
+    """A replayed verdict that found no cause yields to the cause the records name (``named``: a
+    reseed from entropy in the divergent step, a stream that moved differently, a config or
+    environment key), marked inferred, with why the replay could not prove it: never "unknown"
+    while the records name a cause."""
+    if verdict.cause is not Cause.UNKNOWN or named.cause is Cause.UNKNOWN:
         return verdict
     # the replay's location is finer
     if named.step == verdict.step or (verdict.step < named.step and named.phase != "data"):
-        named.step, named.phase, named.layer = verdict.step, verdict.phase, verdict.layer
-        named.tensor, named.op = verdict.tensor, verdict.op
-        named.set_difference(
-            {
-                k: getattr(verdict, k)
-                for k in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram")
-            }
+        named = replace(
+            named,
+            step=verdict.step,
+            phase=verdict.phase,
+            layer=verdict.layer,
+            tensor=verdict.tensor,
+            op=verdict.op,
+            **{key: getattr(verdict, key) for key in DIFFERENCE_FIELDS},
         )
-    named.rank = verdict.rank
-    named.explanation += (
-        "; the replay could not prove it "
-        f"({verdict.explanation or 'no experiment isolated a cause'})"
+    unproven = verdict.explanation or "no experiment isolated a cause"
+    return replace(
+        named,
+        rank=verdict.rank,
+        explanation=f"{named.explanation}; the replay could not prove it ({unproven})",
+        evidence=[*verdict.evidence, *named.evidence],
     )
-    named.evidence = [*verdict.evidence, *named.evidence]
-    return named
 
 
 def _run_names(records: Records, result: CompareResult) -> None:
@@ -293,10 +299,11 @@ def _compare_ranks(
         records = read_records(a.open_rank(rank), b.open_rank(rank))
         ranks.append((records, rank_verdict(records)))
     first = first_divergence(ranks)
-    records, verdict = first if first is not None else (ranks[0][0], None)
+    records, named = first if first is not None else (ranks[0][0], None)
     result = _result_of(records, a, b)
-    if verdict is not None:
-        verdict, notes = enforce(verdict, Signals.of_records(records))
+    verdict = named
+    if named is not None:
+        verdict, notes = enforce(named, Signals.of_records(records))
         result.notes += notes
     result.verdict = verdict
     role = roles(ranks)
@@ -331,67 +338,81 @@ def _compare_ranks(
             f"the verdict is from the records of {shared}, which both have, and no step-by-step "
             "replay runs across layouts"
         )
-    elif specs is not None and verdict is not None:
+    elif specs is not None and named is not None:
         if (layout[0].nnodes or 1) > 1:
             result.notes.append(
                 f"run A was recorded on {layout[0].nnodes} nodes of {layout[0].nproc_per_node} "
                 "ranks; "
                 f"the replay runs its {a.world_size} ranks on this machine alone, where they fit"
             )
-        _replay_ranks(records, verdict, result, specs, progress, announce)
+        _replay_ranks(records, named, result, specs, progress, announce)
     result.numerics = judge(
         records,
         specs[0].on_ranks(a.world_size, 0) if specs is not None else None,
         _unrepeatable(result.verdict),
     )
     if not rank_zero_alike(a, b):
-        for found in {
-            id(v): v for v in [result.verdict, *(r.verdict for r in result.ranks)] if v is not None
-        }.values():
-            _by_layout(found, a, b, result.numerics)
+        _explained_by_layout(result, a, b)
     return result
 
 
-def _by_layout(verdict: Verdict, a: Run, b: Run, numerics: Numerics) -> None:
+def _explained_by_layout(result: CompareResult, a: Run, b: Run) -> None:
+    """Each verdict of the result (the comparison's and the ranks') that the records explain by
+    nothing, said to differ by layout (:func:`_by_layout`)."""
+    assert result.numerics is not None
+    numerics, made = result.numerics, {}
+
+    def said(verdict: Verdict | None) -> Verdict | None:
+        if verdict is None:
+            return None
+        if id(verdict) not in made:
+            made[id(verdict)] = _by_layout(verdict, a, b, numerics)
+        return made[id(verdict)]
+
+    result.verdict = said(result.verdict)
+    for rank in result.ranks:
+        rank.verdict = said(rank.verdict)
+
+
+def _by_layout(verdict: Verdict, a: Run, b: Run, numerics: Numerics) -> Verdict:
     """A verdict that the records explain by nothing, between runs whose ranks hold other tensors
     (shards against whole tensors, or other names): their hashes differ by layout alone, so it
     says so, and what the distance of their weights says."""
     if verdict.cause is not Cause.UNKNOWN:
-        return
-    verdict.explanation = (
-        f"rank {verdict.rank or 0} holds other tensors in each run ({a.layout} on {a.world_size}, "
-        f"{b.layout} on {b.world_size}), "
-        "so its hashes in the two differ at every snapshot, and nothing else in the records "
-        "differs; by the distance of their weights, "
-        f"{numerics.sentence}"
-    )
-    verdict.fix = (
-        "none for the layout itself; see numerics, which compares the weights whatever their layout"
+        return verdict
+    return replace(
+        verdict,
+        explanation=f"rank {verdict.rank or 0} holds other tensors in each run ({a.layout} on "
+        f"{a.world_size}, {b.layout} on {b.world_size}), so its hashes in the two differ at every "
+        "snapshot, and nothing else in the records differs; by the distance of their weights, "
+        f"{numerics.sentence}",
+        fix="none for the layout itself; see numerics, which compares the weights whatever their "
+        "layout",
     )
 
 
 def _replay_ranks(
     records: Records,
-    verdict: Verdict,
+    named: Verdict,
     result: CompareResult,
     specs: tuple[LaunchSpec, LaunchSpec],
     progress: Progress | None,
     announce: Announce | None,
 ) -> None:
-    """Both runs replayed on every rank, focused on the rank of the records' verdict: its verdict
-    replaces the records' when the replay reproduces the divergence."""
+    """Both runs replayed on every rank, focused on the rank of the records' verdict (``named``):
+    its verdict replaces the records' when the replay reproduces the divergence."""
     focus = records.a.rank
     world = records.a.world_size
     replayed = _replay(
         records,
+        named,
         (specs[0].on_ranks(world, focus), specs[1].on_ranks(world, focus)),
         result,
         progress,
         announce,
     )
     if replayed is not None:
-        replayed.rank = focus
-        result.verdict = replayed
+        result.verdict = replace(replayed, rank=focus)
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,8 @@ from ...replay.replica import ReplicaFailed
 from ...serve.protocol import StepResult
 from ...store.meta import CodeKind
 from ...store.run import Run
-from ..causes import Cause
 
 __all__ = [
-    "BISECTED_CAUSES",
     "FIXES",
     "CompileBisect",
     "bisect_compiled",
@@ -236,12 +234,6 @@ def _detail(debug_info: str | None) -> str:
     return text
 
 
-BISECTED_CAUSES = frozenset({Cause.CONFIG, Cause.ENVIRONMENT, Cause.UNKNOWN})
-"""The verdicts a compiler can explain: a setting (the compile flag), or nothing found. A step that
-differs for a random stream, the data, hidden state or a nondeterministic op is not bisected:
-every trial would differ for that reason."""
-
-
 def compiled_side(
     calls: tuple[list[CompileCall], list[CompileCall]],
 ) -> tuple[int | None, str | None]:
@@ -363,15 +355,14 @@ def compile_bisect(
     specs: tuple[LaunchSpec, LaunchSpec],
     divergence: Divergence,
     checkpoints: tuple[int, int],
-    cause: Cause,
     *,
     start: ReplicaFactory = start_replica,
 ) -> CompileBisect | None:
-    """The compiler bisection of the divergent step, where exactly one run compiled and the
-    verdict's ``cause`` is one a compiler can explain (``None`` otherwise); a fresh replica of the
-    compiled run runs the trials."""
-    if cause not in BISECTED_CAUSES:
-        return None
+    """The compiler bisection of the divergent step, where exactly one run compiled (``None``
+    otherwise); a fresh replica of the compiled run runs the trials. Which verdicts it runs on is
+    their cause's (``compiler_may_explain`` in the cause registry): a step that differs for a
+    random stream, the data, hidden state or a nondeterministic op would differ in every trial for
+    that reason."""
     try:
         calls = (replicas[0].compiled(), replicas[1].compiled())
     except ReplicaFailed:

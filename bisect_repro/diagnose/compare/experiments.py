@@ -44,9 +44,13 @@ from ...replay.launch import LaunchSpec
 from ...replay.lockstep import Divergence, Lockstep
 from ...replay.ranked import start_replica
 from ...serve.protocol import StepResult
-from ..causes import Cause, config_values, explanation_for, fix_for
+from ..advice import hidden_state_fix
 from ..difference import difference_stats
 from ..selfcheck import OPS_PHASE, RERUNS, Repeatability, check_repeats, ops_context
+from .causes import Cause
+from .causes.entry import Particulars
+from .causes.registry import explanation_for, fix_for
+from .draft import Draft
 from .records import Records
 from .reseeds import prove_kept
 from .swaps import Swaps
@@ -103,9 +107,13 @@ class StepAnalysis:
             checkpoint_a=checkpoints[0],
         )
 
-    def _add(self, experiment: str, subject: str, outcome: str, detail: str) -> None:
+    def _add(
+        self, experiment: str, subject: str, outcome: str, detail: str, run: str | None = None
+    ) -> None:
         self.evidence.append(
-            Evidence(experiment=experiment, subject=subject, outcome=outcome, detail=detail)
+            Evidence(
+                experiment=experiment, subject=subject, outcome=outcome, detail=detail, run=run
+            )
         )
 
     def _rank(self) -> int | None:
@@ -149,8 +157,9 @@ class StepAnalysis:
                 f"run {parted[0]}",
                 "differs",
                 f"replayed, run {parted[0]} does not reproduce its own records at step {s}",
+                run=parted[0],
             )
-        verdict = Verdict(
+        verdict = Draft(
             step=s, phase=entry.phase, layer=entry.layer, tensor=entry.tensor, rank=self._rank()
         )
         for label, check in checks.items():
@@ -170,14 +179,10 @@ class StepAnalysis:
         else:
             self.swaps.compute(verdict, ta)
         if entry.phase != "data":
-            self._locate(
-                verdict, entry.phase, index, op=verdict.cause is not Cause.NONDETERMINISTIC_OP
-            )
-        verdict.evidence = self.evidence
-        self._words(verdict)
-        return verdict
+            self._locate(verdict, entry.phase, index, op=verdict.op is None)
+        return self._words(verdict)
 
-    def _kept(self, verdict: Verdict, ta: StepResult, tb: StepResult) -> bool:
+    def _kept(self, verdict: Draft, ta: StepResult, tb: StepResult) -> bool:
         runs = (self.records.a, self.records.b)
         found = prove_kept(
             verdict,
@@ -209,13 +214,7 @@ class StepAnalysis:
         recorded = self.records.a.meta.environment
         here = env.diff(recorded, self.ra.describe().environment)
         machine = [k for k in here if k in _MACHINE]
-        verdict = Verdict(step=step, evidence=self.evidence)
         if machine:
-            verdict.cause, verdict.confidence, verdict.environment_keys = (
-                Cause.ENVIRONMENT,
-                Confidence.INFERRED,
-                machine,
-            )
             shown = ", ".join(f"{k} {here[k][0]} recorded, {here[k][1]} here" for k in machine)
             self._add(
                 "environment",
@@ -223,35 +222,38 @@ class StepAnalysis:
                 "differs",
                 f"this machine differs: {shown}",
             )
-            verdict.explanation = (
-                f"the replay of step {step} does not reproduce the records, and "
-                f"this machine differs from the recording's ({shown})"
+            return Verdict(
+                step=step,
+                cause=Cause.ENVIRONMENT,
+                confidence=Confidence.INFERRED,
+                environment_keys=machine,
+                explanation=f"the replay of step {step} does not reproduce the records, and "
+                f"this machine differs from the recording's ({shown})",
+                fix="compare the runs where they were recorded, or record them again here",
+                evidence=list(self.evidence),
             )
-            verdict.fix = "compare the runs where they were recorded, or record them again here"
-            return verdict
-        changed = self.ra.reruns and self._depends_on_calls(step)
-        if changed:
-            verdict.cause, verdict.confidence = Cause.HIDDEN_STATE, Confidence.PROVEN
-            verdict.explanation = (
-                f"step {step} does not compute what was recorded when replayed from a checkpoint, "
-                "and what it computes depends on "
-                "how many times the code ran before: it reads state that no checkpoint holds (a "
-                "counter in a closure, a global)"
+        if self.ra.reruns and self._depends_on_calls(step):
+            return Verdict(
+                step=step,
+                cause=Cause.HIDDEN_STATE,
+                confidence=Confidence.PROVEN,
+                explanation=f"step {step} does not compute what was recorded when replayed from a "
+                "checkpoint, and what it computes depends on how many times the code ran before: "
+                "it reads state that no checkpoint holds (a counter in a closure, a global)",
+                fix=hidden_state_fix(),
+                evidence=list(self.evidence),
             )
-            verdict.fix = fix_for(Cause.HIDDEN_STATE)
-        else:
-            verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED
-            verdict.explanation = (
-                f"the recorded runs differ at step {step}, but the replayed ones agree and repeat "
-                "it: a nondeterministic kernel that "
-                "agreed with itself here, or state no checkpoint holds that the experiments did "
-                "not reach"
-            )
-            verdict.fix = (
-                fix_for(Cause.UNKNOWN)
-                + "; run compare again on an otherwise idle machine, or run doctor on the code"
-            )
-        return verdict
+        return Verdict(
+            step=step,
+            cause=Cause.UNKNOWN,
+            confidence=Confidence.UNEXPLAINED,
+            explanation=f"the recorded runs differ at step {step}, but the replayed ones agree and "
+            "repeat it: a nondeterministic kernel that agreed with itself here, or state no "
+            "checkpoint holds that the experiments did not reach",
+            fix=fix_for(Cause.UNKNOWN, Particulars())
+            + "; run compare again on an otherwise idle machine, or run doctor on the code",
+            evidence=list(self.evidence),
+        )
 
     def _depends_on_calls(self, step: int) -> bool:
         """Replay run A afresh with its first step run extra times: does ``step`` compute something
@@ -286,6 +288,7 @@ class StepAnalysis:
                 "differs",
                 f"replayed again from step {first}, step {step} computes something else even "
                 "without extra runs: it does not repeat",
+                run="A",
             )
             return False
         outcome = (
@@ -299,6 +302,7 @@ class StepAnalysis:
             "differs" if changed else "matches",
             f"replayed again from step {first} with that step run {extra} extra times first, step "
             f"{step} {outcome}",
+            run="A",
         )
         return changed
 
@@ -337,9 +341,10 @@ class StepAnalysis:
             detail = f"step {self.step} run again from the same state gives a different trace"
         else:
             detail = f"step {self.step} run again from the same state repeats exactly"
-        self._add("self_rerun", f"run {label}", "matches" if check.repeats else "differs", detail)
+        outcome = "matches" if check.repeats else "differs"
+        self._add("self_rerun", f"run {label}", outcome, detail, run=label)
 
-    def _reseeded(self, verdict: Verdict, checks: dict[str, Repeatability]) -> None:
+    def _reseeded(self, verdict: Draft, checks: dict[str, Repeatability]) -> None:
         for label, check in checks.items():
             what = (
                 f"with {_calls(check.reseeds)} given a fixed seed"
@@ -352,6 +357,7 @@ class StepAnalysis:
                 f"run {label}",
                 "matches" if check.reseed_proven else "differs",
                 f"{what}, step {self.step} {outcome}",
+                run=label,
             )
             verdict.rng = sorted({*verdict.rng, *check.streams})
             verdict.reseeded += [c for c in check.reseeds if c not in verdict.reseeded]
@@ -359,14 +365,14 @@ class StepAnalysis:
         proven = all(c.reseed_proven and c.reseeds for c in checks.values())
         verdict.confidence = Confidence.PROVEN if proven else Confidence.INFERRED
 
-    def _differs_from_itself(self, verdict: Verdict, label: str, check: Repeatability) -> None:
+    def _differs_from_itself(self, verdict: Draft, label: str, check: Repeatability) -> None:
         subject = f"run {label}"
         if check.hidden:
             # Only a re-run that took other ops or arguments proves it; re-runs that merely agree
             # with each other and not with the first run could be a kernel that agreed with itself.
             confidence = Confidence.INFERRED if check.first_run_only else Confidence.PROVEN
             verdict.cause, verdict.confidence = Cause.HIDDEN_STATE, confidence
-            self._add("self_rerun", subject, "differs", check.hidden)
+            self._add("self_rerun", subject, "differs", check.hidden, run=label)
             return
         if (
             check.trace is not None
@@ -388,6 +394,7 @@ class StepAnalysis:
                 "draws another "
                 f"{check.trace.entries[check.first].tensor}: the data is drawn from a generator no "
                 "recorded stream holds",
+                run=label,
             )
             self.swaps.seeded_alike(verdict)  # a global stream drawn before the first snapshot
             return
@@ -398,6 +405,7 @@ class StepAnalysis:
                 subject,
                 "inconclusive",
                 "no single op with identical inputs gave different outputs in the re-runs",
+                run=label,
             )
             return
         op = check.op
@@ -416,14 +424,15 @@ class StepAnalysis:
             f"in {check.op_pairs} pair(s) of re-runs from the same state, {op.op} "
             f"({op.phase or 'step'}{module}) gave other outputs "
             "on identical inputs",
+            run=label,
         )
         self._determinism_settings(verdict)
 
-    def _determinism_settings(self, verdict: Verdict) -> None:
+    def _determinism_settings(self, verdict: Draft) -> None:
         """When the runs' determinism switches differ, show whether run A's make run B repeat."""
         keys = [
             k
-            for k in self.records.environment_diff
+            for k in self.records.differences.environment
             if "determinis" in k or k.startswith("torch.backends.cudnn.")
         ]
         if not keys:
@@ -442,7 +451,7 @@ class StepAnalysis:
         )
 
     # -- 4. the op and the size of the difference ----------------------------------------------
-    def _locate(self, verdict: Verdict, phase: str, index: int, *, op: bool) -> None:
+    def _locate(self, verdict: Draft, phase: str, index: int, *, op: bool) -> None:
         """One traced run of each: the first op where the runs part (``op``), with the ops around
         it, and the two copies of the first divergent tensor. A nondeterministic step may need a
         few tries to differ again."""
@@ -464,7 +473,7 @@ class StepAnalysis:
             if named and verdict.fraction_differing is not None:
                 return
 
-    def _name_op(self, verdict: Verdict, oa: list[Any], ob: list[Any]) -> bool:
+    def _name_op(self, verdict: Draft, oa: list[Any], ob: list[Any]) -> bool:
         found = first_divergent_op(oa, ob)
         if found is None:
             return False
@@ -487,61 +496,52 @@ class StepAnalysis:
         return True
 
     # -- the words -----------------------------------------------------------------------------
-    def _words(self, verdict: Verdict) -> None:
+    def _where(self, verdict: Draft) -> str:
         if verdict.phase == "data":
-            where = (
-                f"step {self.step}, the batch's "
-                f"{'sample indices' if verdict.tensor == 'batch.indices' else verdict.tensor}"
-            )
-        else:
-            where = f"step {self.step}, {verdict.phase} pass, {verdict.tensor}" + (
-                f" (op {verdict.op})" if verdict.op else ""
-            )
+            what = "sample indices" if verdict.tensor == "batch.indices" else verdict.tensor
+            return f"step {self.step}, the batch's {what}"
+        return f"step {self.step}, {verdict.phase} pass, {verdict.tensor}" + (
+            f" (op {verdict.op})" if verdict.op else ""
+        )
+
+    def _words(self, verdict: Draft) -> Verdict:
+        """The verdict, made from the draft: its explanation and fix worded by its cause."""
+        proven = verdict.confidence is Confidence.PROVEN
         data_by = ", ".join(verdict.rng or verdict.config_keys or verdict.environment_keys) or None
-        if verdict.confidence is not Confidence.PROVEN:
-            data_by = None  # not shown by fetching the batch again
-        keys = verdict.config_keys or verdict.environment_keys
-        if verdict.cause is Cause.CONFIG:
-            keys = config_values(self.records.config_diff, keys)
-        between = (
-            self.step if verdict.phase == "data" and verdict.reseeded and self.step > 0 else None
-        )
-        verdict.explanation = explanation_for(
-            verdict.cause,
-            where=where,
-            streams=verdict.rng,
-            reseeds=verdict.reseeded,
-            keys=keys,
-            data_by=data_by,
-            reseeded=self.reseeded,
-            between=between,
-            proven=verdict.confidence is Confidence.PROVEN,
-        )
-        if verdict.phase == "data" and verdict.rng and verdict.confidence is not Confidence.PROVEN:
-            verdict.explanation += (
-                f"; the streams the loader draws from differ there: {', '.join(verdict.rng)}"
-            )
-        resumed_here = self.records.b.meta.options.start_step == self.step > 0
-        # run B resumed at this very step: what differs is what the resume did not restore
-        if resumed_here:
-            verdict.explanation = (
-                f"run B resumed at step {self.step}, and the resume did not "
-                f"restore everything: {verdict.explanation}"
-            )
         records = self.records
-        resumed = records.b.meta.options.resumed_from is not None or resumed_here
-        config = {k: v for k, v in records.config_diff.items() if k in verdict.config_keys}
-        verdict.fix = fix_for(
-            verdict.cause,
+        resumed_here = records.b.meta.options.start_step == self.step > 0
+        config = records.differences.config
+        particulars = Particulars(
+            where=self._where(verdict),
             streams=verdict.rng,
             reseeds=verdict.reseeded,
-            resumed=resumed,
+            reseeded=self.reseeded,
+            between=self.step
+            if verdict.phase == "data" and verdict.reseeded and self.step > 0
+            else None,
+            resumed=records.b.meta.options.resumed_from is not None or resumed_here,
             loader=records.a.meta.loader,
             op=verdict.op,
-            keys=verdict.environment_keys,
-            config=config,
+            config_keys=verdict.config_keys,
+            config={k: v for k, v in config.items() if k in verdict.config_keys},
+            environment_keys=verdict.environment_keys,
+            differences=records.differences,
+            data_by=data_by if proven else None,  # else not shown by fetching the batch again
+            proven=proven,
         )
-        if verdict.cause is Cause.NONDETERMINISTIC_OP and verdict.environment_keys:
-            verdict.fix = (
-                fix_for(Cause.ENVIRONMENT, keys=verdict.environment_keys) + "; " + verdict.fix
+        explanation = explanation_for(verdict.cause, particulars)
+        if verdict.phase == "data" and verdict.rng and not proven:
+            explanation += (
+                f"; the streams the loader draws from differ there: {', '.join(verdict.rng)}"
             )
+        # run B resumed at this very step: what differs is what the resume did not restore
+        if resumed_here:
+            explanation = (
+                f"run B resumed at step {self.step}, and the resume did not "
+                f"restore everything: {explanation}"
+            )
+        return verdict.verdict(
+            explanation=explanation,
+            fix=fix_for(verdict.cause, particulars),
+            evidence=self.evidence,
+        )

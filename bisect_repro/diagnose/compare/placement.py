@@ -25,43 +25,40 @@ where the batch logs differ), never to a layer.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from ...replay.lockstep import Attempt, Lockstep
-from .from_records import records_verdict
-from .records import Records
-from .verdict import Evidence, Verdict
+from .verdict import DIFFERENCE_FIELDS, Evidence, Verdict
 
 __all__ = ["closing_note", "place"]
 
 _LOCATION = ("step", "phase", "layer", "tensor", "op")
 
 
-def place(verdict: Verdict, records: Records, lockstep: Lockstep, *, faithful: bool) -> None:
-    """Keep the replay's location when it was ``faithful`` up to the divergent step, else take the
-    records'; say which in the evidence."""
+def place(verdict: Verdict, named: Verdict, lockstep: Lockstep, *, faithful: bool) -> Verdict:
+    """The verdict with the replay's location when it was ``faithful`` up to the divergent step,
+    else with the records' (``named``: the records' verdict); its evidence says which."""
     if faithful:
         start = lockstep.from_step
         detail = (
             f"located by a replay from step {start} that reproduced both runs' records up to "
             f"step {verdict.step}"
         )
-        verdict.evidence.append(
-            Evidence(experiment="location", subject="the replay", outcome="matches", detail=detail)
+        located = Evidence(
+            experiment="location", subject="the replay", outcome="matches", detail=detail
         )
-        return
-    named = records_verdict(records)
-    for key in _LOCATION:
-        setattr(verdict, key, getattr(named, key))
-    for key in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram"):
-        setattr(verdict, key, None)
+        return replace(verdict, evidence=[*verdict.evidence, located])
     detail = (
         "located by the records alone: the replay parted from its records before the "
         "divergent step, so it is not the run"
     )
-    verdict.evidence.append(
-        Evidence(
-            experiment="location", subject="the records", outcome="inconclusive", detail=detail
-        )
+    located = Evidence(
+        experiment="location", subject="the records", outcome="inconclusive", detail=detail
     )
+    located_by: dict[str, Any] = {key: getattr(named, key) for key in _LOCATION}
+    located_by.update(dict.fromkeys(DIFFERENCE_FIELDS))  # the records measure no tensor
+    return replace(verdict, **located_by, evidence=[*verdict.evidence, located])
 
 
 def _walk(attempt: Attempt, final: str, last: bool) -> str:

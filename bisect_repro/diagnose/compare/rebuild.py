@@ -23,7 +23,7 @@ from ...capture.seeding import SeedingCall
 from ...replay.interface import ReplicaFactory
 from ...replay.launch import LaunchSpec
 from ...replay.ranked import start_replica
-from ..causes import Cause
+from .causes import Cause
 from .verdict import Confidence, Evidence
 
 __all__ = ["InitStreams", "streams_deciding_init"]
@@ -75,7 +75,8 @@ def _one_stream(name: str, changed: list[str], seeding: list[SeedingCall]) -> Ev
     subject = f"run A's code with only {name} seeded differently"
     if changed:
         return Evidence(
-            experiment=f"stream:{name}",
+            experiment="stream",
+            narrowed_to=name,
             subject=subject,
             outcome="differs",
             detail=f"{changed[0]} changes",
@@ -88,10 +89,15 @@ def _one_stream(name: str, changed: list[str], seeding: list[SeedingCall]) -> Ev
             "this cannot show whether the build draws from it"
         )
         return Evidence(
-            experiment=f"stream:{name}", subject=subject, outcome="inconclusive", detail=detail
+            experiment="stream",
+            narrowed_to=name,
+            subject=subject,
+            outcome="inconclusive",
+            detail=detail,
         )
     return Evidence(
-        experiment=f"stream:{name}",
+        experiment="stream",
+        narrowed_to=name,
         subject=subject,
         outcome="matches",
         detail="the initial state is the same: nothing in the build draws from it",

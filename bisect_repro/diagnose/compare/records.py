@@ -21,15 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...capture import env
 from ...capture.rng import tree_digest
 from ...errors import BisectReproError
-from ...record.arguments import argv_flags
-from ...store.meta import CodeKind
 from ...store.run import Run
-from ..causes import Cause, cause_title
 from ..selfcheck import seeds_one_of
-from .settings import SettingsDifference, settings_difference
+from .differences import Differences, read_differences
+from .settings import settings_difference
 from .verdict import TimelineRow, Verdict
 
 __all__ = [
@@ -39,7 +36,6 @@ __all__ = [
     "model_name",
     "rank_zero_alike",
     "read_records",
-    "through_collectives",
 ]
 
 
@@ -72,19 +68,18 @@ class Records:
 
     a: Run
     b: Run
-    config_diff: dict[str, list[Any]]
-    environment_diff: dict[str, list[Any]]
+    differences: Differences
+    """What differs in how the runs were set up: config, environment, code, settings."""
     structure: str | None = None
     """The first parameter or buffer whose name, shape or dtype differs."""
     run_names: list[str] = field(default_factory=list)
     """Config keys whose values differ only by naming each run's own directory (an output folder):
-    they cannot change the numbers, so they are kept out of ``config_diff`` and of every verdict."""
+    they cannot change the numbers, so they are kept out of the config differences and of every
+    verdict."""
     timeline: list[TimelineRow] = field(default_factory=list)
     logs: dict[str, int | None] = field(default_factory=dict)
     last_equal: int | None = None
     first_divergent: int | None = None
-    settings: SettingsDifference | None = None
-    """The first snapshot where the optimizer's or the scheduler's non-tensor state differs."""
 
     @property
     def identical(self) -> bool:
@@ -156,6 +151,26 @@ class Records:
         differing = dict.fromkeys(s for row in self.timeline for s in row.streams)
         moved = self.drawn_between(self.timeline[0].step, self.timeline[-1].step)
         return [s for s in differing if s not in moved]
+
+    def reseeded_steps(self) -> list[int]:
+        """The steps whose logs, in either run, show a stream reseeded from entropy."""
+        last = max([*self.a.steps, *self.b.steps], default=0)
+        return sorted({step for step, _ in self.reseeds(0, last)})
+
+    def unordered_batch(self, end: int) -> int | None:
+        """The step whose batch differs first, at or before ``end``, where no sample indices were
+        recorded for it (order or content: not told apart)."""
+        step = self.logs.get("batch")
+        if step is None or step > end or self.a.steps.get(step, {}).get("order") is not None:
+            return None
+        return step
+
+    def resumed_at(self) -> tuple[str, int] | None:
+        """Which run started from a later step than the other (a resume), and that step."""
+        a, b = self.a.meta.options, self.b.meta.options
+        if a.start_step == b.start_step and b.resumed_from is None:
+            return None
+        return ("B", b.start_step) if b.start_step >= a.start_step else ("A", a.start_step)
 
     def drawn_between(self, start: int | None, end: int | None) -> set[str]:
         """Streams whose state changed between two snapshots of either run."""
@@ -238,50 +253,17 @@ def _first_log_differences(a: Run, b: Run) -> dict[str, int | None]:
     return found
 
 
-def _names_its_run(value: Any, run: Run) -> Any:
-    """``value`` with each path component that is the run directory's own name replaced by one
-    placeholder: ``runs/a/logs`` of run ``a`` and ``runs/b/logs`` of run ``b`` then read alike."""
-    if not isinstance(value, str):
-        return value
-    return "/".join("\0run" if part == run.path.name else part for part in value.split("/"))
-
-
-def run_config(run: Run) -> dict[str, Any]:
-    """A run's config as compared: a script's also holds its command line flag by flag, unless
-    its parsed arguments (keys ``--name``) are recorded, which say more (defaults, aliases)."""
-    config, launch = run.meta.config, run.meta.launch
-    if (
-        launch is None
-        or launch.code is None
-        or launch.code.kind is CodeKind.RECIPE
-        or any(k.startswith("-") for k in config)
-    ):
-        return config
-    return {**argv_flags(launch.argv), **config}
-
-
 def read_records(a: Run, b: Run) -> Records:
-    config_a, config_b = run_config(a), run_config(b)
-    differ = [
-        k for k in dict.fromkeys([*config_a, *config_b]) if config_a.get(k) != config_b.get(k)
-    ]
-    run_names = [
-        k
-        for k in differ
-        if _names_its_run(config_a.get(k), a) == _names_its_run(config_b.get(k), b)
-    ]
+    differences, run_names = read_differences(a, b)
     records = Records(
-        a,
-        b,
-        config_diff={k: [config_a.get(k), config_b.get(k)] for k in differ if k not in run_names},
-        environment_diff=env.diff(a.environment, b.environment),
-        structure=_structure_difference(a, b),
-        run_names=run_names,
+        a, b, differences=differences, structure=_structure_difference(a, b), run_names=run_names
     )
     if records.structure is not None:
         return records
     records.timeline, settings = _timeline(a, b)
-    records.settings = settings_difference(settings, records.config_diff)
+    records.differences = replace(
+        differences, settings=settings_difference(settings, differences.config)
+    )
     if not records.timeline:
         raise BisectReproError(
             f"{b.path}: has no snapshot at a step that {a.path} has; the runs cannot be compared"
@@ -317,32 +299,4 @@ def first_divergence(ranks: list[tuple[Records, Verdict | None]]) -> tuple[Recor
             not _shows_itself_at(item[0], item[1].step),
             item[0].a.rank,
         ),
-    )
-
-
-def through_collectives(
-    verdict: Verdict | None, first: Verdict, *, receiver: bool = False
-) -> Verdict | None:
-    """A rank's verdict when its own records explain nothing, or it is a ``receiver`` (its state
-    differed only after another rank's log did), and the ``first`` rank's records name a cause at
-    or before its step: that cause, inferred to have reached this rank through the collectives
-    (DDP's all-reduce carries one rank's difference to every rank in the same step)."""
-    own = verdict is not None and verdict.cause is not Cause.UNKNOWN and not receiver
-    if verdict is None or own or first.cause is Cause.UNKNOWN or verdict.rank == first.rank:
-        return verdict
-    if first.step > verdict.step:
-        return verdict
-    return replace(
-        verdict,
-        cause=first.cause,
-        rng=list(first.rng),
-        config_keys=list(first.config_keys),
-        environment_keys=list(first.environment_keys),
-        explanation=(
-            f"{verdict.explanation}; rank {first.rank} parted first, at step {first.step} "
-            f"({cause_title(first.cause)}), "
-            "and the collectives carry a rank's difference to the others, so this rank is "
-            "inferred to follow it"
-        ),
-        fix=first.fix,
     )

@@ -23,8 +23,9 @@ from ...replay.interface import ReplicaFactory, ReplicaLike
 from ...replay.launch import LaunchSpec
 from ...serve.protocol import StepResult
 from ...store.run import Run
-from ..causes import Cause
-from .verdict import Confidence, Evidence, Verdict
+from .causes import Cause
+from .draft import Draft
+from .verdict import Confidence, Evidence
 
 __all__ = ["prove_kept", "recorded_reseeds"]
 
@@ -58,7 +59,7 @@ def _kept_run(
 
 
 def prove_kept(
-    verdict: Verdict,
+    verdict: Draft,
     runs: tuple[Run, Run],
     specs: tuple[LaunchSpec, LaunchSpec],
     checkpoints: tuple[int, int],

@@ -15,14 +15,21 @@ Where the guarantees stop: roles are inferred from records only, at the resoluti
 snapshots (``--every``); two ranks that part on their own at different steps are told apart only
 when the later one's difference comes before the collectives reach it, which the records cannot
 show: it reads as a receiver.
+
+:func:`through_collectives` gives a receiver (or a rank whose records explain nothing) the cause of
+the rank that parted first, inferred to have reached it through the collectives.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from .causes import Cause
+from .causes.registry import cause_title
 from .records import Records
 from .verdict import Verdict
 
-__all__ = ["ORIGIN", "RECEIVER", "roles"]
+__all__ = ["ORIGIN", "RECEIVER", "roles", "through_collectives"]
 
 ORIGIN = "origin"
 RECEIVER = "receiver"
@@ -52,3 +59,31 @@ def roles(ranks: list[tuple[Records, Verdict | None]]) -> dict[int, str]:
         at_first = verdict.step == first
         found[rank] = ORIGIN if at_first and (rank in own or not own) else RECEIVER
     return found
+
+
+def through_collectives(
+    verdict: Verdict | None, first: Verdict, *, receiver: bool = False
+) -> Verdict | None:
+    """A rank's verdict when its own records explain nothing, or it is a ``receiver`` (its state
+    differed only after another rank's log did), and the ``first`` rank's records name a cause at
+    or before its step: that cause, inferred to have reached this rank through the collectives
+    (DDP's all-reduce carries one rank's difference to every rank in the same step)."""
+    own = verdict is not None and verdict.cause is not Cause.UNKNOWN and not receiver
+    if verdict is None or own or first.cause is Cause.UNKNOWN or verdict.rank == first.rank:
+        return verdict
+    if first.step > verdict.step:
+        return verdict
+    return replace(
+        verdict,
+        cause=first.cause,
+        rng=list(first.rng),
+        config_keys=list(first.config_keys),
+        environment_keys=list(first.environment_keys),
+        explanation=(
+            f"{verdict.explanation}; rank {first.rank} parted first, at step {first.step} "
+            f"({cause_title(first.cause)}), "
+            "and the collectives carry a rank's difference to the others, so this rank is "
+            "inferred to follow it"
+        ),
+        fix=first.fix,
+    )

@@ -48,10 +48,11 @@ from ...replay.replica import ReplicaFailed
 from ...serve.protocol import Fetched, StepResult
 from ...store.meta import CodeKind
 from ...store.run import Run
-from ..causes import Cause
+from .causes import Cause
+from .draft import Draft
 from .records import Records
 from .rules import arguments_not_named_for_data
-from .verdict import Confidence, Evidence, Verdict
+from .verdict import Confidence, Evidence
 
 __all__ = ["Swaps"]
 
@@ -100,15 +101,26 @@ class Swaps:
         """What starts a fresh replica of a spec
         (:func:`~bisect_repro.replay.ranked.start_replica`)."""
 
-    def _add(self, experiment: str, subject: str, matched: bool, detail: str) -> None:
+    def _add(
+        self,
+        experiment: str,
+        subject: str,
+        matched: bool,
+        detail: str,
+        narrowed_to: str | None = None,
+    ) -> None:
         self.evidence.append(
             Evidence(
-                experiment=experiment, subject=subject, outcome=_outcome(matched), detail=detail
+                experiment=experiment,
+                subject=subject,
+                outcome=_outcome(matched),
+                detail=detail,
+                narrowed_to=narrowed_to,
             )
         )
 
     # -- a step that computes differently ------------------------------------------------------
-    def compute(self, verdict: Verdict, trace_a: StepResult) -> None:
+    def compute(self, verdict: Draft, trace_a: StepResult) -> None:
         """Streams, settings, variables, config: the first that makes run B's step equal run A's."""
         s = self.step
 
@@ -148,7 +160,7 @@ class Swaps:
         verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED
 
     # -- a batch that differs ------------------------------------------------------------------
-    def data(self, verdict: Verdict, order: bool, fetched_a: Fetched, trace_a: StepResult) -> None:
+    def data(self, verdict: Draft, order: bool, fetched_a: Fetched, trace_a: StepResult) -> None:
         """The loader's and the global streams, then variables and config, for run B's batch."""
         s, kind = self.step, "order" if order else "batch"
         verdict.cause = (
@@ -193,7 +205,7 @@ class Swaps:
         ):
             verdict.confidence = Confidence.UNEXPLAINED
 
-    def _data_in_a_framework(self, verdict: Verdict) -> None:
+    def _data_in_a_framework(self, verdict: Draft) -> None:
         """A framework's loader cannot fetch a batch again: name, from the records, the streams the
         loader may have drawn from that differ at the step's start (inferred)."""
         s, (a, b) = self.step, (self.records.a, self.records.b)
@@ -229,7 +241,7 @@ class Swaps:
         if spec_b.kind is CodeKind.RECIPE or spec_a.argv == spec_b.argv:
             return False
         why = arguments_not_named_for_data(
-            list(self.records.config_diff), bool(self.records.reseeds(0, self.step))
+            list(self.records.differences.config), bool(self.records.reseeds(0, self.step))
         )
         if why is not None:
             subject = "run B relaunched with run A's arguments"
@@ -243,7 +255,7 @@ class Swaps:
             )
         return why is None
 
-    def seeded_alike(self, verdict: Verdict) -> bool:
+    def seeded_alike(self, verdict: Draft) -> bool:
         """A script whose batch no recorded stream decides (one step, from one restored state, draws
         another): the global streams that differ at the first snapshot may have been drawn before it
         (an unseeded ``np.random.permutation`` split). Both runs relaunched, each in a fresh process
@@ -307,16 +319,17 @@ class Swaps:
         culprits = [n for n in names if vanishes([n])] if len(names) > 1 else names
         for name in culprits if len(names) > 1 else ():
             self._add(
-                f"{experiment}:{name}",
+                experiment,
                 f"run B with run A's {name}",
                 True,
                 f"{name} alone makes step {self.step} match",
+                narrowed_to=name,
             )
         return culprits or names
 
     def _streams(
         self,
-        verdict: Verdict,
+        verdict: Draft,
         experiment: str,
         names: list[str],
         vanishes: Callable[[list[str]], bool],
@@ -334,8 +347,8 @@ class Swaps:
         verdict.rng, verdict.confidence = culprits, Confidence.PROVEN
         return True
 
-    def _settings(self, verdict: Verdict, vanishes: Callable[[dict[str, Any]], bool]) -> bool:
-        keys = [k for k in self.records.environment_diff if k in env.APPLICABLE]
+    def _settings(self, verdict: Draft, vanishes: Callable[[dict[str, Any]], bool]) -> bool:
+        keys = [k for k in self.records.differences.environment if k in env.APPLICABLE]
         if not keys:
             return False
         recorded = self.records.a.meta.environment
@@ -358,7 +371,7 @@ class Swaps:
 
     def _fresh(
         self,
-        verdict: Verdict,
+        verdict: Draft,
         vanishes: Callable[[Fetched, StepResult | None], bool],
         *,
         data: bool,
@@ -366,7 +379,7 @@ class Swaps:
         """Run B in a fresh process with run A's environment variables, then rebuilt with run A's
         config."""
         spec_a, spec_b = self.specs
-        variables = [k for k in self.records.environment_diff if k.startswith("env.")]
+        variables = [k for k in self.records.differences.environment if k.startswith("env.")]
         if variables and spec_a.variables != spec_b.variables:
             names = ", ".join(k.removeprefix("env.") for k in variables)
             found = self._narrowed(
@@ -389,7 +402,7 @@ class Swaps:
                     Confidence.PROVEN,
                 )
                 return True
-        config = self.records.config_diff
+        config = self.records.differences.config
         if config and spec_b.kind is not CodeKind.RECIPE and spec_a.argv != spec_b.argv:
             return self._relaunched(verdict, vanishes, data=data)
         if not config or spec_b.kind is not CodeKind.RECIPE:
@@ -434,7 +447,7 @@ class Swaps:
 
     def _relaunched(
         self,
-        verdict: Verdict,
+        verdict: Draft,
         vanishes: Callable[[Fetched, StepResult | None], bool],
         *,
         data: bool,
@@ -464,7 +477,7 @@ class Swaps:
         if matched:
             verdict.cause, verdict.config_keys, verdict.confidence = (
                 Cause.CONFIG,
-                list(self.records.config_diff),
+                list(self.records.differences.config),
                 Confidence.PROVEN,
             )
         return matched

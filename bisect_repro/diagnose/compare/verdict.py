@@ -5,10 +5,15 @@ A :class:`Verdict` names a cause only with the experiments that showed it: its `
 :class:`Evidence` item), ``inferred`` when only the records speak for it, and ``unexplained``
 when the experiments ran and none accounted for the difference.
 
+A :class:`Verdict` is made whole and never changed after: a later stage that says more (the
+records' location, a note on what the replay could not prove) makes a new one
+(``dataclasses.replace``). The experiments gather what they find in a
+:class:`~bisect_repro.diagnose.compare.draft.Draft` and make their verdict from it once.
+
 The JSON form is the ``bisect-repro/compare/2`` object documented in docs/json.md.
 Each ``to_json`` names its keys one by one, with every enumeration
-(:class:`~bisect_repro.diagnose.causes.Cause`, :class:`Confidence`, :class:`Outcome`) written as
-its value: a field added to a class reaches the JSON only when it is added there.
+(:class:`~bisect_repro.diagnose.compare.causes.Cause`, :class:`Confidence`, :class:`Outcome`)
+written as its value: a field added to a class reaches the JSON only when it is added there.
 ``CompareResult.from_json`` reads such an object back (a key absent from the object takes its
 default).
 """
@@ -16,19 +21,21 @@ default).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 from ...capture.seeding import SeedingCall
 from ...replay.lockstep import Parted
-from ..causes import Cause
 from ..jsonform import ReadBack, known_fields, plain_fields
 from ..numerics.numerics_result import Numerics
 from ..selfcheck import OpContext
+from .causes import Cause
 from .compiled import CompileBisect
+from .differences import Differences
 
 __all__ = [
+    "DIFFERENCE_FIELDS",
     "SCHEMA",
     "CompareResult",
     "Confidence",
@@ -42,6 +49,9 @@ __all__ = [
 ]
 
 SCHEMA = "bisect-repro/compare/2"
+
+DIFFERENCE_FIELDS = ("max_abs_diff", "max_ulp", "fraction_differing", "histogram")
+"""A verdict's fields that say how large the first divergent tensor's difference is."""
 
 
 class Confidence(str, Enum):
@@ -64,18 +74,31 @@ class Evidence:
     """One experiment and what it showed."""
 
     experiment: str
-    """What was run: ``records``, ``replay``, ``self_rerun``, ``reseed_fixed``, ``streams``,
-    ``stream:<name>``, ``environment``, ``environment_variables``, ``config``, ``config:<key>``,
-    ``data_streams``, ``rebuild``, ``op_trace``."""
+    """What was run: ``records``, ``replay``, ``location``, ``self_rerun``, ``reseed_fixed``,
+    ``reseed_kept``, ``stream``, ``environment``, ``environment_variables``, ``config``,
+    ``data_streams``, ``rebuild``, ``op_trace``, ``compile_bisect``."""
     subject: str
     """Which run it was run on, and how: ``run B with run A's streams``."""
     outcome: Outcome
     """What it showed."""
     detail: str
     """What was seen, in a sentence."""
+    narrowed_to: str | None
+    """The one name (a stream, a key) the experiment was narrowed to: ``stream:<name>`` in the
+    JSON's ``experiment``."""
+    run: str | None
+    """``A`` or ``B``: the one run the experiment ran on its own (against itself or its own
+    records); ``None`` for both runs, or one run under the other's conditions."""
 
     def __init__(
-        self, *, experiment: str, subject: str, outcome: Outcome | str, detail: str
+        self,
+        *,
+        experiment: str,
+        subject: str,
+        outcome: Outcome | str,
+        detail: str,
+        narrowed_to: str | None = None,
+        run: str | None = None,
     ) -> None:
         """``outcome`` may be given by its value (``"differs"``); an unknown one raises
         ``ValueError``."""
@@ -84,21 +107,46 @@ class Evidence:
             ("subject", subject),
             ("outcome", Outcome(outcome)),
             ("detail", detail),
+            ("narrowed_to", narrowed_to),
+            ("run", run),
         ):
             object.__setattr__(self, name, value)  # the instance is frozen
 
+    @property
+    def label(self) -> str:
+        """The experiment as the JSON and the reports name it: ``stream``, or ``stream:torch``
+        where it was narrowed to one name."""
+        named = f":{self.narrowed_to}" if self.narrowed_to is not None else ""
+        return f"{self.experiment}{named}"
+
     def to_json(self) -> dict[str, Any]:
         return {
-            "experiment": self.experiment,
+            "experiment": self.label,
             "subject": self.subject,
             "outcome": self.outcome.value,
             "detail": self.detail,
+            "run": self.run,
         }
 
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> Evidence:
+        """An item of ``evidence`` read back: its ``experiment`` is ``kind`` or ``kind:name``, the
+        JSON form :meth:`to_json` writes (the one place that form is read)."""
+        kind, narrowed, name = str(found["experiment"]).partition(":")
+        return cls(
+            experiment=kind,
+            subject=found["subject"],
+            outcome=found["outcome"],
+            detail=found["detail"],
+            narrowed_to=name if narrowed else None,
+            run=found.get("run"),
+        )
 
-@dataclass(kw_only=True)
+
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
-    """Where two runs first part ways, why, how sure, and the fix."""
+    """Where two runs first part ways, why, how sure, and the fix: made whole, never changed after
+    (see the module docstring)."""
 
     step: int
     """The 0-based count of ``step()`` calls before the divergent one (0 for the initial state)."""
@@ -127,10 +175,10 @@ class Verdict:
     fix: str = ""
     evidence: list[Evidence] = field(default_factory=list)
 
-    def set_difference(self, stats: dict[str, Any]) -> None:
-        for key in ("max_abs_diff", "max_ulp", "fraction_differing", "histogram"):
-            if key in stats:
-                setattr(self, key, stats[key])
+    def with_difference(self, stats: Mapping[str, Any]) -> Verdict:
+        """This verdict with the size of the first divergent tensor's difference (the keys of
+        :data:`DIFFERENCE_FIELDS` that ``stats`` holds)."""
+        return replace(self, **{k: stats[k] for k in DIFFERENCE_FIELDS if k in stats})
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -160,7 +208,7 @@ class Verdict:
             reseeded=[SeedingCall.from_json(call) for call in found.get("reseeded") or []],
             cause=Cause(found.get("cause", Cause.UNKNOWN.value)),
             confidence=Confidence(found.get("confidence", Confidence.INFERRED.value)),
-            evidence=[Evidence(**item) for item in found.get("evidence") or []],
+            evidence=[Evidence.from_json(item) for item in found.get("evidence") or []],
         )
 
 
@@ -255,8 +303,9 @@ class CompareResult:
     runs: list[str]
     identical: bool = False
     verdict: Verdict | None = None
-    config_diff: dict[str, list[Any]] = field(default_factory=dict)
-    environment_diff: dict[str, list[Any]] = field(default_factory=dict)
+    differences: Differences = field(default_factory=Differences)
+    """What differs in how the runs were set up: config, environment, code and settings (JSON:
+    ``config_diff``, ``environment_diff``, ``code_diff``, ``settings_diff``)."""
     snapshots: dict[str, int | None] = field(
         default_factory=lambda: {"last_equal": None, "first_divergent": None}
     )
@@ -278,13 +327,28 @@ class CompareResult:
     numerics: Numerics | None = None
     """The distance between the runs' weights against the rounding envelope
     (:mod:`bisect_repro.diagnose.numerics.numerics`)."""
+    reseeded_steps: list[int] = field(default_factory=list)
+    """The steps whose logs, in either run, show a stream reseeded from entropy."""
+
+    @property
+    def config_diff(self) -> dict[str, list[Any]]:
+        """The config keys and arguments that differ, ``{key: [a, b]}`` (``differences.config``)."""
+        return self.differences.config
+
+    @property
+    def environment_diff(self) -> dict[str, list[Any]]:
+        """The environment keys that differ, ``{key: [a, b]}`` (``differences.environment``)."""
+        return self.differences.environment
 
     def to_json(self) -> dict[str, Any]:
+        differences = self.differences.to_json()
         return {
             "schema": SCHEMA,
             **plain_fields(self, "runs", "identical"),
             "verdict": self.verdict.to_json() if self.verdict else None,
-            **plain_fields(self, "config_diff", "environment_diff", "snapshots"),
+            "config_diff": differences["config_diff"],
+            "environment_diff": differences["environment_diff"],
+            "snapshots": self.snapshots,
             "replay": self.replay.to_json(),
             "timeline": [row.to_json() for row in self.timeline],
             "first_log_difference": self.first_log_difference,
@@ -296,6 +360,9 @@ class CompareResult:
             if self.compile_bisect is not None
             else None,
             "numerics": self.numerics.to_json() if self.numerics else None,
+            "code_diff": differences["code_diff"],
+            "settings_diff": differences["settings_diff"],
+            "reseeded_steps": self.reseeded_steps,
         }
 
     @classmethod
@@ -307,6 +374,7 @@ class CompareResult:
                 cls,
                 found,
                 but=(
+                    "differences",
                     "verdict",
                     "replay",
                     "timeline",
@@ -316,6 +384,7 @@ class CompareResult:
                     "numerics",
                 ),
             ),
+            differences=Differences.from_json(found),
             ops_context=[OpContext.from_json(row) for row in found.get("ops_context") or []],
             numerics=Numerics.from_json(numerics) if numerics else None,
             verdict=Verdict.from_json(verdict) if verdict else None,

@@ -7,8 +7,10 @@ bisection where one run compiled, :mod:`bisect_repro.diagnose.compare.compiled`)
 before their first step are explained by rebuilding them
 (:mod:`bisect_repro.diagnose.compare.rebuild`). A replay that parted from its records before the
 divergent step downgrades what it proved, by the rules
-(:func:`~bisect_repro.diagnose.compare.rules.downgrade_unfaithful`), and never places the verdict
-(:func:`~bisect_repro.diagnose.compare.placement.place`).
+(:func:`~bisect_repro.diagnose.compare.rules.about_the_replayed_runs`), and never places the
+verdict (:func:`~bisect_repro.diagnose.compare.placement.place`). The records' verdict, made once by
+``compare``, is handed in: it places a verdict the replay cannot, and names the cause where the
+replay parted while fast-forwarding or where a rebuild explains nothing.
 
 Where the guarantees stop: the verdict returned here is not yet checked against the records;
 :func:`bisect_repro.diagnose.compare.compare.compare` does that
@@ -18,19 +20,23 @@ Where the guarantees stop: the verdict returned here is not yet checked against 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 from ...replay.launch import LaunchSpec
 from ...replay.lockstep import Divergence, Lockstep, Parted
 from ...store.run import Run
-from ..causes import Cause, fix_for
+from ..advice import hidden_state_fix
 from ..difference import difference_stats
+from .causes import Cause
+from .causes.entry import Particulars
+from .causes.registry import REGISTRY, fix_for
 from .compiled import compile_bisect
 from .experiments import StepAnalysis
-from .from_records import records_verdict
 from .placement import closing_note, place
-from .rebuild import streams_deciding_init
+from .rebuild import InitStreams, streams_deciding_init
 from .records import Records, layer_of
-from .rules import downgrade_unfaithful, expected_to_part
+from .rules import about_the_replayed_runs, expected_to_part
 from .verdict import CompareResult, Confidence, Evidence, Verdict
 
 __all__ = ["Progress", "walk"]
@@ -40,6 +46,7 @@ Progress = Callable[[str, int, int], None]
 
 def walk(
     records: Records,
+    named: Verdict,
     specs: tuple[LaunchSpec, LaunchSpec],
     result: CompareResult,
     progress: Progress | None,
@@ -47,11 +54,11 @@ def walk(
     """Both runs replayed in lockstep from their last checkpoints at or before the last equal
     snapshot to the first step where they part, then the experiments on that step: the verdict,
     placed (:mod:`~bisect_repro.diagnose.compare.placement`); ``None`` when the replay did not
-    reproduce the divergence."""
+    reproduce the divergence. ``named``: the records' verdict."""
     a, b = records.a, records.b
     if records.last_equal is None:
-        return _init_verdict(records, specs, result)
-    last_equal, end = records.last_equal, records.end
+        return _init_verdict(records, named, specs, result)
+    last_equal = records.last_equal
     ca, cb = _checkpoint_at(a, last_equal), _checkpoint_at(b, last_equal)
     if ca is None or cb is None:
         result.notes.append(
@@ -62,61 +69,80 @@ def walk(
     fa, fb = _checkpoint_at(a, -1), _checkpoint_at(b, -1)
     # a run with a checkpoint at or before last_equal has a first one
     assert fa is not None and fb is not None
-    checkpoints, first = (ca, cb), (fa, fb)
     lockstep = Lockstep((a, b), specs, progress)
-    info = result.replay
-    info.performed = True
+    result.replay.performed = True
     try:
-        divergence = lockstep.find(checkpoints, last_equal, end, first)
-        if lockstep.from_step is not None and lockstep.from_step < min(checkpoints):
-            checkpoints = first
-        info.from_step, info.replayed_steps = lockstep.from_step, lockstep.replayed
-        verdict, entropy = None, False
-        if divergence is not None:
-            if progress is not None:
-                progress("experimenting", 0, 1)
-            verdict, entropy = _experiment(
-                records, lockstep, divergence, specs, checkpoints, result
-            )
-        info.parted = list(lockstep.parted)
-        result.notes += lockstep.notes + lockstep.stopped_rewinds()
-        if divergence is None and lockstep.parted:
-            verdict = _parted_verdict(records, lockstep.parted)
-        expected = expected_to_part(verdict, unrecorded_data=entropy)
-        unfaithful = [
-            p
-            for p in lockstep.parted
-            if divergence is None
-            or p.step < divergence.step
-            or (p.step == divergence.step and not expected)
-        ]
-        info.faithful = not unfaithful
-        if (
-            verdict is not None
-            and divergence is not None
-            and unfaithful
-            and downgrade_unfaithful(verdict)
-        ):
+        return _walked(records, named, lockstep, specs, ((ca, cb), (fa, fb)), result, progress)
+    finally:
+        result.replay.seconds = round(lockstep.seconds, 3)
+        lockstep.close()
+
+
+def _walked(
+    records: Records,
+    named: Verdict,
+    lockstep: Lockstep,
+    specs: tuple[LaunchSpec, LaunchSpec],
+    starts: tuple[tuple[int, int], tuple[int, int]],
+    result: CompareResult,
+    progress: Progress | None,
+) -> Verdict | None:
+    """The lockstep to the divergent step, the experiments there, and the verdict judged by how
+    faithful the replay was."""
+    info, (checkpoints, first) = result.replay, starts
+    assert records.last_equal is not None
+    divergence = lockstep.find(checkpoints, records.last_equal, records.end, first)
+    if lockstep.from_step is not None and lockstep.from_step < min(checkpoints):
+        checkpoints = first
+    info.from_step, info.replayed_steps = lockstep.from_step, lockstep.replayed
+    verdict, entropy = None, False
+    if divergence is not None:
+        if progress is not None:
+            progress("experimenting", 0, 1)
+        verdict, entropy = _experiment(records, lockstep, divergence, specs, checkpoints, result)
+    info.parted = list(lockstep.parted)
+    result.notes += lockstep.notes + lockstep.stopped_rewinds()
+    if divergence is None and lockstep.parted:
+        verdict = _parted_verdict(named, lockstep.parted)
+    expected = expected_to_part(verdict, unrecorded_data=entropy)
+    unfaithful = [
+        p
+        for p in lockstep.parted
+        if divergence is None
+        or p.step < divergence.step
+        or (p.step == divergence.step and not expected)
+    ]
+    info.faithful = not unfaithful
+    if verdict is not None and divergence is not None:
+        verdict = _judged(verdict, named, lockstep, unfaithful, result)
+    closing = closing_note(lockstep, verdict)
+    if closing is not None:
+        result.notes.append(closing)
+    return verdict
+
+
+def _judged(
+    verdict: Verdict,
+    named: Verdict,
+    lockstep: Lockstep,
+    unfaithful: list[Parted],
+    result: CompareResult,
+) -> Verdict:
+    """A replayed verdict lowered where the replay parted from its records before the divergent
+    step, and placed (:func:`~bisect_repro.diagnose.compare.placement.place`), unless the parting
+    is its cause's own proof (then the parting is the finding)."""
+    if REGISTRY[verdict.cause].shown_by_parting:
+        return verdict
+    if unfaithful:
+        lowered = about_the_replayed_runs(verdict)
+        if lowered is not None:
+            verdict = lowered
             where = ", ".join(f"run {p.run} at step {p.step} ({p.what})" for p in unfaithful)
             result.notes.append(
                 f"the replay parted from the records ({where}): the steps read state no checkpoint "
-                "holds, "
-                "or ran in another environment; the verdict is about the replayed runs"
+                "holds, or ran in another environment; the verdict is about the replayed runs"
             )
-        # else the parting is the finding
-        if (
-            verdict is not None
-            and divergence is not None
-            and verdict.cause is not Cause.HIDDEN_STATE
-        ):
-            place(verdict, records, lockstep, faithful=not unfaithful)
-        closing = closing_note(lockstep, verdict)
-        if closing is not None:
-            result.notes.append(closing)
-        return verdict
-    finally:
-        info.seconds = round(lockstep.seconds, 3)
-        lockstep.close()
+    return place(verdict, named, lockstep, faithful=not unfaithful)
 
 
 def _experiment(
@@ -135,12 +161,17 @@ def _experiment(
     verdict = analysis.explain()
     result.ops_context = analysis.ops_context
     result.notes += analysis.notes
+    if not REGISTRY[verdict.cause].compiler_may_explain:
+        return verdict, analysis.unrecorded_data
     runs = (records.a, records.b)
-    found = compile_bisect(runs, lockstep.replicas, specs, divergence, checkpoints, verdict.cause)
+    found = compile_bisect(runs, lockstep.replicas, specs, divergence, checkpoints)
     result.compile_bisect = found
     if found is not None:
-        verdict.evidence.append(Evidence(**found.evidence()))
-        verdict.fix = "; ".join(filter(None, (verdict.fix, found.fix)))
+        verdict = replace(
+            verdict,
+            evidence=[*verdict.evidence, Evidence(**found.evidence())],
+            fix="; ".join(filter(None, (verdict.fix, found.fix))),
+        )
     return verdict, analysis.unrecorded_data
 
 
@@ -156,88 +187,105 @@ def _checkpoint_at(run: Run, step: int) -> int | None:
     return max((s for s in run.checkpoints if s <= step), default=None)
 
 
-def _parted_verdict(records: Records, parted: list[Parted]) -> Verdict:
+def _parted_verdict(named: Verdict, parted: list[Parted]) -> Verdict:
     """The replay reproduced neither its records nor the divergence (it parted while
-    fast-forwarding)."""
-    verdict = records_verdict(records)
+    fast-forwarding): the records' verdict (``named``), with the parting; hidden state where the
+    records name no cause."""
     first = min(parted, key=lambda p: p.step)
     detail = (
         f"restored from its checkpoint with every recorded stream and setting, run {first.run} "
         "does not reproduce its own "
         f"recorded {first.what} at step {first.step}"
     )
-    verdict.evidence.append(
-        Evidence(experiment="replay", subject=f"run {first.run}", outcome="differs", detail=detail)
+    evidence = Evidence(
+        experiment="replay",
+        subject=f"run {first.run}",
+        outcome="differs",
+        detail=detail,
+        run=first.run,
     )
-    verdict.explanation = (
-        f"{detail}: the steps read state that no checkpoint holds (a counter in a closure, a "
-        "global, the clock), "
-        f"or a nondeterministic kernel; {verdict.explanation}"
+    hidden = named.cause is Cause.UNKNOWN
+    return replace(
+        named,
+        evidence=[*named.evidence, evidence],
+        explanation=f"{detail}: the steps read state that no checkpoint holds (a counter in a "
+        f"closure, a global, the clock), or a nondeterministic kernel; {named.explanation}",
+        cause=Cause.HIDDEN_STATE if hidden else named.cause,
+        fix=hidden_state_fix() if hidden else named.fix,
     )
-    if verdict.cause is Cause.UNKNOWN:
-        verdict.cause, verdict.fix = Cause.HIDDEN_STATE, fix_for(Cause.HIDDEN_STATE)
-    return verdict
 
 
 def _init_verdict(
-    records: Records, specs: tuple[LaunchSpec, LaunchSpec], result: CompareResult
+    records: Records, named: Verdict, specs: tuple[LaunchSpec, LaunchSpec], result: CompareResult
 ) -> Verdict:
+    """Runs that differ from their first snapshot: which streams decide the initial state, proven
+    by building the code again; where they do not, the records' cause (``named``), inferred, unless
+    it is a stream's."""
     row = records.timeline[0]
     tensor = row.first_tensor
-    verdict = Verdict(
-        step=row.step, phase="init", tensor=tensor, layer=layer_of(tensor) if tensor else None
-    )
-    a, b = records.a, records.b
-    if (
-        row.step in a.checkpoints
-        and row.step in b.checkpoints
-        and tensor in a.meta.model.get("parameters", {})
-    ):
-        verdict.set_difference(
-            difference_stats(
-                a.checkpoint(row.step)["model"][tensor], b.checkpoint(row.step)["model"][tensor]
-            )
-        )
-    resumed = b.meta.options.resumed_from is not None
     found = streams_deciding_init(specs)
     result.replay.performed = True
-    verdict.cause, verdict.confidence, verdict.rng, verdict.reseeded = (
-        found.cause,
-        found.confidence,
-        found.streams,
-        found.reseeds,
-    )
-    verdict.evidence = found.evidence
+    cause, confidence, keys = found.cause, found.confidence, _keys(named)
     if found.cause is Cause.RNG_STATE:
-        verdict.explanation = (
+        explanation = (
             f"the runs start from different states ({tensor} differs at step {row.step}): the "
-            "initialisation draws from "
-            f"{', '.join(found.streams)}, which "
+            f"initialisation draws from {', '.join(found.streams)}, which "
             f"{'were reseeded from entropy' if found.reseeds else 'were not seeded alike'}"
         )
+        keys = {}
     else:
-        verdict.explanation = (
+        explanation = (
             f"{tensor} differs at step {row.step}, and building the code again "
             "with every global stream fixed does not explain it"
         )
-        if records.config_diff:
-            verdict.cause, verdict.config_keys, verdict.confidence = (
-                Cause.CONFIG,
-                list(records.config_diff),
-                Confidence.INFERRED,
-            )
-        elif records.environment_diff:
-            verdict.cause, verdict.environment_keys, verdict.confidence = (
-                Cause.ENVIRONMENT,
-                list(records.environment_diff),
-                Confidence.INFERRED,
-            )
-    verdict.fix = fix_for(
-        verdict.cause,
-        streams=verdict.rng,
-        reseeds=found.reseeds,
-        resumed=resumed,
-        keys=verdict.environment_keys,
-        config=records.config_diff,
+        # the records' cause, unless a stream's, which the rebuild just put to the test
+        if named.cause not in (Cause.RNG_STATE, Cause.UNKNOWN):
+            cause, confidence = named.cause, Confidence.INFERRED
+        else:
+            keys = {}
+    verdict = Verdict(
+        step=row.step,
+        phase="init",
+        tensor=tensor,
+        layer=layer_of(tensor) if tensor else None,
+        cause=cause,
+        confidence=confidence,
+        rng=list(found.streams),
+        reseeded=list(found.reseeds),
+        **keys,
+        explanation=explanation,
+        fix=fix_for(cause, _init_particulars(records, found, named)),
+        evidence=list(found.evidence),
     )
-    return verdict
+    return verdict.with_difference(_init_difference(records, row.step, tensor))
+
+
+def _keys(named: Verdict) -> dict[str, Any]:
+    return {"config_keys": named.config_keys, "environment_keys": named.environment_keys}
+
+
+def _init_particulars(records: Records, found: InitStreams, named: Verdict) -> Particulars:
+    return Particulars(
+        streams=found.streams,
+        reseeds=found.reseeds,
+        resumed=records.b.meta.options.resumed_from is not None,
+        config_keys=named.config_keys,
+        config=records.differences.config,
+        environment_keys=named.environment_keys,
+        differences=records.differences,
+    )
+
+
+def _init_difference(records: Records, step: int, tensor: str | None) -> dict[str, Any]:
+    """The size of the first differing tensor's difference at the first snapshot, where both
+    runs checkpoint it."""
+    a, b = records.a, records.b
+    if (
+        step in a.checkpoints
+        and step in b.checkpoints
+        and tensor in a.meta.model.get("parameters", {})
+    ):
+        return difference_stats(
+            a.checkpoint(step)["model"][tensor], b.checkpoint(step)["model"][tensor]
+        )
+    return {}

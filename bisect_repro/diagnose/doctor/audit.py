@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import causes
+from .. import advice
 from .findings import Finding, Severity
 
 __all__ = ["environment_findings"]
@@ -43,7 +43,7 @@ def environment_findings(
                 "cudnn-benchmark",
                 Severity.WARNING,
                 evidence,
-                causes.environment_fix(["torch.backends.cudnn.benchmark"]),
+                advice.environment_fix(["torch.backends.cudnn.benchmark"]),
             )
         )
     matmul, precision = (
@@ -76,7 +76,7 @@ def environment_findings(
                 "tf32",
                 Severity.WARNING if lowered else Severity.INFO,
                 evidence,
-                causes.environment_fix(keys),
+                advice.environment_fix(keys),
             )
         )
     if not threads_pinned:
@@ -92,7 +92,7 @@ def environment_findings(
                 "threads-unpinned",
                 Severity.WARNING,
                 evidence,
-                causes.environment_fix(["torch.get_num_threads"]),
+                advice.environment_fix(["torch.get_num_threads"]),
             )
         )
     if audit:
@@ -111,7 +111,7 @@ def _process_audit(fingerprint: Mapping[str, Any], cuda: bool) -> list[Finding]:
             "shows whether a recipe runs any"
         )
         found.append(
-            Finding("deterministic-algorithms", Severity.INFO, evidence, causes.op_fix(None))
+            Finding("deterministic-algorithms", Severity.INFO, evidence, advice.op_fix(None))
         )
     if cuda and not fingerprint.get("torch.backends.cudnn.deterministic"):
         evidence = (
@@ -123,7 +123,7 @@ def _process_audit(fingerprint: Mapping[str, Any], cuda: bool) -> list[Finding]:
                 "cudnn-deterministic",
                 Severity.INFO,
                 evidence,
-                causes.environment_fix(["torch.backends.cudnn.deterministic"]),
+                advice.environment_fix(["torch.backends.cudnn.deterministic"]),
             )
         )
     if cuda and fingerprint.get("env.CUBLAS_WORKSPACE_CONFIG") is None:
@@ -136,7 +136,7 @@ def _process_audit(fingerprint: Mapping[str, Any], cuda: bool) -> list[Finding]:
                 "cublas-workspace",
                 Severity.INFO,
                 evidence,
-                causes.environment_fix(["env.CUBLAS_WORKSPACE_CONFIG"]),
+                advice.environment_fix(["env.CUBLAS_WORKSPACE_CONFIG"]),
             )
         )
     if fingerprint.get("env.PYTHONHASHSEED") in (None, "random"):
@@ -151,7 +151,7 @@ def _process_audit(fingerprint: Mapping[str, Any], cuda: bool) -> list[Finding]:
                 "pythonhashseed",
                 Severity.INFO,
                 evidence,
-                causes.environment_fix(["env.PYTHONHASHSEED"]),
+                advice.environment_fix(["env.PYTHONHASHSEED"]),
             )
         )
     numeric = {

@@ -34,8 +34,7 @@ from typing import Any
 from ...capture.trace import first_difference, first_divergent_op, same_sequence, uninitialised
 from ...replay.interface import ReplicaLike
 from ...serve.protocol import StepResult
-from .. import causes
-from ..causes import Cause
+from .. import advice
 from ..difference import difference_stats
 from ..selfcheck import check_repeats
 from .findings import Finding, Severity
@@ -150,7 +149,7 @@ class RecipeChecks:
                     "nondeterministic-op",
                     "warning",
                     evidence,
-                    causes.op_fix(op.op),
+                    advice.op_fix(op.op),
                     layer=op.layer,
                     op=op.op,
                 )
@@ -162,7 +161,7 @@ class RecipeChecks:
             )
         else:
             evidence = shown + "computes something else, outside the ops of the step"
-        return [Finding("hidden-state", "error", evidence, causes.hidden_state_fix())]
+        return [Finding("hidden-state", "error", evidence, advice.hidden_state_fix())]
 
     def _why(self, check: Any) -> list[Finding]:
         s = check.step
@@ -173,7 +172,7 @@ class RecipeChecks:
                 if check.reseed_proven
                 else "fixing it did not make the step repeat"
             )
-            fix = causes.fix_for(Cause.RNG_STATE, streams=check.streams, reseeds=check.reseeds)
+            fix = advice.stream_fix(check.streams, reseeds=check.reseeds)
             return [
                 Finding(
                     f"reseeded-stream:{name}",
@@ -190,7 +189,7 @@ class RecipeChecks:
                 f"{check.hidden}: the step depends on state outside the Trainee, such as "
                 "how many times it has been called"
             )
-            return [Finding("hidden-state", "error", evidence, causes.hidden_state_fix())]
+            return [Finding("hidden-state", "error", evidence, advice.hidden_state_fix())]
         where = ""
         if check.trace is not None and check.first is not None:
             stats = self._difference(s, check.first)
@@ -207,7 +206,7 @@ class RecipeChecks:
                 f"step {s} run twice from the same state, batch and random streams gives "
                 f"different results{where}"
             )
-            return [Finding("nondeterministic-op", "error", evidence, causes.op_fix(None))]
+            return [Finding("nondeterministic-op", "error", evidence, advice.op_fix(None))]
         op = check.op
         evidence = (
             f"step {s} run again from the same state, batch and random streams: {op.op} in the "
@@ -220,7 +219,7 @@ class RecipeChecks:
                 "nondeterministic-op",
                 "error",
                 evidence,
-                causes.op_fix(op.op),
+                advice.op_fix(op.op),
                 layer=op.layer,
                 op=op.op,
             )
@@ -260,7 +259,7 @@ class RecipeChecks:
                 f"{op or 'an op'} in {', '.join(shown)}"
                 f"{more}: {places[0]['message']}"
             )
-            fix = causes.alert_fix(op, places[0]["message"])
+            fix = advice.alert_fix(op, places[0]["message"])
             self.findings.append(
                 Finding(
                     "deterministic-warning",

@@ -46,7 +46,7 @@ from ...capture.rng import GLOBAL_STREAMS
 from ...errors import BisectReproError, RecipeError
 from ...record.recipe import recipe_file
 from ...replay.interface import ReplicaFactory
-from .. import causes
+from .. import advice
 from .audit import environment_findings
 from .checks import RecipeChecks, threads_finding
 from .findings import SEVERITIES, Finding, Severity
@@ -166,7 +166,7 @@ class _Diagnosis:
                 "unseeded-init",
                 "error",
                 evidence,
-                causes.stream_fix(streams),
+                advice.stream_fix(streams),
                 layer=first.rpartition(".")[0] or None,
             )
         )
@@ -195,7 +195,7 @@ class _Diagnosis:
                         f"unseeded-stream:{name}",
                         "error",
                         evidence,
-                        causes.generator_fix(name, kind),
+                        advice.generator_fix(name, kind),
                     )
                 )
             self.explained |= {"order", *hidden}
@@ -210,9 +210,7 @@ class _Diagnosis:
                 f"({self._digests(streams[0])})"
             )
             self._add(
-                Finding(
-                    "unseeded-shuffle", "error", evidence, causes.data_fix("data_order", loader)
-                )
+                Finding("unseeded-shuffle", "error", evidence, advice.data_fix(loader, order=True))
             )
             self.explained |= {"order", *streams}
         else:
@@ -244,9 +242,9 @@ class _Diagnosis:
                     "; shown here: with it one draw further, the same samples come out different"
                 )
             fix = (
-                causes.generator_fix(name, self.a.built.hidden[name].kind, workers=workers)
+                advice.generator_fix(name, self.a.built.hidden[name].kind, workers=workers)
                 if name in self.a.built.hidden
-                else causes.stream_fix([name])
+                else advice.stream_fix([name])
             )
             self._add(Finding(f"unseeded-stream:{name}", "error", evidence, fix))
         self.explained |= {"content", *culprits} if culprits else set()
@@ -265,9 +263,7 @@ class _Diagnosis:
                 f"({seeds[0]} vs {seeds[1]})"
             )
             self._add(
-                Finding(
-                    "unseeded-workers", "error", evidence, causes.data_fix("data_content", loader)
-                )
+                Finding("unseeded-workers", "error", evidence, advice.data_fix(loader, order=False))
             )
             self.explained |= {
                 "content",
@@ -294,7 +290,7 @@ class _Diagnosis:
                     f"unseeded-stream:{name}",
                     "warning",
                     evidence,
-                    causes.generator_fix(name, kind, workers=workers),
+                    advice.generator_fix(name, kind, workers=workers),
                 )
             )
 
@@ -315,7 +311,7 @@ class _Diagnosis:
                     "it)"
                 )
                 self._add(
-                    Finding(f"unseeded-stream:{name}", "error", evidence, causes.stream_fix([name]))
+                    Finding(f"unseeded-stream:{name}", "error", evidence, advice.stream_fix([name]))
                 )
                 self.explained |= {"step", name}
             elif final_differs and self.local.unrepeatable_step is None:
@@ -326,7 +322,7 @@ class _Diagnosis:
                     "they started alike"
                 )
                 self._add(
-                    Finding(f"unseeded-stream:{name}", "error", evidence, causes.stream_fix([name]))
+                    Finding(f"unseeded-stream:{name}", "error", evidence, advice.stream_fix([name]))
                 )
                 self.explained |= {"step", name}
             else:
@@ -338,7 +334,7 @@ class _Diagnosis:
                     "anything that draws from it later will differ"
                 )
                 self._add(
-                    Finding(f"unseeded-stream:{name}", "info", evidence, causes.stream_fix([name]))
+                    Finding(f"unseeded-stream:{name}", "info", evidence, advice.stream_fix([name]))
                 )
         if self.local.unrepeatable_step is not None:
             self.explained.add("step")
@@ -371,7 +367,7 @@ def _hash_seed_findings(
                 f"PYTHONHASHSEED={os.environ['PYTHONHASHSEED']} is set"
             )
         fix = (
-            causes.environment_fix(["env.PYTHONHASHSEED"])
+            advice.environment_fix(["env.PYTHONHASHSEED"])
             + "; better, sort what the recipe iterates (sorted(set(...)))"
         )
         return [Finding("pythonhashseed", "error" if unset else "warning", evidence, fix)]

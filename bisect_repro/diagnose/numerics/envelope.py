@@ -163,9 +163,7 @@ def judge(records: Records, spec: LaunchSpec | None, unrepeatable: str | None = 
     size are matched step by step (the same global batch at each step is assumed: each rank's
     batches and streams differ by design, so of the exact signals only the config is compared)."""
     measured = distances(records.a, records.b)
-    signals = signals_differing(records)
-    if records.a.world_size != records.b.world_size:
-        signals = [(step, what) for step, what in signals if what.startswith("config")]
+    signals = signals_differing(records, config_only=records.a.world_size != records.b.world_size)
     if measured is not None and all(p.relative == 0 for p in measured.weights) and not signals:
         return Numerics(
             rounding_only=True,

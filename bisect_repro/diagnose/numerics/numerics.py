@@ -195,8 +195,13 @@ def _activation_distance(step: int, a: Sketched, b: Sketched) -> Distance:
 _SIGNALS = {"order": "sample indices", "batch": "batch contents"}
 
 
-def signals_differing(records: Records) -> list[tuple[int, str]]:
-    """The exact signals that differ between the runs, each with the first step it does."""
+def signals_differing(records: Records, *, config_only: bool = False) -> list[tuple[int, str]]:
+    """The exact signals that differ between the runs, each with the first step it does
+    (``config_only``: the config's alone)."""
+    differences = records.differences
+    config = [(0, f"config ({', '.join(differences.config)})")] if differences.config else []
+    if config_only:
+        return config
     found = [
         (step, f"{_SIGNALS[key]}")
         for key, step in records.logs.items()
@@ -211,11 +216,9 @@ def signals_differing(records: Records) -> list[tuple[int, str]]:
                 f"random streams ({', '.join(s for s in streams.streams if s not in unused)})",
             )
         )
-    if records.settings is not None:
-        found.append((records.settings.step, "settings"))
-    if records.config_diff:
-        found.append((0, f"config ({', '.join(records.config_diff)})"))
-    return sorted(found)
+    if differences.settings is not None:
+        found.append((differences.settings.step, "settings"))
+    return sorted([*found, *config])
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.compare.causes import Cause
 from bisect_repro.diagnose.compare.compare import compare
 from bisect_repro.diagnose.compare.verdict import CompareResult, Confidence
 from bisect_repro.diagnose.difference import difference_stats
@@ -323,7 +323,11 @@ def test_the_envelope_is_run_a_against_itself_only_where_a_rerun_proved_it_diffe
 
     evidence = [
         Evidence(
-            experiment="self_rerun", subject=subject, outcome=outcome, detail="step 3 run again"
+            experiment="self_rerun",
+            subject=subject,
+            outcome=outcome,
+            detail="step 3 run again",
+            run=subject.removeprefix("run "),
         )
     ]
     verdict = Verdict(

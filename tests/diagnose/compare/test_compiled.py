@@ -13,7 +13,8 @@ from torch._inductor.compiler_bisector import CompilerBisector, subsystem_call_c
 
 from bisect_repro.capture.compiled import CompileCall
 from bisect_repro.capture.trace import TraceEntry
-from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.compare.causes import Cause
+from bisect_repro.diagnose.compare.causes.registry import REGISTRY
 from bisect_repro.diagnose.compare.compiled import (
     FIXES,
     CompileBisect,
@@ -200,25 +201,26 @@ def test_only_a_run_compiled_on_one_side_is_bisected() -> None:
         return compiled_
 
     found = compile_bisect(
-        _runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), Cause.CONFIG, start=start
+        _runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), start=start
     )  # type: ignore[arg-type]
     assert isinstance(found, CompileBisect) and found.run == "B" and found.subsystem == "lowerings"
     assert started == ["run B, compiled again by the compiler bisector"]
 
-    def bisected(cause: Cause) -> bool:
+    def bisected() -> bool:
         return (
             compile_bisect(
-                _runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), cause, start=start
+                _runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), start=start
             )
             is not None
         )
 
     # a random stream, the data, hidden state, a nondeterministic op: every trial would differ for
     # that reason
-    assert [c for c in Cause if bisected(c)] == [Cause.ENVIRONMENT, Cause.CONFIG, Cause.UNKNOWN]
+    explained = [c for c in Cause if REGISTRY[c].compiler_may_explain]
+    assert explained == [Cause.ENVIRONMENT, Cause.CONFIG, Cause.UNKNOWN]
     compiled_.reruns = False  # a framework's replay, or a script's recorded unchanged
     unsupported = compile_bisect(
-        _runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), Cause.CONFIG, start=start
+        _runs(), (eager, compiled_), (SPEC, SPEC), _divergence(), (0, 0), start=start
     )
     assert (
         unsupported is not None
@@ -226,5 +228,5 @@ def test_only_a_run_compiled_on_one_side_is_bisected() -> None:
         and "record it with the Recorder" in (unsupported.unavailable or "")
     )
     eager.calls = [INDUCTOR]
-    assert not bisected(Cause.CONFIG)
+    assert not bisected()
     assert CompileBisect(**found.to_json()) == found

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_repro.capture.seeding import SeedingCall
-from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.compare.causes import Cause
 from bisect_repro.diagnose.compare.experiments import StepAnalysis
 from bisect_repro.diagnose.compare.records import read_records
 from bisect_repro.diagnose.compare.verdict import Confidence, Evidence, Verdict
@@ -134,6 +134,7 @@ def test_a_stream_that_ends_each_run_in_another_state_without_an_entropy_call_is
         outcome="differs",
         detail="with every seeding from entropy given a fixed seed, step 5 still differs from "
         "itself",
+        run="B",
     )
     assert "with run A's streams run B matches" not in verdict.explanation  # no stream was swapped
     assert verdict.explanation == (
@@ -173,6 +174,7 @@ def test_a_step_that_depends_on_how_often_the_code_ran_is_proven_in_fresh_proces
         detail="replayed again from step 4 with that step run 4 extra times first, step 5 computes "
         "something else: "
         "it depends on how often the code ran",
+        run="A",
     )
     assert verdict.explanation.startswith(
         "step 5 does not compute what was recorded when replayed from a checkpoint"
@@ -257,6 +259,7 @@ def test_a_batch_differing_each_time_drawn_from_one_state_is_proven_from_an_unre
         detail="step 5 run again from the same state (every recorded stream restored) draws "
         "another batch.0: "
         "the data is drawn from a generator no recorded stream holds",
+        run="B",
     )
     # run A's loader repeats itself
     assert [e.outcome for e in verdict.evidence if e.subject == "run A"] == ["matches"]

@@ -7,7 +7,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.compare.causes import Cause
+from bisect_repro.diagnose.compare.from_records import records_verdict
 from bisect_repro.diagnose.compare.placement import closing_note, place
 from bisect_repro.diagnose.compare.records import read_records
 from bisect_repro.diagnose.compare.verdict import Confidence, Verdict
@@ -35,17 +36,21 @@ def _run(path: Path, seeded: bool) -> Any:
 
 
 def _replayed() -> Verdict:
-    verdict = Verdict(
-        step=3, phase="forward", layer="2", tensor="2.output", op="aten.bernoulli_.float"
+    return Verdict(
+        step=3,
+        phase="forward",
+        layer="2",
+        tensor="2.output",
+        op="aten.bernoulli_.float",
+        cause=Cause.RNG_STATE,
+        confidence=Confidence.INFERRED,
     )
-    verdict.cause, verdict.confidence = Cause.RNG_STATE, Confidence.INFERRED
-    return verdict
 
 
 def test_a_faithful_replay_keeps_its_location_and_says_so(tmp_path: Path) -> None:
     records = read_records(_run(tmp_path / "a", False), _run(tmp_path / "b", True))
-    verdict = _replayed()
-    place(verdict, records, SimpleNamespace(from_step=0), faithful=True)
+    named = records_verdict(records)
+    verdict = place(_replayed(), named, SimpleNamespace(from_step=0), faithful=True)
     assert (verdict.phase, verdict.layer, verdict.tensor) == ("forward", "2", "2.output")
     assert [(e.experiment, e.subject) for e in verdict.evidence] == [("location", "the replay")]
     assert "reproduced both runs' records up to step 3" in verdict.evidence[0].detail
@@ -53,8 +58,8 @@ def test_a_faithful_replay_keeps_its_location_and_says_so(tmp_path: Path) -> Non
 
 def test_a_replay_that_parted_before_the_step_never_places_the_verdict(tmp_path: Path) -> None:
     records = read_records(_run(tmp_path / "a", False), _run(tmp_path / "b", True))
-    verdict = _replayed()
-    place(verdict, records, SimpleNamespace(from_step=0), faithful=False)
+    named = records_verdict(records)
+    verdict = place(_replayed(), named, SimpleNamespace(from_step=0), faithful=False)
     assert (verdict.step, verdict.phase, verdict.layer, verdict.tensor, verdict.op) == (
         3,
         None,

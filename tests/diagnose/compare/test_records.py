@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_repro.capture.seeding import SeedingCall
-from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.compare.causes import Cause
 from bisect_repro.diagnose.compare.from_records import records_verdict
 from bisect_repro.diagnose.compare.records import read_records
 from bisect_repro.diagnose.compare.verdict import Confidence, Evidence, Verdict
@@ -174,7 +174,7 @@ def test_a_config_key_that_differs_is_named_with_both_values(tmp_path: Path) -> 
     )
     records = read_records(a, b)
     # a folder named after each run is no cause
-    assert records.config_diff == {"lr": [0.1, 0.2]} and records.run_names == ["out"]
+    assert records.differences.config == {"lr": [0.1, 0.2]} and records.run_names == ["out"]
     verdict = verdict_of(a, b)
     assert (verdict.step, verdict.cause, verdict.config_keys) == (3, Cause.CONFIG, ["lr"])
     assert verdict.explanation.endswith("; the settings differ (lr 0.1 in run A, 0.2 in run B)")
@@ -267,10 +267,10 @@ def test_a_loader_setting_that_differs_is_named_with_the_config_key_that_set_it(
         )
 
     records = read_records(recorded("a", 16, 0.1), recorded("b", 32, 0.1))
-    assert records.settings is not None and records.settings.step == 0
-    assert records.settings.differing == {
+    assert records.differences.settings is not None and records.differences.settings.step == 0
+    assert records.differences.settings.differing == {
         "loader.batch_size": [16, 32]
-    } and records.settings.config_keys == ["batch_size"]
+    } and records.differences.settings.config_keys == ["batch_size"]
     verdict = records_verdict(records)
     assert any(
         e.subject == "the snapshots' settings" and "loader.batch_size (16 vs 32)" in e.detail
@@ -279,7 +279,7 @@ def test_a_loader_setting_that_differs_is_named_with_the_config_key_that_set_it(
 
 
 def test_a_rank_whose_records_explain_nothing_follows_the_rank_that_parted_first() -> None:
-    from bisect_repro.diagnose.compare.records import through_collectives
+    from bisect_repro.diagnose.compare.roles import through_collectives
 
     first = Verdict(
         step=5,

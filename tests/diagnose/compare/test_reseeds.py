@@ -9,9 +9,10 @@ from typing import Any, cast
 
 from bisect_repro.capture.seeding import SeedingCall
 from bisect_repro.capture.trace import TraceEntry
-from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.compare.causes import Cause
+from bisect_repro.diagnose.compare.draft import Draft
 from bisect_repro.diagnose.compare.reseeds import prove_kept
-from bisect_repro.diagnose.compare.verdict import Confidence, Verdict
+from bisect_repro.diagnose.compare.verdict import Confidence
 from bisect_repro.replay.rewind import Rewinds
 from bisect_repro.serve.protocol import StepResult
 from tests.fakes import write_run
@@ -70,10 +71,10 @@ class _Fresh:
 
 def _prove(
     tmp_path: Path, reseeds: tuple[bool, bool], kept_mask: str
-) -> tuple[Verdict, Any, list[Any]]:
+) -> tuple[Draft, Any, list[Any]]:
     runs = (_run(tmp_path / "a", reseeds[0]), _run(tmp_path / "b", reseeds[1]))
     asked: list[Any] = []
-    verdict = Verdict(step=2, phase="forward", layer="2", tensor="2.output")
+    verdict = Draft(step=2, phase="forward", layer="2", tensor="2.output")
     found = prove_kept(
         verdict,
         runs,
@@ -102,7 +103,8 @@ def test_the_run_that_reseeds_computes_the_others_step_with_its_reseed_kept_prov
     )
     assert verdict.reseeded == [SeedingCall.from_json(CALL)]
     # the JSON form: the call less its value
-    assert verdict.to_json()["reseeded"] == [{k: v for k, v in CALL.items() if k != "value"}]
+    made = verdict.verdict(explanation="", fix="", evidence=[found])
+    assert made.to_json()["reseeded"] == [{k: v for k, v in CALL.items() if k != "value"}]
 
 
 def test_a_kept_reseed_that_still_differs_proves_nothing(tmp_path: Path) -> None:
@@ -150,7 +152,7 @@ def test_a_verified_rewind_runs_the_experiment_in_the_replays_process_and_none_s
         (False, [("restore", 0, 2), ("skip", 2)]),
     ):
         asked: list[Any] = []
-        verdict = Verdict(step=2, phase="forward", layer="2", tensor="2.output")
+        verdict = Draft(step=2, phase="forward", layer="2", tensor="2.output")
         replicas = cast(Any, (_Rewound(verified, asked), _Rewound(verified, asked)))
         found = prove_kept(
             verdict,

@@ -4,28 +4,29 @@ results."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bisect_repro.capture.seeding import SeedingCall
-from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.compare.causes import Cause
+from bisect_repro.diagnose.compare.differences import Differences
 from bisect_repro.diagnose.compare.from_records import records_verdict
 from bisect_repro.diagnose.compare.records import read_records
 from bisect_repro.diagnose.compare.rules import (
     PRECEDENCE,
     RULES,
-    Signals,
     arguments_not_named_for_data,
     reconcile,
     violation,
 )
 from bisect_repro.diagnose.compare.settings import SettingsDifference
+from bisect_repro.diagnose.compare.signals import Signals
 from bisect_repro.diagnose.compare.verdict import (
     CompareResult,
     Confidence,
     Evidence,
-    Outcome,
     Verdict,
 )
 from tests.diagnose.compare.test_records import run
@@ -36,8 +37,9 @@ ORDER_DIFFERS = Signals(order=3, batch=3)
 
 
 def _rerun(outcome: str, subject: str = "run B") -> Evidence:
+    run = subject.removeprefix("run ") if subject in ("run A", "run B") else None
     return Evidence(
-        experiment="self_rerun", subject=subject, outcome=outcome, detail="step run again"
+        experiment="self_rerun", subject=subject, outcome=outcome, detail="step run again", run=run
     )
 
 
@@ -128,9 +130,9 @@ def test_each_cause_is_named_only_where_its_precondition_holds(
 
 def test_every_cause_has_one_rule_and_the_precedence_names_only_causes_with_rules() -> None:
     assert set(RULES) == set(Cause)
-    assert all(cause in RULES for _, cause, _ in PRECEDENCE)
+    assert all(cause in RULES for _, cause in PRECEDENCE)
     # the exact data signals come first
-    assert [signal for signal, _, _ in PRECEDENCE][:2] == ["order", "batch"]
+    assert [signal.name for signal, _ in PRECEDENCE][:2] == ["order", "batch"]
 
 
 def _records_verdict() -> Verdict:
@@ -147,7 +149,7 @@ def test_a_replay_naming_the_data_order_where_it_is_equal_yields_to_the_records(
         confidence=Confidence.PROVEN,
         evidence=[_rerun("matches")],
     )
-    verdict, notes = reconcile(replayed, ORDER_EQUAL_BATCH_DIFFERS, _records_verdict)
+    verdict, notes = reconcile(replayed, ORDER_EQUAL_BATCH_DIFFERS, _records_verdict())
     assert (verdict.cause, verdict.step, verdict.phase) == (Cause.DATA_CONTENT, 3, "data")
     assert verdict.evidence[0] == replayed.evidence[0]  # what the replay ran is kept
     assert (
@@ -167,14 +169,16 @@ def test_a_replay_placing_the_divergence_after_a_differing_batch_yields_to_the_r
         confidence=Confidence.PROVEN,
         reseeded=[{"call": "x"}],
     )
-    verdict, notes = reconcile(replayed, Signals(order=3, batch=3, reseeded=(3,)), _records_verdict)
+    verdict, notes = reconcile(
+        replayed, Signals(order=3, batch=3, reseeded=(3,)), _records_verdict()
+    )
     assert (
         verdict.phase == "data"
         and "the records show the batch of step 3 already differs" in notes[0]
     )
     # the step's second micro-batch, drawn after its first forward, differs
     micro_batches = Signals(batch=3, reseeded=(3,))
-    assert reconcile(replayed, micro_batches, _records_verdict) == (replayed, [])
+    assert reconcile(replayed, micro_batches, _records_verdict()) == (replayed, [])
 
 
 def test_a_replay_that_satisfies_its_rule_is_reported_as_it_is() -> None:
@@ -185,7 +189,7 @@ def test_a_replay_that_satisfies_its_rule_is_reported_as_it_is() -> None:
         config_keys=["--gamma"],
         confidence=Confidence.PROVEN,
     )
-    assert reconcile(replayed, Signals(config=("--gamma",), batch=9), _records_verdict) == (
+    assert reconcile(replayed, Signals(config=("--gamma",), batch=9), _records_verdict()) == (
         replayed,
         [],
     )
@@ -193,7 +197,7 @@ def test_a_replay_that_satisfies_its_rule_is_reported_as_it_is() -> None:
 
 def test_a_records_verdict_that_would_break_its_rule_too_becomes_unknown() -> None:
     replayed = Verdict(step=3, phase="data", cause=Cause.DATA_ORDER, confidence=Confidence.PROVEN)
-    verdict, _ = reconcile(replayed, Signals(), lambda: Verdict(step=3, cause=Cause.CONFIG))
+    verdict, _ = reconcile(replayed, Signals(), Verdict(step=3, cause=Cause.CONFIG))
     assert (verdict.cause, verdict.confidence) == (Cause.UNKNOWN, Confidence.UNEXPLAINED)
 
 
@@ -264,33 +268,30 @@ def test_the_property_checker_catches_a_verdict_that_violates_its_precondition()
         confidence=Confidence.PROVEN,
     )
     assert rule_violations(result) == [violation(result.verdict, Signals(batch=8))]
-    result.verdict.cause = Cause.DATA_CONTENT
+    result.verdict = replace(result.verdict, cause=Cause.DATA_CONTENT)
     assert rule_violations(result) == []
 
 
 def test_the_property_checker_reads_a_comparison_back_from_its_json() -> None:
     result = CompareResult(
-        runs=["a", "b"], config_diff={"--gamma": [0.7, 0.5]}, first_log_difference={"loss": 4}
+        runs=["a", "b"],
+        differences=Differences(config={"--gamma": [0.7, 0.5]}),
+        first_log_difference={"loss": 4},
     )
     result.verdict = Verdict(step=4, cause=Cause.CONFIG, config_keys=["--gamma"], evidence=[])
     assert rule_violations(CompareResult.from_json(result.to_json())) == []
-    result.config_diff = {}
+    result.differences = Differences()
     assert rule_violations(CompareResult.from_json(result.to_json()))[0].startswith(
         "config requires that a config value"
     )
 
 
-def test_records_evidence_naming_a_reseed_counts_for_the_rng_rule_in_a_finished_comparison() -> (
-    None
-):
-    detail = "step 2 reseeded from entropy: torch.seed()"
-    logs = Evidence(
-        experiment="records", subject="the step logs", outcome=Outcome.DIFFERS, detail=detail
-    )
-    result = CompareResult(runs=["a", "b"], first_log_difference={"loss": 3})
-    result.verdict = Verdict(step=3, cause=Cause.RNG_STATE, evidence=[logs])
+def test_a_reseed_the_step_logs_show_counts_for_the_rng_rule_in_a_finished_comparison() -> None:
+    result = CompareResult(runs=["a", "b"], first_log_difference={"loss": 3}, reseeded_steps=[2])
+    result.verdict = Verdict(step=3, cause=Cause.RNG_STATE)
     assert rule_violations(result) == []
-    result.verdict.step = 1  # before the reseed the logs show
+    assert rule_violations(CompareResult.from_json(result.to_json())) == []
+    result.verdict = replace(result.verdict, step=1)  # before the reseed the logs show
     assert rule_violations(result) != []
 
 
@@ -360,8 +361,9 @@ def test_an_optimizer_setting_no_argument_names_is_the_config(tmp_path: Path) ->
     b = run(tmp_path / "b", hashes={2: "moved"}, losses={1: 2.0})
     records = read_records(a, b)
     # a weight decay read from a config file: no argument differs, the optimizer's setting does
-    records.settings = SettingsDifference(
-        step=0, differing={"optimizer.0.weight_decay": [0.01, 0.05]}
+    records.differences = replace(
+        records.differences,
+        settings=SettingsDifference(step=0, differing={"optimizer.0.weight_decay": [0.01, 0.05]}),
     )
     verdict = records_verdict(records)
     assert (verdict.cause, verdict.config_keys) == (Cause.CONFIG, ["optimizer.0.weight_decay"])

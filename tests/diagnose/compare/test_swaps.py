@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bisect_repro.diagnose.causes import Cause
+from bisect_repro.diagnose.compare.causes import Cause
+from bisect_repro.diagnose.compare.draft import Draft
 from bisect_repro.diagnose.compare.records import Records, read_records
 from bisect_repro.diagnose.compare.swaps import Swaps
-from bisect_repro.diagnose.compare.verdict import Confidence, Evidence, Verdict
+from bisect_repro.diagnose.compare.verdict import Confidence, Evidence
 from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.replica import ReplicaFailed
 from bisect_repro.serve.protocol import StepResult
@@ -56,7 +57,7 @@ def test_a_step_matches_under_run_as_streams_and_an_unused_stream_is_not_swapped
     ra, rb = replicas(a, b)
     trace_a, trace_b = ra.run(0, trace="full"), rb.run(0, trace="full")
     assert trace_a.entries != trace_b.entries
-    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
+    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Draft(step=0)
     swaps.compute(verdict, trace_a)
     assert (verdict.cause, verdict.confidence, verdict.rng) == (
         Cause.RNG_STATE,
@@ -85,7 +86,7 @@ def test_a_step_that_matches_under_run_as_in_process_settings_names_the_setting(
     a = Program(step=threaded, environment={"torch.get_num_threads": 1})
     b = Program(step=threaded, environment={"torch.get_num_threads": 4})
     ra, rb = replicas(a, b)
-    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
+    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Draft(step=0)
     swaps.compute(verdict, ra.run(0, trace="full"))
     assert (verdict.cause, verdict.confidence, verdict.environment_keys) == (
         Cause.ENVIRONMENT,
@@ -112,10 +113,10 @@ def test_a_config_that_makes_the_step_match_is_proven_in_a_fresh_process_rebuilt
         for lr in (0.1, 0.2)
     )
     records = records_of(tmp_path, recipe, recipe, specs)
-    assert records.config_diff == {"lr": [0.1, 0.2]}
+    assert records.differences.config == {"lr": [0.1, 0.2]}
     ra, rb = replicas(recipe, recipe, specs)
     launcher = Launcher({"/code/recipe.py": recipe})
-    swaps, verdict = Swaps(records, (ra, rb), specs, 0, 0, [], start=launcher), Verdict(step=0)
+    swaps, verdict = Swaps(records, (ra, rb), specs, 0, 0, [], start=launcher), Draft(step=0)
     swaps.compute(verdict, ra.run(0, trace="full"))
     assert (verdict.cause, verdict.confidence, verdict.config_keys) == (
         Cause.CONFIG,
@@ -141,7 +142,7 @@ def test_a_config_that_makes_the_step_match_is_proven_in_a_fresh_process_rebuilt
 def test_a_step_no_condition_explains_is_unexplained(tmp_path: Path) -> None:
     a, b = Program(step=one_layer), Program(step=lambda call: one_layer(call, forward="B's own"))
     ra, rb = replicas(a, b)
-    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
+    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Draft(step=0)
     swaps.compute(verdict, ra.run(0, trace="full"))
     assert (verdict.cause, verdict.confidence, swaps.evidence) == (
         Cause.UNKNOWN,
@@ -165,7 +166,7 @@ def test_a_batch_of_other_samples_matches_under_run_as_loader_stream(tmp_path: P
     ra.connect(), rb.connect()
     fetched_a, fetched_b = ra.fetch(), rb.fetch()
     assert fetched_a.order != fetched_b.order
-    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
+    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Draft(step=0)
     swaps.data(verdict, True, fetched_a, ra.run(0, trace="full"))
     assert (verdict.cause, verdict.confidence, verdict.rng) == (
         Cause.DATA_ORDER,
@@ -180,7 +181,8 @@ def test_a_batch_of_other_samples_matches_under_run_as_loader_stream(tmp_path: P
             detail="with loader.generator, torch as in run A: step 0 of run B matches run A",
         ),
         Evidence(
-            experiment="data_streams:loader.generator",
+            experiment="data_streams",
+            narrowed_to="loader.generator",
             subject="run B with run A's loader.generator",
             outcome="matches",
             detail="loader.generator alone makes step 0 match",
@@ -204,7 +206,7 @@ def test_a_batch_that_differs_in_a_frameworks_loop_names_the_streams_that_differ
     fetched_a = ra.fetch()
     # a framework's loop tells the batch only as the step runs
     assert (fetched_a.order, fetched_a.batch) == (None, None)
-    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Verdict(step=0)
+    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Draft(step=0)
     # same arguments: run A's trace is not asked for
     swaps.data(verdict, False, fetched_a, StepResult(step=0))
     assert (verdict.cause, verdict.confidence, verdict.rng) == (
@@ -243,10 +245,10 @@ def _by_flag(call):  # the script's update reads its --lr flag
 def test_a_script_flag_is_proven_by_relaunching_run_b_with_run_as_arguments(tmp_path: Path) -> None:
     script, specs = Program(step=_by_flag), _script_specs()
     records = records_of(tmp_path, script, script, specs)
-    assert records.config_diff == {"--lr": [0.1, 0.2]}
+    assert records.differences.config == {"--lr": [0.1, 0.2]}
     ra, rb = replicas(script, script, specs)
     launcher = Launcher({"/code/train.py": script})
-    swaps, verdict = Swaps(records, (ra, rb), specs, 0, 0, [], start=launcher), Verdict(step=0)
+    swaps, verdict = Swaps(records, (ra, rb), specs, 0, 0, [], start=launcher), Draft(step=0)
     swaps.compute(verdict, ra.run(0, trace="full"))
     assert (verdict.cause, verdict.confidence, verdict.config_keys) == (
         Cause.CONFIG,
@@ -281,7 +283,7 @@ def test_a_script_that_does_not_take_run_as_arguments_leaves_the_config_experime
         Swaps(
             records_of(tmp_path, script, script, specs), (ra, rb), specs, 0, 0, [], start=refusing
         ),
-        Verdict(step=0),
+        Draft(step=0),
     )
     swaps.compute(verdict, ra.run(0, trace="full"))
     assert (verdict.cause, verdict.confidence) == (Cause.UNKNOWN, Confidence.UNEXPLAINED)
@@ -321,7 +323,7 @@ def _script_loop(step) -> Program:
 
 def _data_swapped(
     tmp_path: Path, script: Program, specs: tuple[LaunchSpec, LaunchSpec]
-) -> tuple[Swaps, Verdict, Launcher]:
+) -> tuple[Swaps, Draft, Launcher]:
     records = records_of(tmp_path, script, script, specs)
     ra, rb = (
         FakeReplica(script, label, spec)
@@ -334,7 +336,7 @@ def _data_swapped(
     launcher = Launcher({"/code/train.py": script})
     swaps, verdict = (
         Swaps(records, (ra, rb), specs, 0, 0, [], start=launcher),
-        Verdict(step=0, phase="data"),
+        Draft(step=0, phase="data"),
     )
     swaps.data(verdict, False, fetched_a, trace_a)
     return swaps, verdict, launcher
@@ -379,14 +381,14 @@ def _drawn_before_the_first_step(call):
 
 def _numpy_split(
     tmp_path: Path, step, specs: tuple[LaunchSpec, LaunchSpec]
-) -> tuple[Swaps, Verdict, Launcher]:
+) -> tuple[Swaps, Draft, Launcher]:
     # numpy differs at the first snapshot
     a, b = (Program(step=step, streams={"numpy": n, "torch": 0}) for n in (5, 6))
     records = records_of(tmp_path, a, b, specs)
     assert records.timeline[0].streams == ["numpy"]
     launcher = Launcher({"/code/train.py": a})
     swaps = Swaps(records, replicas(a, b, specs), specs, 0, 0, [], start=launcher)
-    verdict = Verdict(step=0, phase="data", cause=Cause.DATA_CONTENT, confidence=Confidence.PROVEN)
+    verdict = Draft(step=0, phase="data", cause=Cause.DATA_CONTENT, confidence=Confidence.PROVEN)
     swaps.seeded_alike(verdict)
     return swaps, verdict, launcher
 

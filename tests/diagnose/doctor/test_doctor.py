@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from bisect_repro.capture.hidden import find_streams, stream_kind
 from bisect_repro.capture.scope import DeterminismAlerts, ScopedOps
-from bisect_repro.diagnose import causes
+from bisect_repro.diagnose import advice
 from bisect_repro.diagnose.doctor.audit import environment_findings
 from bisect_repro.diagnose.doctor.checks import RecipeChecks
 from bisect_repro.diagnose.doctor.doctor import SCHEMA, DoctorReport, doctor
@@ -305,12 +305,12 @@ def test_a_recipe_replica_runs_with_the_recipe_settings_in_its_own_process() -> 
 
 
 def test_fixes_for_hidden_generators_and_alerts() -> None:
-    fix = causes.generator_fix("loader.dataset.rng", "numpy.random.Generator", workers=2)
+    fix = advice.generator_fix("loader.dataset.rng", "numpy.random.Generator", workers=2)
     assert "np.random.default_rng(seed)" in fix and "worker_init_fn" in fix
-    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in causes.alert_fix(
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in advice.alert_fix(
         "aten.mm.default", "... set CUBLAS_WORKSPACE_CONFIG=:4096:8 ..."
     )
-    assert "aten.put_.default" in causes.alert_fix(
+    assert "aten.put_.default" in advice.alert_fix(
         "aten.put_.default", "put_ does not have a deterministic implementation"
     )
 
