@@ -20,6 +20,7 @@ class Cause(str, Enum):
     DATA_CONTENT = "data_content"
     NONDETERMINISTIC_OP = "nondeterministic_op"
     ENVIRONMENT = "environment"
+    CODE = "code"
     CONFIG = "config"
     STRUCTURE = "structure"
     HIDDEN_STATE = "hidden_state"

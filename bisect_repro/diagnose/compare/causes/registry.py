@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from . import (
+    code,
     config,
     data_content,
     data_order,
@@ -49,6 +50,7 @@ ENTRIES: tuple[CauseEntry, ...] = (
     structure.ENTRY,
     data_order.ENTRY,
     data_content.ENTRY,
+    code.ENTRY,
     config.ENTRY,
     rng_state.ENTRY,
     environment.ENTRY,
