@@ -58,8 +58,10 @@ it where no hook sees it). A script that never steps an optimizer records nothin
 
 from __future__ import annotations
 
+import collections
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.data import DataLoader
 
+from ..capture import stepping
 from ..capture.batch import batch_tensors
 from ..capture.data import IndexTap, tap_indices, untap_indices
 from ..serve.rewind import Draw
@@ -77,6 +80,23 @@ from .parts import Parts, model_of
 from .recorder import FrameworkRecorder
 
 __all__ = ["AutoHooks"]
+
+
+@dataclass
+class _Pass:
+    """One pass over a loader (an iterator of it), and the batches it drew that no forward of the
+    model has consumed yet, oldest first."""
+
+    queue: collections.deque[Draw] = field(default_factory=collections.deque)
+    done: bool = False
+    """The pass ended (exhausted or abandoned): it is forgotten once its queue is consumed."""
+
+    def position_of(self, ids: set[int]) -> int | None:
+        """The held batch whose tensors a forward's inputs include (by identity), if any."""
+        for position, (batch, _) in enumerate(self.queue):
+            if ids & {id(t) for t in batch_tensors(batch)[0].values()}:
+                return position
+        return None
 
 
 class AutoHooks:
@@ -104,8 +124,10 @@ class AutoHooks:
         self._backwards = 0  # backward() calls since the step began (a loop with no optimizer)
         # each loader iterated, by id
         self._taps: dict[int, tuple[DataLoader[Any], IndexTap | None]] = {}
-        # loader batches drawn before the recorder exists
-        self._early: list[tuple[Any, list[int] | None]] = []
+        # each pass over a loader (one iterator) holding batches no forward has consumed yet
+        self._passes: list[_Pass] = []
+        # the tensors the model's forward took this step (a closure's second pass takes them again)
+        self._forward_ids: set[int] = set()
         # the tensors of the loader batches this step drew: not hashed again at the forward
         self._drawn_ids: set[int] = set()
 
@@ -155,6 +177,7 @@ class AutoHooks:
         self._undo.append(
             lambda: setattr(torch.optim.lr_scheduler.LRScheduler, "__init__", scheduler)
         )
+        self._undo.append(stepping.track())
         forward = torch.nn.modules.module.register_module_forward_pre_hook(self._forward)
         outputs = torch.nn.modules.module.register_module_forward_hook(self._output)
         stepped = register_optimizer_step_post_hook(self._stepped)
@@ -212,17 +235,50 @@ class AutoHooks:
         return take() if rewinder is None else rewinder.draw(source, take)
 
     def _drawn(self, batches: Any, tap: IndexTap | None, source: int) -> Any:
-        """The loader's batches, each noted with its sample indices as it is drawn."""
-        while (drawn := self._next(batches, tap, source)) is not None:
-            batch, indices = drawn
-            if torch.is_grad_enabled():
-                self._after_backward()
-                if self.recorder is None:
-                    self._early.append((batch, indices))
-                else:
-                    self.recorder.note_batch(batch, indices)
-                self._drawn_ids.update(id(t) for t in batch_tensors(batch)[0].values())
-            yield batch
+        """The loader's batches, each held until a forward of the model consumes it
+        (:meth:`_consumed`)."""
+        this = _Pass()
+        self._passes.append(this)
+        try:
+            while (drawn := self._next(batches, tap, source)) is not None:
+                if torch.is_grad_enabled():
+                    self._after_backward()
+                    this.queue.append(drawn)
+                yield drawn[0]
+        finally:
+            this.done = True
+            if not this.queue and this in self._passes:
+                self._passes.remove(this)
+
+    def _consumed(self, inputs: dict[str, torch.Tensor]) -> None:
+        """A forward of the model consumes a batch: the held batch whose tensors it takes (and those
+        drawn before it), else the oldest batch of the latest pass, unless these inputs were seen
+        already this step (a closure's passes, a noted batch). Each batch is noted, with its
+        sample indices, to the step whose forward consumes it, which is not the step that drew it
+        where a loop takes batch N+1 while step N computes."""
+        ids = {id(t) for t in inputs.values()}
+        taken: tuple[_Pass, int] | None = None
+        for this in reversed(self._passes):
+            position = this.position_of(ids)
+            if position is not None:
+                taken = (this, position)
+                break
+        seen = not ids or ids <= self._forward_ids or bool(ids & self._drawn_ids)
+        if taken is None and not seen:
+            taken = next(((this, 0) for this in reversed(self._passes) if this.queue), None)
+        self._forward_ids |= ids
+        if taken is None:
+            return
+        this, position = taken
+        for _ in range(position + 1):
+            self._note_drawn(*this.queue.popleft())
+        if this.done and not this.queue:
+            self._passes.remove(this)
+
+    def _note_drawn(self, batch: Any, indices: list[int] | None) -> None:
+        assert self.recorder is not None
+        self.recorder.note_batch(batch, indices)
+        self._drawn_ids.update(id(t) for t in batch_tensors(batch)[0].values())
 
     def _untap(self) -> None:
         for loader, tap in self._taps.values():
@@ -273,22 +329,27 @@ class AutoHooks:
                 self.recorder.rewinder.schedulers = self.schedulers
             self._backwards = 0
             self.recorder.begin_step()
-            for batch, indices in self._early:
-                self.recorder.note_batch(batch, indices)
-            self._early.clear()
         elif id(module) in self._parts:
             self._after_backward()
         if id(module) in self._parts and self.recorder is not None:
-            inputs, _ = batch_tensors(list(args))
-            if any(
-                t.device.type != "meta" and t.untyped_storage().data_ptr() in self._made
-                for t in inputs.values()
-            ):
-                # another part's output (a GAN's fake images): computed by the step, not drawn
-                return
-            # not the loader's batch as drawn
-            if not inputs or any(id(t) not in self._drawn_ids for t in inputs.values()):
-                self.recorder.note_batch(list(args))
+            self._forward_inputs(list(args))
+
+    def _forward_inputs(self, args: list[Any]) -> None:
+        """The inputs of a forward of the model: part of its step's batch, unless another part
+        computed them, or the step saw them already (a loader's batch as drawn, or the same
+        tensors again: a closure's passes)."""
+        assert self.recorder is not None
+        inputs, _ = batch_tensors(args)
+        if any(
+            t.device.type != "meta" and t.untyped_storage().data_ptr() in self._made
+            for t in inputs.values()
+        ):
+            # another part's output (a GAN's fake images): computed by the step, not drawn
+            return
+        again = bool(inputs) and {id(t) for t in inputs.values()} <= self._forward_ids
+        self._consumed(inputs)
+        if not again and (not inputs or any(id(t) not in self._drawn_ids for t in inputs.values())):
+            self.recorder.note_batch(args)
 
     def _after_backward(self) -> None:
         """No optimizer: a batch drawn, or a forward, after a backward starts the next step."""
@@ -299,6 +360,7 @@ class AutoHooks:
         assert self.recorder is not None
         self._backwards = 0
         self._drawn_ids.clear()
+        self._forward_ids.clear()
         self._made.clear()
         self._stepped_now.clear()
         self._log_loss()

@@ -158,10 +158,14 @@ class Swaps:
         )
         if not self.rb.reruns:
             self._data_in_a_framework(verdict)
-            if self._arguments_decide_data() and self._relaunched(
-                verdict, lambda _, result: _same(trace_a, result), data=False
+
+            def same(fetched: Fetched, result: StepResult | None) -> bool:
+                return _same(trace_a, result)
+
+            if self._fresh_variables(verdict, same, data=False) or (
+                self._arguments_decide_data() and self._relaunched(verdict, same, data=False)
             ):
-                verdict.rng = []  # the streams carried the difference; the arguments made it
+                verdict.rng = []  # the streams carried the difference; the relaunch made it
             return
         a, b = self.ra.streams(s), self.rb.streams(s)
         epoch_a, epoch_b = (a.data or {}).get("epoch_streams"), (b.data or {}).get("epoch_streams")
@@ -356,6 +360,41 @@ class Swaps:
         )
         return True
 
+    def _fresh_variables(
+        self,
+        verdict: Verdict,
+        vanishes: Callable[[Fetched, StepResult | None], bool],
+        *,
+        data: bool,
+    ) -> bool:
+        """Run B in a fresh process with run A's environment variables, where they differ."""
+        spec_a, spec_b = self.specs
+        variables = [k for k in self.records.environment_diff if k.startswith("env.")]
+        if not variables or spec_a.variables == spec_b.variables:
+            return False
+        names = ", ".join(k.removeprefix("env.") for k in variables)
+        found = self._narrowed(
+            "environment_variables",
+            "run B with run A's environment variables",
+            [", ".join(variables)],
+            lambda _: vanishes(
+                *self._variant(
+                    spec_b.with_variables(spec_a.variables),
+                    "run B with run A's environment variables",
+                    data,
+                )
+            ),
+            f"a fresh process of run B with {names} as in run A",
+        )
+        if found is None:
+            return False
+        verdict.cause, verdict.environment_keys, verdict.confidence = (
+            Cause.ENVIRONMENT,
+            variables,
+            Confidence.PROVEN,
+        )
+        return True
+
     def _fresh(
         self,
         verdict: Verdict,
@@ -365,30 +404,9 @@ class Swaps:
     ) -> bool:
         """Run B in a fresh process with run A's environment variables, then rebuilt with run A's
         config."""
+        if self._fresh_variables(verdict, vanishes, data=data):
+            return True
         spec_a, spec_b = self.specs
-        variables = [k for k in self.records.environment_diff if k.startswith("env.")]
-        if variables and spec_a.variables != spec_b.variables:
-            names = ", ".join(k.removeprefix("env.") for k in variables)
-            found = self._narrowed(
-                "environment_variables",
-                "run B with run A's environment variables",
-                [", ".join(variables)],
-                lambda _: vanishes(
-                    *self._variant(
-                        spec_b.with_variables(spec_a.variables),
-                        "run B with run A's environment variables",
-                        data,
-                    )
-                ),
-                f"a fresh process of run B with {names} as in run A",
-            )
-            if found is not None:
-                verdict.cause, verdict.environment_keys, verdict.confidence = (
-                    Cause.ENVIRONMENT,
-                    variables,
-                    Confidence.PROVEN,
-                )
-                return True
         config = self.records.config_diff
         if config and spec_b.kind is not CodeKind.RECIPE and spec_a.argv != spec_b.argv:
             return self._relaunched(verdict, vanishes, data=data)

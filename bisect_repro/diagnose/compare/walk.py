@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
+from ...capture.rng import GLOBAL_STREAMS
 from ...replay.launch import LaunchSpec
 from ...replay.lockstep import Divergence, Lockstep, Parted
 from ...store.run import Run
@@ -188,16 +191,11 @@ def _init_verdict(
         step=row.step, phase="init", tensor=tensor, layer=layer_of(tensor) if tensor else None
     )
     a, b = records.a, records.b
-    if (
-        row.step in a.checkpoints
-        and row.step in b.checkpoints
-        and tensor in a.meta.model.get("parameters", {})
-    ):
-        verdict.set_difference(
-            difference_stats(
-                a.checkpoint(row.step)["model"][tensor], b.checkpoint(row.step)["model"][tensor]
-            )
-        )
+    if row.step in a.checkpoints and row.step in b.checkpoints and tensor is not None:
+        # a name the checkpoints' models may not hold (a wrapper's): then no statistics
+        values = [run.checkpoint(row.step).get("model", {}).get(tensor) for run in (a, b)]
+        if all(isinstance(value, torch.Tensor) for value in values):
+            verdict.set_difference(difference_stats(*values))
     resumed = b.meta.options.resumed_from is not None
     found = streams_deciding_init(specs)
     result.replay.performed = True
@@ -224,7 +222,15 @@ def _init_verdict(
             verdict.cause, verdict.config_keys, verdict.confidence = (
                 Cause.CONFIG,
                 list(records.config_diff),
-                Confidence.INFERRED,
+                Confidence.PROVEN if found.settings_decide else Confidence.INFERRED,
+            )
+            # the streams the settings left in other states at the first snapshot
+            verdict.rng = found.streams or [s for s in row.streams if s in GLOBAL_STREAMS]
+            verdict.explanation = (
+                f"{tensor} differs at step {row.step}: the runs were built with different "
+                f"settings ({', '.join(records.config_diff)})"
+                + (", and run B built with run A's matches" if found.settings_decide else "")
+                + (f"; {', '.join(verdict.rng)} differ there" if verdict.rng else "")
             )
         elif records.environment_diff:
             verdict.cause, verdict.environment_keys, verdict.confidence = (
