@@ -101,7 +101,7 @@ def test_a_config_parser_read_first_and_the_main_parser_on_the_rest_are_both_rea
     try:
         config = argparse.ArgumentParser(add_help=False)
         config.add_argument("-c", "--config", default="")
-        known, remaining = config.parse_known_args()
+        _, remaining = config.parse_known_args()
         assert found["--config"] == "base.json" and found["-j"] == "2"  # -j not parsed yet
         main = argparse.ArgumentParser()
         main.add_argument("-j", "--workers", type=int, default=4)

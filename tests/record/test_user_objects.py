@@ -21,7 +21,8 @@ def trainee() -> Trainee:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
-    loader = DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    loader = DataLoader(data, batch_size=8, shuffle=True, generator=generator)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return Trainee.supervised(model, optimizer, loader, nn.functional.mse_loss)
 
@@ -53,9 +54,10 @@ def test_a_recorded_model_loader_and_optimizer_copy_save_compile_and_wrap(tmp_pa
             assert not isinstance(copied_loader.batch_sampler, IndexTap)
             assert not isinstance(pickle.loads(pickle.dumps(loader)).batch_sampler, IndexTap)
             twin_optimizer = copy.deepcopy(optimizer)
-            assert twin_optimizer.state_dict()["param_groups"] == optimizer.state_dict()[
-                "param_groups"
-            ]
+            assert (
+                twin_optimizer.state_dict()["param_groups"]
+                == optimizer.state_dict()["param_groups"]
+            )
             seen.append(recorder.step)
     assert seen == [0, 1, 2, 3]
     run = Run.open(tmp_path / "run")
