@@ -49,6 +49,7 @@ from ...store.nodes import Layout, read_layout
 from ...store.run import Run
 from ..causes import Cause
 from ..numerics.envelope import judge
+from ..stages import run_stage
 from .from_records import rank_verdict, records_verdict, structure_verdict
 from .records import Records, first_divergence, rank_zero_alike, read_records, through_collectives
 from .roles import RECEIVER, roles
@@ -113,18 +114,39 @@ def _compare_pair(
     result = _result_of(records, a, b)
     if records.identical:
         _identical(records, result)
-        result.numerics = judge(records, None)
+        result.numerics = _numerics(result, records, None, None)
         return result
     specs = _specs(records, result, allow) if replay else None
-    replayed = _replay(records, specs, result, progress, announce) if specs is not None else None
+    replayed = None
+    if specs is not None:
+        replayed = run_stage(
+            "replay",
+            result.notes,
+            lambda: _replay(records, specs, result, progress, announce),
+            None,
+            "the verdict is from the records alone",
+        )
     if replayed is None:
         replayed, notes = enforce(records_verdict(records), Signals.of_records(records))
         result.notes += notes
     result.verdict = replayed
-    result.numerics = judge(
-        records, specs[0] if specs is not None else None, _unrepeatable(replayed)
+    result.numerics = _numerics(
+        result, records, specs[0] if specs is not None else None, _unrepeatable(replayed)
     )
     return result
+
+
+def _numerics(
+    result: CompareResult, records: Records, spec: LaunchSpec | None, unrepeatable: str | None
+) -> Numerics | None:
+    """The numerics stage (:func:`~bisect_repro.diagnose.numerics.envelope.judge`)."""
+    return run_stage(
+        "numerics",
+        result.notes,
+        lambda: judge(records, spec, unrepeatable),
+        None,
+        "the result has no numerics",
+    )
 
 
 def _unrepeatable(verdict: Verdict | None) -> str | None:
@@ -338,13 +360,20 @@ def _compare_ranks(
                 "ranks; "
                 f"the replay runs its {a.world_size} ranks on this machine alone, where they fit"
             )
-        _replay_ranks(records, verdict, result, specs, progress, announce)
-    result.numerics = judge(
+        run_stage(
+            "replay",
+            result.notes,
+            lambda: _replay_ranks(records, verdict, result, specs, progress, announce),
+            None,
+            "the verdict is from the records alone",
+        )
+    result.numerics = _numerics(
+        result,
         records,
         specs[0].on_ranks(a.world_size, 0) if specs is not None else None,
         _unrepeatable(result.verdict),
     )
-    if not rank_zero_alike(a, b):
+    if not rank_zero_alike(a, b) and result.numerics is not None:
         for found in {
             id(v): v for v in [result.verdict, *(r.verdict for r in result.ranks)] if v is not None
         }.values():
