@@ -9,51 +9,60 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   forward (their constructors are wrapped while the hooks are installed); each one's state and
   settings are hashed, saved and restored, the first's named ``optimizer.``, the others'
   ``optimizer1.``, ``optimizer2.``, ... in the order they were made;
-- **a step** is one iteration of the loop: with one optimizer, one call of its ``step()`` (torch's
-  global optimizer step hooks); with several (a GAN's two), it ends when each of them has stepped
-  at least once since it began, so that a discriminator stepped five times per generator step
-  makes one step of six updates. A script that makes none (it updates the weights itself) is
-  stepped by its ``backward()`` calls: the model's first forward after one starts the next step;
+- **a step** is what the training computes between two returns of the optimizers' ``step()``
+  (torch's global optimizer step hooks): with one optimizer, one call of its ``step()``; with
+  several (a GAN's two), it ends when each of them has stepped at least once since it began, so
+  that a discriminator stepped five times per generator step makes one step of six updates. Every
+  forward and backward pass inside an optimizer's ``step()`` belongs to that step, a closure's
+  passes included (LBFGS), and an update made between two closure passes is the step's optimizer
+  phase (:mod:`bisect_repro.capture.stepping`). A script that makes no optimizer (it updates the
+  weights itself) is stepped by its ``backward()`` calls: the model's first forward after one
+  starts the next step;
 - **the model** is the outermost module whose parameters the optimizer holds (with no optimizer:
-  whose parameters require gradients), found at its first forward call with gradients enabled;
-  its layers are named as usual. With several optimizers over separate modules (``netD`` and
-  ``netG``), the model is made of those parts, each the largest module in the script's variables
-  (its globals, and the locals of the functions running at that first forward) holding an
-  optimizer's parameters, named by its variable (``netD.main.0.weight``; by its class where no
-  variable names it), so that a difference names the part and the optimizer;
+  whose parameters require gradients), found at its first forward call with gradients enabled,
+  and named as the user's module inside the wrappers that rename it (Lightning Fabric's
+  ``_forward_module.``, ``DataParallel``'s ``module.``, ``torch.compile``'s ``_orig_mod.``:
+  :class:`~bisect_repro.trainee.Trainee`). With several optimizers over separate modules
+  (``netD`` and ``netG``), the model is made of those parts, each the largest module in the
+  script's variables (its globals, and the locals of the functions running at that first forward)
+  holding an optimizer's parameters, named by its variable (``netD.main.0.weight``; by its class
+  where no variable names it), so that a difference names the part and the optimizer;
 - **the loss** of a step is the tensor its ``backward()`` is called on; with several calls (a
   GAN's, or gradient accumulation) their sum;
-- **the data**: each batch a ``DataLoader`` yields with gradients enabled, with its sample indices
-  (its sampler is tapped while it is iterated, as the Recorder does), so that a different order is
-  told from different content; and the positional inputs of each of the model's forward calls
-  with gradients enabled, so that a loop with no ``DataLoader`` (``get_batch()``), and what the
-  loop does to a batch before the model sees it, are covered too (a forward whose inputs are the
-  loader's tensors as drawn is not hashed twice). Several forward calls before one
-  optimizer step (gradient accumulation) are that step's micro-batches, all hashed in order;
-  batches drawn before the model's first forward belong to step 0; forward calls and loader
-  batches under ``torch.no_grad()`` (evaluation) are not batches;
+- **the batch** of a step is what its forward consumes: the inputs of each of the model's forward
+  calls with gradients enabled, positional and by name (through tuples, lists, mappings and
+  dataclasses), whatever made them (a ``DataLoader``, a prefetching wrapper, a Python list,
+  ``torch.randint``), the same tensors counted once a step (a closure's passes); and each batch a
+  ``DataLoader`` yields with gradients enabled, with its sample indices (its sampler is tapped
+  while it is iterated, as the Recorder does), so that a different order is told from different
+  content. A loader's batch is held until a forward of the model consumes it (the forward takes
+  its tensors, or, where they were moved or transformed first, the oldest batch held), and is
+  noted to that step, not the step during which the loader yielded it: a loop that takes batch
+  N+1 while step N computes notes batch N+1 to step N+1. Batches drawn before the model's first
+  forward belong to step 0; forward calls and loader batches under ``torch.no_grad()``
+  (evaluation) are not batches;
 - **the random streams**: the global ones (Python, NumPy, torch, each CUDA device), which is where
   a loader without a generator of its own draws;
 - **the learning-rate schedulers** the script makes are noted, not recorded: in a replay, a step
   rewound in its process (:mod:`bisect_repro.serve.rewind`) gets them back with the rest of its
   start, and each batch a ``DataLoader`` yields passes through the replay server, which feeds a
   rewound step its kept batches instead of the loader's next ones;
-- **the config**: :attr:`AutoHooks.config`, filled by whoever records the script (the values its
-  ``argparse`` parser read, see :mod:`bisect_repro.record.arguments`) before the model's first
-  forward.
+- **the config**: :attr:`AutoHooks.config`, filled by whoever records the script (its command
+  line, flag by flag, and the values its ``argparse`` parsers read from it, see
+  :mod:`bisect_repro.record.arguments`) before the model's first forward.
 
 The state at step 0 is taken at the model's first forward call, after the first batch was
 drawn; the state at step s > 0 right after the optimizer step of step s - 1.
 
 Where the guarantees stop: an optimizer made after the model's first forward is not followed (a
-one-line note on stderr says so when it is made); an
-optimizer that never steps, beside others that do, makes the whole run one step; inputs passed only
-as keyword arguments are hashed only when a ``DataLoader`` yields them; a loader's own generator, a
-dataset's generators and the script's counters are not captured (the replay runs the script from
-its start, so they are reproduced anyway; a rewound step that reads one is caught, and repeated in
-fresh processes); a batch a loop prefetches from a ``DataLoader`` before
-the optimizer step belongs to the step that drew it; the loss is not logged (the script computes
-it where no hook sees it). A script that never steps an optimizer records nothing.
+one-line note on stderr says so when it is made); an optimizer that never steps, beside others
+that do, makes the whole run one step; a loader's batch that no forward takes by its tensors is
+taken to be the oldest held, so a loop that skips a batch it drew (and moves the batches it
+trains on) notes the skipped one to the next step; a loader's own generator, a dataset's
+generators and the script's counters are not captured (the replay runs the script from its start,
+so they are reproduced anyway; a rewound step that reads one is caught, and repeated in fresh
+processes); the loss is not logged where no ``backward()`` is called on a single number. A script
+that never steps an optimizer and never calls ``backward()`` records nothing.
 """
 
 from __future__ import annotations
@@ -179,7 +188,9 @@ class AutoHooks:
         )
         self._undo.append(stepping.track())
         forward = torch.nn.modules.module.register_module_forward_pre_hook(self._forward)
-        outputs = torch.nn.modules.module.register_module_forward_hook(self._output)
+        outputs = torch.nn.modules.module.register_module_forward_hook(
+            self._output, with_kwargs=True
+        )
         stepped = register_optimizer_step_post_hook(self._stepped)
         self._undo += [forward.remove, outputs.remove, stepped.remove]
         return self
@@ -213,8 +224,17 @@ class AutoHooks:
         with _disable_current_modes(), torch.no_grad():  # untraced: this is no op of the step
             self.recorder.log(torch.stack([loss.reshape(()).float() for loss in losses]).sum())
 
-    def _output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if id(module) in self._parts and len(self._parts) > 1 and torch.is_grad_enabled():
+    def _output(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if id(module) not in self._parts or not torch.is_grad_enabled():
+            return
+        if kwargs and self.recorder is not None and not torch.compiler.is_compiling():
+            # inputs given by name (model(**batch)): the torch hook before the forward has none
+            named, _ = batch_tensors(dict(kwargs), "kwargs")
+            ids = {id(t) for t in named.values()}
+            if named and not ids <= self._forward_ids and not ids <= self._drawn_ids:
+                self._forward_ids |= ids
+                self.recorder.note_batch(dict(kwargs))
+        if len(self._parts) > 1:
             outputs, _ = batch_tensors(output)
             self._made.update(
                 t.untyped_storage().data_ptr() for t in outputs.values() if t.device.type != "meta"
