@@ -112,8 +112,10 @@ class AutoHooks:
     """The hooks of a recording (or a replay) of an unchanged script; :meth:`install`, then
     :meth:`close`."""
 
-    def __init__(self, out: Path | str, options: RecordOptions) -> None:
+    def __init__(self, out: Path | str, options: RecordOptions, *, start_step: int = 0) -> None:
         self.out, self.options = out, options
+        # the first step's number: 0, but in a replay of a run seen at another run's steps
+        self.start_step = start_step
         # those made before the model's first forward, in order
         self.optimizers: list[torch.optim.Optimizer] = []
         # the learning-rate schedulers made, in order (a replay's rewind puts them back)
@@ -341,7 +343,7 @@ class AutoHooks:
                 self.options,
                 config=self.config,
                 environment={},
-                start_step=0,
+                start_step=self.start_step,
                 auto=True,
             )
             if self.recorder.rewinder is not None:

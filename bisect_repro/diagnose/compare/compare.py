@@ -52,6 +52,7 @@ from ..numerics.envelope import judge
 from ..stages import run_stage
 from .from_records import rank_verdict, records_verdict, structure_verdict
 from .records import Records, first_divergence, rank_zero_alike, read_records, through_collectives
+from .resume import align, audit, start_at_resume
 from .roles import RECEIVER, roles
 from .rules import Signals, enforce, reconcile
 from .verdict import CompareResult, Confidence, Numerics, Outcome, RankResult, Verdict
@@ -101,7 +102,11 @@ def _compare_pair(
             f"format {b.meta.format} differs from {a.path}'s format {a.meta.format}",
             "re-record both runs with one bisect-repro version",
         )
+    a, b, resume = align(a, b)
     records = read_records(a, b)
+    if resume is not None and records.structure is None:
+        resume = audit(a, b, resume)
+        start_at_resume(records, resume)
     if records.structure is not None:
         result = CompareResult(
             runs=[str(a.path), str(b.path)],
@@ -112,6 +117,9 @@ def _compare_pair(
         result.verdict = structure_verdict(records)
         return result
     result = _result_of(records, a, b)
+    result.resume = resume
+    if resume is not None:
+        result.notes.append(resume.sentence() + (f" ({resume.note})" if resume.note else ""))
     if records.identical:
         _identical(records, result)
         result.numerics = _numerics(result, records, None, None)

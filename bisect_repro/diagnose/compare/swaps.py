@@ -115,30 +115,8 @@ class Swaps:
         def matches(result: StepResult | None) -> bool:
             return _same(trace_a, result)
 
-        sa, sb = (
-            start.streams
-            for start in both(partial(self.ra.streams, s), partial(self.rb.streams, s))
-        )
-        # nothing drew from them in either run: cannot matter
-        unused = set(self.records.unused_streams())
-        differing = [n for n in _differing(sa, sb) if n not in unused]
-        if differing:
-
-            def with_streams(names: list[str]) -> bool:
-                return matches(
-                    self.rb.run(s, trace="full", streams={**sb, **{n: sa[n] for n in names}})
-                )
-
-            if self._streams(verdict, "stream", differing, with_streams, "random streams"):
-                verdict.cause = Cause.RNG_STATE
-                # How those streams came apart, where the step logs show it: a reseed from entropy
-                # in an earlier step.
-                start = self.records.streams_equal_until(verdict.rng, s)
-                verdict.reseeded = [
-                    SeedingCall.from_json(call)
-                    for _, call in self.records.reseeds(start, s, verdict.rng)
-                ]
-                return
+        if self._step_with_streams(verdict, trace_a):
+            return
         if self._settings(
             verdict, lambda settings: matches(self.rb.run(s, trace="full", environment=settings))
         ):
@@ -146,6 +124,35 @@ class Swaps:
         if self._fresh(verdict, lambda fetched, result: matches(result), data=False):
             return
         verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED
+
+    def _step_with_streams(self, verdict: Verdict, trace_a: StepResult) -> bool:
+        """Run B's whole step with run A's random streams (those that differ at its start and were
+        drawn from): the step then matching proves them the cause."""
+        s = self.step
+        sa, sb = (
+            start.streams
+            for start in both(partial(self.ra.streams, s), partial(self.rb.streams, s))
+        )
+        # nothing drew from them in either run: cannot matter
+        unused = set(self.records.unused_streams())
+        differing = [n for n in _differing(sa, sb) if n not in unused]
+        if not differing:
+            return False
+
+        def with_streams(names: list[str]) -> bool:
+            streams = {**sb, **{n: sa[n] for n in names}}
+            return _same(trace_a, self.rb.run(s, trace="full", streams=streams))
+
+        if not self._streams(verdict, "stream", differing, with_streams, "random streams"):
+            return False
+        verdict.cause = Cause.RNG_STATE
+        # How those streams came apart, where the step logs show it: a reseed from entropy in an
+        # earlier step.
+        start = self.records.streams_equal_until(verdict.rng, s)
+        verdict.reseeded = [
+            SeedingCall.from_json(call) for _, call in self.records.reseeds(start, s, verdict.rng)
+        ]
+        return True
 
     # -- a batch that differs ------------------------------------------------------------------
     def data(self, verdict: Verdict, order: bool, fetched_a: Fetched, trace_a: StepResult) -> None:
@@ -162,6 +169,8 @@ class Swaps:
             def same(fetched: Fetched, result: StepResult | None) -> bool:
                 return _same(trace_a, result)
 
+            if self._step_with_streams(verdict, trace_a):
+                return  # the streams the step draws its data from (a resume that missed one)
             if self._fresh_variables(verdict, same, data=False) or (
                 self._arguments_decide_data() and self._relaunched(verdict, same, data=False)
             ):

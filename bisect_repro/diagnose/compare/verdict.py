@@ -27,6 +27,7 @@ from ..jsonform import ReadBack, known_fields, plain_fields
 from ..numerics.numerics_result import Numerics
 from ..selfcheck import OpContext
 from .compiled import CompileBisect
+from .resume import Resume
 
 __all__ = [
     "SCHEMA",
@@ -278,6 +279,9 @@ class CompareResult:
     numerics: Numerics | None = None
     """The distance between the runs' weights against the rounding envelope
     (:mod:`bisect_repro.diagnose.numerics.numerics`)."""
+    resume: Resume | None = None
+    """Where one run resumed from the other's state, and what the resume restored
+    (:mod:`bisect_repro.diagnose.compare.resume`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -296,6 +300,7 @@ class CompareResult:
             if self.compile_bisect is not None
             else None,
             "numerics": self.numerics.to_json() if self.numerics else None,
+            "resume": self.resume.to_json() if self.resume else None,
         }
 
     @classmethod
@@ -314,8 +319,10 @@ class CompareResult:
                     "ranks",
                     "compile_bisect",
                     "numerics",
+                    "resume",
                 ),
             ),
+            resume=Resume.from_json(found["resume"]) if found.get("resume") else None,
             ops_context=[OpContext.from_json(row) for row in found.get("ops_context") or []],
             numerics=Numerics.from_json(numerics) if numerics else None,
             verdict=Verdict.from_json(verdict) if verdict else None,
