@@ -88,7 +88,15 @@ from .options import RecordOptions
 from .parts import Parts, model_of
 from .recorder import FrameworkRecorder
 
-__all__ = ["AutoHooks"]
+__all__ = ["AutoHooks", "one_ulp_up"]
+
+
+def one_ulp_up(model: torch.nn.Module) -> None:
+    """Every floating-point parameter moved to the next value up."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point():
+                parameter.copy_(torch.nextafter(parameter, torch.full_like(parameter, torch.inf)))
 
 
 @dataclass
@@ -112,10 +120,19 @@ class AutoHooks:
     """The hooks of a recording (or a replay) of an unchanged script; :meth:`install`, then
     :meth:`close`."""
 
-    def __init__(self, out: Path | str, options: RecordOptions, *, start_step: int = 0) -> None:
+    def __init__(
+        self,
+        out: Path | str,
+        options: RecordOptions,
+        *,
+        start_step: int = 0,
+        perturb: bool = False,
+    ) -> None:
         self.out, self.options = out, options
         # the first step's number: 0, but in a replay of a run seen at another run's steps
         self.start_step = start_step
+        # every weight moved one ulp after the first snapshot (a numerics envelope's experiment)
+        self.perturb = perturb
         # those made before the model's first forward, in order
         self.optimizers: list[torch.optim.Optimizer] = []
         # the learning-rate schedulers made, in order (a replay's rewind puts them back)
@@ -351,6 +368,8 @@ class AutoHooks:
                 self.recorder.rewinder.schedulers = self.schedulers
             self._backwards = 0
             self.recorder.begin_step()
+            if self.perturb:
+                one_ulp_up(self.model)
         elif id(module) in self._parts:
             self._after_backward()
         if id(module) in self._parts and self.recorder is not None:
