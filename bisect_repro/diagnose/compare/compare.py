@@ -52,7 +52,7 @@ from ..numerics.envelope import judge
 from ..stages import run_stage
 from .from_records import rank_verdict, records_verdict, structure_verdict
 from .records import Records, first_divergence, rank_zero_alike, read_records, through_collectives
-from .resume import align, audit, start_at_resume
+from .resume import NO_RESUME, align, audit, first_states_differ, start_at_resume
 from .roles import RECEIVER, roles
 from .rules import Signals, enforce, reconcile
 from .verdict import CompareResult, Confidence, Numerics, Outcome, RankResult, Verdict
@@ -120,6 +120,8 @@ def _compare_pair(
     result.resume = resume
     if resume is not None:
         result.notes.append(resume.sentence() + (f" ({resume.note})" if resume.note else ""))
+    elif not a.distributed and not b.distributed and first_states_differ(a, b):
+        result.notes.append(NO_RESUME)
     if records.identical:
         _identical(records, result)
         result.numerics = _numerics(result, records, None, None)

@@ -33,7 +33,16 @@ from ...store.run import Run
 if TYPE_CHECKING:
     from .records import Records
 
-__all__ = ["Resume", "ResumePart", "align", "audit", "model_hashes", "start_at_resume"]
+__all__ = [
+    "NO_RESUME",
+    "Resume",
+    "ResumePart",
+    "align",
+    "audit",
+    "first_states_differ",
+    "model_hashes",
+    "start_at_resume",
+]
 
 _OPTIMIZER = re.compile(r"^(optimizer\d*)\.")
 
@@ -127,6 +136,11 @@ def _first_model(run: Run) -> dict[str, str]:
     return model_hashes(run.snapshot(min(run.snapshots))["hashes"])
 
 
+def first_states_differ(a: Run, b: Run) -> bool:
+    """Whether the runs' first snapshots hold other models."""
+    return bool(a.snapshots and b.snapshots) and _first_model(a) != _first_model(b)
+
+
 def _placed(later: Run, earlier: Run) -> tuple[int, list[int]] | None:
     """Where ``later``'s first snapshot holds the model of a snapshot of ``earlier`` after
     ``earlier``'s first: that step, with every step that holds it."""
@@ -140,6 +154,12 @@ def _placed(later: Run, earlier: Run) -> tuple[int, list[int]] | None:
         if step > first and model_hashes(earlier.snapshot(step)["hashes"]) == start
     ]
     return (steps[0], steps) if steps else None
+
+
+NO_RESUME = (
+    "the runs' first states differ and neither equals a later state of the other: no resume point "
+    "was found, and the runs are compared from their first steps"
+)
 
 
 def align(a: Run, b: Run) -> tuple[Run, Run, Resume | None]:
