@@ -35,6 +35,7 @@ from .diagnose.compare.compare import compare
 from .diagnose.compare.verdict import CompareResult
 from .diagnose.doctor.doctor import DEFAULT_STEPS, doctor
 from .diagnose.show.summary import run_summary
+from .diagnose.stages import run_stage
 from .errors import BisectReproError
 from .record.recipe import build, parse_settings
 from .record.recorder import RecordingWarning, RecordOptions, record
@@ -49,7 +50,7 @@ from .record.torchrun import record_ranks
 from .replay.launch import Consent, LaunchSpec
 from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
 from .report.safe import safe_text
-from .report.text import render_comparison, render_doctor, render_summary
+from .report.text import plain_verdict, render_comparison, render_doctor, render_summary
 from .store.printable import printable
 from .store.run import Run
 
@@ -399,10 +400,38 @@ def compare_command(
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
-        render_comparison(result, stdout)
+        _report(result)
     if html is not None:
-        _write_html(html, comparison_html(result, run_losses([run_a, run_b])))
+        notes: list[str] = []
+        page = run_stage(
+            "HTML report",
+            notes,
+            lambda: comparison_html(result, run_losses([run_a, run_b])),
+            None,
+            f"{html} is not written",
+        )
+        if page is not None:
+            _write_html(html, page)
+        for note in notes:
+            _warn_line(note)
     raise typer.Exit(0 if result.identical else 1)
+
+
+def _report(result: CompareResult) -> None:
+    """The text report; where rendering it fails, the verdict in plain lines and a note."""
+    notes: list[str] = []
+    run_stage(
+        "report",
+        notes,
+        lambda: render_comparison(result, stdout),
+        None,
+        "the verdict follows in plain lines",
+    )
+    if notes:
+        for line in plain_verdict(result):
+            sys.stdout.write(line + "\n")
+        for note in notes:
+            _warn_line(note)
 
 
 def _announce(prefix: str, spec: LaunchSpec) -> None:

@@ -61,8 +61,9 @@ class Trainee:
 
     model: torch.nn.Module
     """The model; its parameters and buffers are hashed by ``named_parameters`` names. A model
-    wrapped by ``torch.compile`` is held as the module it wraps (its names, not ``_orig_mod.``
-    ones, so that a compiled run compares with an eager one); the step calls what it calls."""
+    wrapped by ``torch.compile``, Lightning Fabric or ``DataParallel`` is held as the module it
+    wraps (its names, not ``_orig_mod.``, ``_forward_module.`` or ``module.`` ones, so that a
+    wrapped run compares with an unwrapped one); the step calls what it calls."""
     optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None
     """The optimizer whose ``step`` the step function calls; its state is hashed per parameter.
     A list (``[opt_d, opt_g]``, a GAN's two, one per model part) gives several: each one's state
@@ -172,7 +173,7 @@ class Trainee:
             raise RecipeError(
                 f"Trainee: model is a {type(self.model).__name__}, expected a torch.nn.Module"
             )
-        self.model = _uncompiled(self.model)
+        self.model = _unwrapped(self.model)
         self._optimizers()
         if callable(self.loader) and not isinstance(self.loader, Iterable):
             self.loader = Calls(self.loader)
@@ -195,9 +196,17 @@ class Trainee:
             raise RecipeError("Trainee: step must be callable as step(batch) -> loss")
 
 
-def _uncompiled(model: torch.nn.Module) -> torch.nn.Module:
-    """The module ``torch.compile`` wrapped (it holds the same parameters), or ``model`` itself."""
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's own module inside the wrappers that hold the same parameters under other names:
+    ``torch.compile``'s (``_orig_mod.``), Lightning Fabric's (``_forward_module.``) and
+    ``DataParallel``'s (``module.``); else ``model`` itself. ``DistributedDataParallel`` is kept
+    (a distributed run's layout names it)."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing was compiled
     if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
-        return _uncompiled(model._orig_mod)
+        return _unwrapped(model._orig_mod)
+    inner = getattr(model, "_original_module", None)  # Lightning Fabric's _FabricModule
+    if type(model).__name__ == "_FabricModule" and isinstance(inner, torch.nn.Module):
+        return _unwrapped(inner)
+    if type(model) is torch.nn.DataParallel:
+        return _unwrapped(model.module)
     return model

@@ -28,6 +28,7 @@ The streams a recipe hides in its dataset are :mod:`bisect_repro.capture.hidden`
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -49,11 +50,18 @@ __all__ = [
 
 
 class IndexTap:
-    """Stands in for a loader's index sampler and remembers what it yielded, in order."""
+    """Stands in for a loader's index sampler and remembers what it yielded, in order.
+
+    Pickled or copied (a loader deep-copied, or sent to a worker process), it is its inner sampler:
+    the copy is the user's loader as it was, untapped."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.pending: collections.deque[Any] = collections.deque()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # rebuilt as the inner sampler (itself copied), by a function of the standard library
+        return operator.itemgetter(0), ((self.inner,),)
 
     def __iter__(self) -> Iterator[Any]:
         for item in self.inner:

@@ -12,7 +12,9 @@ the order they happen:
 - optimizer: every parameter and optimizer-state tensor after each ``optimizer.step()``, of every
   optimizer, in the order they step (in a step that
   calls no optimizer, a loop that updates the weights itself: every parameter as the step leaves
-  it).
+  it); and inside an ``optimizer.step(closure)`` that runs the closure again after a backward
+  (LBFGS), every parameter that optimizer holds as the next pass begins: an update made between
+  closure passes is the optimizer's, not the forward pass that reads it.
 
 Two traces of the same code line up entry by entry, so the first entry whose hash differs names
 the phase, the layer and the tensor where two runs part ways.
@@ -41,6 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
+from . import stepping
 from .batch import batch_tensors
 from .hashing import PendingHashes
 from .parallel import local
@@ -89,6 +92,9 @@ class StepTracer:
         self._handles: list[Any] = []
         self._stepped = False
         self._graded = False  # a parameter's gradient was accumulated in this step
+        # the optimizer whose step() is running, with its prefix (a closure's passes run inside)
+        self._inside: tuple[str, torch.optim.Optimizer] | None = None
+        self._graded_inside = False  # a gradient accumulated since that step() or its last pass
 
     def _note(self, phase: str, layer: str | None, name: str, tensor: torch.Tensor) -> None:
         index = len(self.entries)
@@ -118,8 +124,32 @@ class StepTracer:
                         parameter.register_post_accumulate_grad_hook(self._grad_hook(name))
                     )
         for prefix, optimizer in self.optimizers:
+            self._handles.append(optimizer.register_step_pre_hook(self._entered(prefix)))
             self._handles.append(optimizer.register_step_post_hook(self._optimizer_hook(prefix)))
+        if self.full:
+            for module in (self.model, *self.model.children()):
+                self._handles.append(module.register_forward_pre_hook(self._pass_begins))
+        current = stepping.running()  # a step that began inside a closure optimizer's step()
+        self._inside = next(((p, o) for p, o in self.optimizers if o is current), None)
         return self
+
+    def _entered(self, prefix: str) -> Any:
+        def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            self._inside, self._graded_inside = (prefix, optimizer), False
+
+        return hook
+
+    def _pass_begins(self, module: torch.nn.Module, args: Any) -> None:
+        """A forward pass inside an optimizer's ``step()`` after a backward there (a closure run
+        again): the parameters as that optimizer left them between the passes."""
+        if self._inside is None or not self._graded_inside:
+            return
+        self._graded_inside = False
+        _, optimizer = self._inside
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                name = self.parameter_names.get(id(parameter), "?")
+                self._note("optimizer", _layer_of(name), name, parameter)
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         for handle in self._handles:
@@ -161,6 +191,7 @@ class StepTracer:
     def _grad_hook(self, name: str) -> Any:
         def hook(parameter: torch.Tensor) -> None:
             self._graded = True
+            self._graded_inside = self._inside is not None
             if parameter.grad is not None:
                 self._note("backward", _layer_of(name), f"{name}.grad", parameter.grad)
 
@@ -168,7 +199,7 @@ class StepTracer:
 
     def _optimizer_hook(self, prefix: str) -> Any:
         def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            self._stepped = True
+            self._stepped, self._inside = True, None
             for group in optimizer.param_groups:
                 for parameter in group["params"]:
                     name = self.parameter_names.get(id(parameter), "?")

@@ -9,57 +9,68 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   forward (their constructors are wrapped while the hooks are installed); each one's state and
   settings are hashed, saved and restored, the first's named ``optimizer.``, the others'
   ``optimizer1.``, ``optimizer2.``, ... in the order they were made;
-- **a step** is one iteration of the loop: with one optimizer, one call of its ``step()`` (torch's
-  global optimizer step hooks); with several (a GAN's two), it ends when each of them has stepped
-  at least once since it began, so that a discriminator stepped five times per generator step
-  makes one step of six updates. A script that makes none (it updates the weights itself) is
-  stepped by its ``backward()`` calls: the model's first forward after one starts the next step;
+- **a step** is what the training computes between two returns of the optimizers' ``step()``
+  (torch's global optimizer step hooks): with one optimizer, one call of its ``step()``; with
+  several (a GAN's two), it ends when each of them has stepped at least once since it began, so
+  that a discriminator stepped five times per generator step makes one step of six updates. Every
+  forward and backward pass inside an optimizer's ``step()`` belongs to that step, a closure's
+  passes included (LBFGS), and an update made between two closure passes is the step's optimizer
+  phase (:mod:`bisect_repro.capture.stepping`). A script that makes no optimizer (it updates the
+  weights itself) is stepped by its ``backward()`` calls: the model's first forward after one
+  starts the next step;
 - **the model** is the outermost module whose parameters the optimizer holds (with no optimizer:
-  whose parameters require gradients), found at its first forward call with gradients enabled;
-  its layers are named as usual. With several optimizers over separate modules (``netD`` and
-  ``netG``), the model is made of those parts, each the largest module in the script's variables
-  (its globals, and the locals of the functions running at that first forward) holding an
-  optimizer's parameters, named by its variable (``netD.main.0.weight``; by its class where no
-  variable names it), so that a difference names the part and the optimizer;
+  whose parameters require gradients), found at its first forward call with gradients enabled,
+  and named as the user's module inside the wrappers that rename it (Lightning Fabric's
+  ``_forward_module.``, ``DataParallel``'s ``module.``, ``torch.compile``'s ``_orig_mod.``:
+  :class:`~bisect_repro.trainee.Trainee`). With several optimizers over separate modules
+  (``netD`` and ``netG``), the model is made of those parts, each the largest module in the
+  script's variables (its globals, and the locals of the functions running at that first forward)
+  holding an optimizer's parameters, named by its variable (``netD.main.0.weight``; by its class
+  where no variable names it), so that a difference names the part and the optimizer;
 - **the loss** of a step is the tensor its ``backward()`` is called on; with several calls (a
   GAN's, or gradient accumulation) their sum;
-- **the data**: each batch a ``DataLoader`` yields with gradients enabled, with its sample indices
-  (its sampler is tapped while it is iterated, as the Recorder does), so that a different order is
-  told from different content; and the positional inputs of each of the model's forward calls
-  with gradients enabled, so that a loop with no ``DataLoader`` (``get_batch()``), and what the
-  loop does to a batch before the model sees it, are covered too (a forward whose inputs are the
-  loader's tensors as drawn is not hashed twice). Several forward calls before one
-  optimizer step (gradient accumulation) are that step's micro-batches, all hashed in order;
-  batches drawn before the model's first forward belong to step 0; forward calls and loader
-  batches under ``torch.no_grad()`` (evaluation) are not batches;
+- **the batch** of a step is what its forward consumes: the inputs of each of the model's forward
+  calls with gradients enabled, positional and by name (through tuples, lists, mappings and
+  dataclasses), whatever made them (a ``DataLoader``, a prefetching wrapper, a Python list,
+  ``torch.randint``), the same tensors counted once a step (a closure's passes); and each batch a
+  ``DataLoader`` yields with gradients enabled, with its sample indices (its sampler is tapped
+  while it is iterated, as the Recorder does), so that a different order is told from different
+  content. A loader's batch is held until a forward of the model consumes it (the forward takes
+  its tensors, or, where they were moved or transformed first, the oldest batch held), and is
+  noted to that step, not the step during which the loader yielded it: a loop that takes batch
+  N+1 while step N computes notes batch N+1 to step N+1. Batches drawn before the model's first
+  forward belong to step 0; forward calls and loader batches under ``torch.no_grad()``
+  (evaluation) are not batches;
 - **the random streams**: the global ones (Python, NumPy, torch, each CUDA device), which is where
   a loader without a generator of its own draws;
 - **the learning-rate schedulers** the script makes are noted, not recorded: in a replay, a step
   rewound in its process (:mod:`bisect_repro.serve.rewind`) gets them back with the rest of its
   start, and each batch a ``DataLoader`` yields passes through the replay server, which feeds a
   rewound step its kept batches instead of the loader's next ones;
-- **the config**: :attr:`AutoHooks.config`, filled by whoever records the script (the values its
-  ``argparse`` parser read, see :mod:`bisect_repro.record.arguments`) before the model's first
-  forward.
+- **the config**: :attr:`AutoHooks.config`, filled by whoever records the script (its command
+  line, flag by flag, and the values its ``argparse`` parsers read from it, see
+  :mod:`bisect_repro.record.arguments`) before the model's first forward.
 
 The state at step 0 is taken at the model's first forward call, after the first batch was
 drawn; the state at step s > 0 right after the optimizer step of step s - 1.
 
 Where the guarantees stop: an optimizer made after the model's first forward is not followed (a
-one-line note on stderr says so when it is made); an
-optimizer that never steps, beside others that do, makes the whole run one step; inputs passed only
-as keyword arguments are hashed only when a ``DataLoader`` yields them; a loader's own generator, a
-dataset's generators and the script's counters are not captured (the replay runs the script from
-its start, so they are reproduced anyway; a rewound step that reads one is caught, and repeated in
-fresh processes); a batch a loop prefetches from a ``DataLoader`` before
-the optimizer step belongs to the step that drew it; the loss is not logged (the script computes
-it where no hook sees it). A script that never steps an optimizer records nothing.
+one-line note on stderr says so when it is made); an optimizer that never steps, beside others
+that do, makes the whole run one step; a loader's batch that no forward takes by its tensors is
+taken to be the oldest held, so a loop that skips a batch it drew (and moves the batches it
+trains on) notes the skipped one to the next step; a loader's own generator, a dataset's
+generators and the script's counters are not captured (the replay runs the script from its start,
+so they are reproduced anyway; a rewound step that reads one is caught, and repeated in fresh
+processes); the loss is not logged where no ``backward()`` is called on a single number. A script
+that never steps an optimizer and never calls ``backward()`` records nothing.
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +79,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.data import DataLoader
 
+from ..capture import stepping
 from ..capture.batch import batch_tensors
 from ..capture.data import IndexTap, tap_indices, untap_indices
 from ..serve.rewind import Draw
@@ -76,15 +88,51 @@ from .options import RecordOptions
 from .parts import Parts, model_of
 from .recorder import FrameworkRecorder
 
-__all__ = ["AutoHooks"]
+__all__ = ["AutoHooks", "one_ulp_up"]
+
+
+def one_ulp_up(model: torch.nn.Module) -> None:
+    """Every floating-point parameter moved to the next value up."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point():
+                parameter.copy_(torch.nextafter(parameter, torch.full_like(parameter, torch.inf)))
+
+
+@dataclass
+class _Pass:
+    """One pass over a loader (an iterator of it), and the batches it drew that no forward of the
+    model has consumed yet, oldest first."""
+
+    queue: collections.deque[Draw] = field(default_factory=collections.deque)
+    done: bool = False
+    """The pass ended (exhausted or abandoned): it is forgotten once its queue is consumed."""
+
+    def position_of(self, ids: set[int]) -> int | None:
+        """The held batch whose tensors a forward's inputs include (by identity), if any."""
+        for position, (batch, _) in enumerate(self.queue):
+            if ids & {id(t) for t in batch_tensors(batch)[0].values()}:
+                return position
+        return None
 
 
 class AutoHooks:
     """The hooks of a recording (or a replay) of an unchanged script; :meth:`install`, then
     :meth:`close`."""
 
-    def __init__(self, out: Path | str, options: RecordOptions) -> None:
+    def __init__(
+        self,
+        out: Path | str,
+        options: RecordOptions,
+        *,
+        start_step: int = 0,
+        perturb: bool = False,
+    ) -> None:
         self.out, self.options = out, options
+        # the first step's number: 0, but in a replay of a run seen at another run's steps
+        self.start_step = start_step
+        # every weight moved one ulp after the first snapshot (a numerics envelope's experiment)
+        self.perturb = perturb
         # those made before the model's first forward, in order
         self.optimizers: list[torch.optim.Optimizer] = []
         # the learning-rate schedulers made, in order (a replay's rewind puts them back)
@@ -104,8 +152,10 @@ class AutoHooks:
         self._backwards = 0  # backward() calls since the step began (a loop with no optimizer)
         # each loader iterated, by id
         self._taps: dict[int, tuple[DataLoader[Any], IndexTap | None]] = {}
-        # loader batches drawn before the recorder exists
-        self._early: list[tuple[Any, list[int] | None]] = []
+        # each pass over a loader (one iterator) holding batches no forward has consumed yet
+        self._passes: list[_Pass] = []
+        # the tensors the model's forward took this step (a closure's second pass takes them again)
+        self._forward_ids: set[int] = set()
         # the tensors of the loader batches this step drew: not hashed again at the forward
         self._drawn_ids: set[int] = set()
 
@@ -155,8 +205,11 @@ class AutoHooks:
         self._undo.append(
             lambda: setattr(torch.optim.lr_scheduler.LRScheduler, "__init__", scheduler)
         )
+        self._undo.append(stepping.track())
         forward = torch.nn.modules.module.register_module_forward_pre_hook(self._forward)
-        outputs = torch.nn.modules.module.register_module_forward_hook(self._output)
+        outputs = torch.nn.modules.module.register_module_forward_hook(
+            self._output, with_kwargs=True
+        )
         stepped = register_optimizer_step_post_hook(self._stepped)
         self._undo += [forward.remove, outputs.remove, stepped.remove]
         return self
@@ -190,8 +243,17 @@ class AutoHooks:
         with _disable_current_modes(), torch.no_grad():  # untraced: this is no op of the step
             self.recorder.log(torch.stack([loss.reshape(()).float() for loss in losses]).sum())
 
-    def _output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if id(module) in self._parts and len(self._parts) > 1 and torch.is_grad_enabled():
+    def _output(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if id(module) not in self._parts or not torch.is_grad_enabled():
+            return
+        if kwargs and self.recorder is not None and not torch.compiler.is_compiling():
+            # inputs given by name (model(**batch)): the torch hook before the forward has none
+            named, _ = batch_tensors(dict(kwargs), "kwargs")
+            ids = {id(t) for t in named.values()}
+            if named and not ids <= self._forward_ids and not ids <= self._drawn_ids:
+                self._forward_ids |= ids
+                self.recorder.note_batch(dict(kwargs))
+        if len(self._parts) > 1:
             outputs, _ = batch_tensors(output)
             self._made.update(
                 t.untyped_storage().data_ptr() for t in outputs.values() if t.device.type != "meta"
@@ -212,17 +274,50 @@ class AutoHooks:
         return take() if rewinder is None else rewinder.draw(source, take)
 
     def _drawn(self, batches: Any, tap: IndexTap | None, source: int) -> Any:
-        """The loader's batches, each noted with its sample indices as it is drawn."""
-        while (drawn := self._next(batches, tap, source)) is not None:
-            batch, indices = drawn
-            if torch.is_grad_enabled():
-                self._after_backward()
-                if self.recorder is None:
-                    self._early.append((batch, indices))
-                else:
-                    self.recorder.note_batch(batch, indices)
-                self._drawn_ids.update(id(t) for t in batch_tensors(batch)[0].values())
-            yield batch
+        """The loader's batches, each held until a forward of the model consumes it
+        (:meth:`_consumed`)."""
+        this = _Pass()
+        self._passes.append(this)
+        try:
+            while (drawn := self._next(batches, tap, source)) is not None:
+                if torch.is_grad_enabled():
+                    self._after_backward()
+                    this.queue.append(drawn)
+                yield drawn[0]
+        finally:
+            this.done = True
+            if not this.queue and this in self._passes:
+                self._passes.remove(this)
+
+    def _consumed(self, inputs: dict[str, torch.Tensor]) -> None:
+        """A forward of the model consumes a batch: the held batch whose tensors it takes (and those
+        drawn before it), else the oldest batch of the latest pass, unless these inputs were seen
+        already this step (a closure's passes, a noted batch). Each batch is noted, with its
+        sample indices, to the step whose forward consumes it, which is not the step that drew it
+        where a loop takes batch N+1 while step N computes."""
+        ids = {id(t) for t in inputs.values()}
+        taken: tuple[_Pass, int] | None = None
+        for this in reversed(self._passes):
+            position = this.position_of(ids)
+            if position is not None:
+                taken = (this, position)
+                break
+        seen = not ids or ids <= self._forward_ids or bool(ids & self._drawn_ids)
+        if taken is None and not seen:
+            taken = next(((this, 0) for this in reversed(self._passes) if this.queue), None)
+        self._forward_ids |= ids
+        if taken is None:
+            return
+        this, position = taken
+        for _ in range(position + 1):
+            self._note_drawn(*this.queue.popleft())
+        if this.done and not this.queue:
+            self._passes.remove(this)
+
+    def _note_drawn(self, batch: Any, indices: list[int] | None) -> None:
+        assert self.recorder is not None
+        self.recorder.note_batch(batch, indices)
+        self._drawn_ids.update(id(t) for t in batch_tensors(batch)[0].values())
 
     def _untap(self) -> None:
         for loader, tap in self._taps.values():
@@ -265,7 +360,7 @@ class AutoHooks:
                 self.options,
                 config=self.config,
                 environment={},
-                start_step=0,
+                start_step=self.start_step,
                 auto=True,
             )
             if self.recorder.rewinder is not None:
@@ -273,22 +368,29 @@ class AutoHooks:
                 self.recorder.rewinder.schedulers = self.schedulers
             self._backwards = 0
             self.recorder.begin_step()
-            for batch, indices in self._early:
-                self.recorder.note_batch(batch, indices)
-            self._early.clear()
+            if self.perturb:
+                one_ulp_up(self.model)
         elif id(module) in self._parts:
             self._after_backward()
         if id(module) in self._parts and self.recorder is not None:
-            inputs, _ = batch_tensors(list(args))
-            if any(
-                t.device.type != "meta" and t.untyped_storage().data_ptr() in self._made
-                for t in inputs.values()
-            ):
-                # another part's output (a GAN's fake images): computed by the step, not drawn
-                return
-            # not the loader's batch as drawn
-            if not inputs or any(id(t) not in self._drawn_ids for t in inputs.values()):
-                self.recorder.note_batch(list(args))
+            self._forward_inputs(list(args))
+
+    def _forward_inputs(self, args: list[Any]) -> None:
+        """The inputs of a forward of the model: part of its step's batch, unless another part
+        computed them, or the step saw them already (a loader's batch as drawn, or the same
+        tensors again: a closure's passes)."""
+        assert self.recorder is not None
+        inputs, _ = batch_tensors(args)
+        if any(
+            t.device.type != "meta" and t.untyped_storage().data_ptr() in self._made
+            for t in inputs.values()
+        ):
+            # another part's output (a GAN's fake images): computed by the step, not drawn
+            return
+        again = bool(inputs) and {id(t) for t in inputs.values()} <= self._forward_ids
+        self._consumed(inputs)
+        if not again and (not inputs or any(id(t) not in self._drawn_ids for t in inputs.values())):
+            self.recorder.note_batch(args)
 
     def _after_backward(self) -> None:
         """No optimizer: a batch drawn, or a forward, after a backward starts the next step."""
@@ -299,6 +401,7 @@ class AutoHooks:
         assert self.recorder is not None
         self._backwards = 0
         self._drawn_ids.clear()
+        self._forward_ids.clear()
         self._made.clear()
         self._stepped_now.clear()
         self._log_loss()

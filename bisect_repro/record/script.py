@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     if command.kind is CodeKind.MODULE:
         sys.path.insert(0, os.getcwd())  # as python -m does
     hooks = AutoHooks(spec["out"], RecordOptions(**spec["options"])).install()
-    read_arguments = capture_arguments(hooks.config)
+    read_arguments = capture_arguments(hooks.config, command.argv)
     code = 0
     try:
         run_as_main(command)

@@ -156,7 +156,13 @@ def main() -> None:
                 argv=tuple(spec["argv"]),
             )
             # recorded unchanged
-            hooks = AutoHooks("<replay>", RecordOptions()).install() if spec.get("auto") else None
+            start = spec.get("start_step", 0)
+            start = start if type(start) is int else 0
+            hooks = (
+                AutoHooks("<replay>", RecordOptions(), start_step=start).install()
+                if spec.get("auto")
+                else None
+            )
             run_as_main(command)
             if hooks is not None:
                 hooks.close()  # ends the process: the replay is over

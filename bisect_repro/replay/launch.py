@@ -133,6 +133,10 @@ class LaunchSpec:
     auto: bool = False
     """The script was recorded unchanged (``record -- python train.py``): the bootstrap installs
     the same hooks (:mod:`bisect_repro.record.autohooks`) before running it."""
+    start_step: int = 0
+    """The step the script's first step is (``auto`` only): a script resumed from another run's
+    checkpoint, its count started again at 0, is replayed at the other run's steps
+    (:meth:`~bisect_repro.store.run.Run.shifted`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", CodeKind(self.kind))
@@ -151,6 +155,7 @@ class LaunchSpec:
             "seeds": self.seeds,
             "world_size": self.world_size,
             "auto": self.auto,
+            "start_step": self.start_step,
             "sha256": self.sha256,
         }
 
@@ -359,6 +364,7 @@ def spec_for_run(run: Run, *, accept_changed: bool = False) -> LaunchSpec:
         "variables": variables,
         "signed": provenance(run).yours,
         "auto": auto,
+        "start_step": run.offset if auto else 0,
     }
     common["step_seconds"] = step_seconds(run)
     if meta.target:

@@ -293,11 +293,12 @@ class Lockstep:
         )
         return found
 
-    def _bounded(self, end: int) -> None:
-        """Refuse a span the step logs do not hold: every step replayed is a step both runs
-        logged."""
-        start = self.from_step or 0
+    def _bounded(self, checkpoints: tuple[int, int], end: int) -> None:
+        """Refuse a span the step logs do not hold: every step replayed is a step its run logged
+        (each run from its own checkpoint: one that resumed from the other's state starts
+        later)."""
         for which, run in enumerate(self.runs):
+            start = checkpoints[which]
             logged = sum(1 for step in run.steps if start <= step <= end)
             if logged < end + 1 - start:
                 raise ReplayUnavailable(
@@ -316,7 +317,7 @@ class Lockstep:
             end,
         )
         self.from_step = min(checkpoints)
-        self._bounded(end)
+        self._bounded(checkpoints, end)
         self._restore(checkpoints)
         # a framework's run repeats a step in a fresh process: have one ready
         for replica in self.replicas:

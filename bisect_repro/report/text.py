@@ -28,6 +28,7 @@ from ..store.nodes import Layout
 from .safe import safe_text
 
 __all__ = [
+    "plain_verdict",
     "named_by",
     "render_comparison",
     "render_doctor",
@@ -255,6 +256,23 @@ def named_by(verdict: Verdict) -> list[str]:
     return [*verdict.rng, *verdict.config_keys, *verdict.environment_keys]
 
 
+def plain_verdict(result: CompareResult) -> list[str]:
+    """The verdict in plain lines with no markup: what the report says when rendering it fails."""
+    verdict = result.verdict
+    if result.identical or verdict is None:
+        return ["The runs are identical at every common snapshot and step."]
+    where = ", ".join(
+        f"{label} {value}".strip() for label, value in verdict_where(verdict, ranks=result.ranks)
+    )
+    return [
+        safe_text(f"The runs diverge at {where}."),
+        safe_text(f"Cause: {cause_title(verdict.cause)} ({verdict.confidence.value})"),
+        safe_text(f"{verdict.explanation}."),
+        safe_text(f"Fix: {verdict.fix}"),
+        *(safe_text(f"note: {note}") for note in result.notes),
+    ]
+
+
 def render_comparison(result: CompareResult, console: Console) -> None:
     """The human report: the verdict first, with its evidence, then the timeline."""
     verdict = result.verdict
@@ -475,3 +493,5 @@ def render_doctor(report: DoctorReport, console: Console) -> None:
         console.print("\n" + title + (f"  ({where})" if where else ""))
         console.print(f"  {safe_text(finding.evidence)}", highlight=False)
         console.print(f"  [bold green]Fix:[/] {safe_text(finding.fix)}", highlight=False)
+    for line in report.notes:
+        console.print(f"[yellow]note:[/] {safe_text(line)}", highlight=False)

@@ -185,6 +185,9 @@ class HookServer(StepServer):
         run = RunDirectory.open(request.run)
         if run.distributed:
             run = run.open_rank(int(os.environ.get("RANK", 0)))
+        # a script replayed at another run's steps (it resumed from that run's checkpoint)
+        start = run.meta.options.start_step
+        run = run.shifted((start if self.first is None else self.first) - start)
         self.feed_entropy(run, request)
         streams = (
             run.checkpoint(request.step).get("streams") if request.step in run.checkpoints else None

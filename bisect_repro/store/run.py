@@ -50,7 +50,7 @@ import json
 import re
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,10 @@ def _check_step_line(record: dict[str, Any]) -> int:
     return step
 
 
+def _moved(entry: FileEntry, offset: int) -> FileEntry:
+    return replace(entry, step=entry.step + offset)
+
+
 @dataclass
 class Run:
     """One rank of a run directory, opened for reading (a single-process run has rank 0 only).
@@ -240,6 +244,24 @@ class Run:
     rank_meta: RankMeta | None = None
     """``rank{r}/rank.json`` of a distributed run (who the rank was, its environment); ``None``
     otherwise."""
+    offset: int = 0
+    """How far :meth:`shifted` moved this view's step numbers from the ones the run recorded."""
+
+    def shifted(self, offset: int) -> Run:
+        """This run with every step ``offset`` later: a script resumed from another run's
+        checkpoint, whose own count started again at 0, seen at the steps of the run it resumed.
+        Its start step moves with it; the files are the same."""
+        if offset == 0:
+            return self
+        options = replace(self.meta.options, start_step=self.meta.options.start_step + offset)
+        return replace(
+            self,
+            meta=replace(self.meta, options=options),
+            steps={s + offset: {**line, "step": s + offset} for s, line in self.steps.items()},
+            snapshots={s + offset: _moved(e, offset) for s, e in self.snapshots.items()},
+            checkpoints={s + offset: _moved(e, offset) for s, e in self.checkpoints.items()},
+            offset=self.offset + offset,
+        )
 
     @classmethod
     def open(cls, path: Path | str, rank: int = 0) -> Run:
@@ -262,8 +284,14 @@ class Run:
         return cls._open_rank(path, RunMeta.parse(meta_path, meta), rank)
 
     def open_rank(self, rank: int) -> Run:
-        """Another rank of the same run (``run.json`` is not read again)."""
-        return self._open_rank(self.path, self.meta, rank)
+        """Another rank of the same run (``run.json`` is not read again), shifted as this one."""
+        original = replace(
+            self.meta,
+            options=replace(
+                self.meta.options, start_step=self.meta.options.start_step - self.offset
+            ),
+        )
+        return self._open_rank(self.path, original, rank).shifted(self.offset)
 
     @classmethod
     def _open_rank(cls, path: Path, meta: RunMeta, rank: int) -> Run:
@@ -390,6 +418,8 @@ class Run:
                 f"snapshots are at {sorted(self.snapshots)}",
             )
         tree = self._load(self.snapshots[step])
+        if self.offset and isinstance(tree.get("step"), int):
+            tree["step"] += self.offset
         for key in ("hashes", "streams", "data"):
             if key in tree and not isinstance(tree[key], dict):
                 file = self.folder / self.snapshots[step].file
@@ -410,7 +440,10 @@ class Run:
                 f"no checkpoint at step {step}",
                 f"checkpoints are at {sorted(self.checkpoints)}",
             )
-        return self._load(self.checkpoints[step])
+        tree = self._load(self.checkpoints[step])
+        if self.offset and isinstance(tree.get("step"), int):
+            tree["step"] += self.offset
+        return tree
 
     def losses(self) -> dict[int, float | None]:
         return {step: record.get("loss") for step, record in sorted(self.steps.items())}

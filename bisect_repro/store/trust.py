@@ -40,6 +40,7 @@ class Provenance:
 
 def provenance(run: Run) -> Provenance:
     """The provenance of every rank of ``run``; see the module docstring."""
+    run = run.shifted(-run.offset)  # the steps its index lines were signed with
     raw = run.meta.raw
     if not signing.verify(raw):
         return Provenance(False)

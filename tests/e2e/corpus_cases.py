@@ -22,6 +22,7 @@ class Run:
     command: tuple[str, ...]
     tree: str = "pristine"
     copy: int = 0  # a second recording of the same command (run A2)
+    env: tuple[tuple[str, str], ...] = ()  # variables set for the recording
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ CASES = [
         "gan_seed_flag_missing",
         Run(py("dcgan.py", "--niter", "1", "--manualSeed", "7")),
         Run(py("dcgan.py", "--niter", "1")),
-        Expected(step=0, phase="init", cause="config", flag="--manualSeed"),
+        Expected(step=0, phase="init", layer="netD.main.0", cause="config", flag="--manualSeed"),
         "without --manualSeed the script seeds torch from random.randint(1, 10000): the weights "
         "differ at init",
     ),
@@ -182,6 +183,57 @@ CASES = [
         Expected(step=0, phase="optimizer", cause="config", flag="--clip-grad"),
         "two micro-batches accumulate the same gradients; their norm (about 370) is clipped to 0.5 "
         "before AdamW's first step in run B only",
+    ),
+]
+
+CASES += [
+    Case(
+        "ngram_lists_hash_seed",
+        Run(py("ngram_lists.py"), env=(("PYTHONHASHSEED", "0"),)),
+        Run(py("ngram_lists.py"), env=(("PYTHONHASHSEED", "1"),)),
+        Expected(step=0, phase="data", cause="environment", flag="PYTHONHASHSEED"),
+        "no DataLoader: each step's input is a tensor built from a Python list of word ids, and "
+        "the ids come from the order a set of words iterates in, which PYTHONHASHSEED decides; the "
+        "weights are seeded alike, so step 0's input is the first thing that differs (its ids: "
+        "[23, 30] with seed 0, [5, 38] with seed 1)",
+    ),
+    Case(
+        "lbfgs_closure_lr_flag",
+        Run(py("lbfgs_sine.py", "--steps", "2")),
+        Run(py("lbfgs_sine.py", "--steps", "2", "--lr", "0.5")),
+        Expected(step=0, phase="optimizer", layer="lstm1", cause="config", flag="--lr"),
+        "LBFGS's step(closure) runs the forward and backward passes up to 4 times, updating the "
+        "weights between them: the first pass is the same in both runs, and the first update "
+        "(its step size scaled by lr, 0.8 vs 0.5) is the first difference, before the second "
+        "pass reads it",
+    ),
+    Case(
+        "prefetch_loader_worker_count",
+        Run(py("prefetch_classifier.py", "--workers", "1")),
+        Run(py("prefetch_classifier.py", "--workers", "2")),
+        Expected(step=1, phase="data", cause="data_content"),
+        "the loader's generator is seeded, so worker 0 starts from the same seed in both runs and "
+        "loads batch 0 alike; batch 1 comes from worker 0 again with one worker, from worker 1 "
+        "(another seed, other flips and crops) with two: the prefetcher takes batch 1 from the "
+        "loader while step 0 trains, and step 1 is the first whose computation differs",
+        extra={"config_key": "--workers"},
+    ),
+    Case(
+        "fabric_seed_flag_missing",
+        Run(py("fabric_classifier.py", "--seed", "42")),
+        Run(py("fabric_classifier.py")),
+        Expected(step=0, phase="init", layer="conv1", cause="config", flag="--seed"),
+        "seed_everything runs only with --seed: run B's weights are drawn from an unseeded torch "
+        "stream, and Fabric names them _forward_module.conv1.weight, which is the model's conv1",
+    ),
+    Case(
+        "word_lm_saved_whole_dropout_flag",
+        Run(py("word_lm_save.py")),
+        Run(py("word_lm_save.py", "--dropout", "0.5")),
+        Expected(step=0, phase="forward", layer="drop", cause="config", flag="--dropout"),
+        "no optimizer (the weights are updated by hand) and no DataLoader; the first dropout mask "
+        "(p 0.2 vs 0.5) is the first difference; the script pickles its whole model with "
+        "torch.save after each epoch's evaluation",
     ),
 ]
 

@@ -17,6 +17,7 @@ reports are shared by the tests that read them.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -60,10 +61,13 @@ def _tree(root: Path, name: str) -> Path:
 # --- recording and comparing through the CLI, each once -----------------------------------------
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, cwd: Path, env: tuple[tuple[str, str], ...] = ()
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bisect_repro.cli", *args],
         cwd=cwd,
+        env={**os.environ, **dict(env)},
         capture_output=True,
         text=True,
         timeout=900,
@@ -82,7 +86,9 @@ class Corpus:
         if run not in self.runs:
             tree = _tree(self.root, run.tree)
             out = self.root / "runs" / f"r{len(self.runs)}"
-            done = _cli("record", "--quiet", "--out", str(out), "--", *run.command, cwd=tree)
+            done = _cli(
+                "record", "--quiet", "--out", str(out), "--", *run.command, cwd=tree, env=run.env
+            )
             assert done.returncode == 0, (run, done.stderr[-2000:])
             self.runs[run] = out
         return self.runs[run]
@@ -200,8 +206,12 @@ def check_verdict(case: Case, corpus: Corpus) -> None:
     if expected.rng is not None:
         assert tuple(verdict["rng"]) == expected.rng, verdict
     if expected.flag is not None:
-        named = " ".join([verdict["explanation"], *verdict["config_keys"]])
+        named = " ".join(
+            [verdict["explanation"], *verdict["config_keys"], *verdict["environment_keys"]]
+        )
         assert expected.flag.lstrip("-") in named, verdict
+    if "config_key" in case.extra:  # the command line is the config, whatever parses it
+        assert case.extra["config_key"] in report["config_diff"], report["config_diff"]
     if expected.reseeded_at is not None:
         script = _tree(corpus.root, case.b.tree) / case.b.command[1]
         assert (

@@ -179,3 +179,25 @@ def test_runs_equal_bit_for_bit_until_a_late_step_measure_no_envelope(
     assert [d["relative"] == 0 for d in numerics["distance"]] == [
         s <= PLANTED for s in range(STEPS + 1)
     ]
+
+
+def test_a_script_on_one_thread_against_two_differs_by_rounding_only(tmp_path: Path) -> None:
+    """A script recorded unchanged has its envelope measured too: run A's script run again from
+    its start under run B's thread count (rounding only whatever the machine: where the thread
+    count changes nothing, the runs are equal)."""
+    script = Path(__file__).parent / "scripts" / "centred_mlp.py"
+    for name, threads in (("one", 1), ("two", 2)):
+        command = [sys.executable, "-m", "bisect_repro.cli", "record", "--quiet", "--every", "1"]
+        command += ["--out", str(tmp_path / name), "--", sys.executable, str(script)]
+        environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+    result = CliRunner().invoke(
+        app, ["compare", str(tmp_path / "one"), str(tmp_path / "two"), "--json"]
+    )
+    report = json.loads(result.stdout)
+    numerics = report["numerics"]
+    assert numerics["rounding_only"] is True, numerics["sentence"]
+    if not report["identical"]:
+        assert numerics["envelope"] is not None, numerics["sentence"]
+        assert "replaying run A from step 0" in numerics["sentence"]

@@ -64,17 +64,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def test_the_first_parse_of_sys_argv_is_captured_with_its_defaults_keyed_by_flag(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_parses_of_the_command_line_are_captured_with_their_defaults_keyed_by_flag() -> None:
     found: dict[str, object] = {}
-    undo = capture_arguments(found)
+    argv = ["train.py", "d", "-g", "0.5", "--device", "cpu"]
+    undo = capture_arguments(found, argv)
     try:
+        assert found == {"argv[1]": "d", "-g": "0.5", "--device": "cpu"}  # the flags at once
         _parser().parse_args(["other", "--epochs", "9"])  # a list of its own: not the command line
-        assert found == {}
-        monkeypatch.setattr(sys, "argv", ["train.py", "d", "-g", "0.5", "--device", "cpu"])
-        _parser().parse_args()
-        _parser().parse_args()  # only the first parse counts
+        assert found == {"argv[1]": "d", "-g": "0.5", "--device": "cpu"}
+        _parser().parse_args(argv[1:])
     finally:
         undo()
     assert {k: v for k, v in found.items() if k not in ("--device", "--hf-token")} == {
@@ -90,3 +88,46 @@ def test_the_first_parse_of_sys_argv_is_captured_with_its_defaults_keyed_by_flag
     assert (
         argparse.ArgumentParser.parse_known_args.__qualname__ == "ArgumentParser.parse_known_args"
     )
+
+
+def test_a_config_parser_read_first_and_the_main_parser_on_the_rest_are_both_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shape of the big image-classification trainers: ``parse_known_args`` of a config
+    parser, then the main parser on what it left, with a worker count given as ``-j``."""
+    monkeypatch.setattr(sys, "argv", ["train.py", "-c", "base.json", "-j", "2", "--lr=0.1"])
+    found: dict[str, object] = {}
+    undo = capture_arguments(found)
+    try:
+        config = argparse.ArgumentParser(add_help=False)
+        config.add_argument("-c", "--config", default="")
+        _, remaining = config.parse_known_args()
+        assert found["--config"] == "base.json" and found["-j"] == "2"  # -j not parsed yet
+        main = argparse.ArgumentParser()
+        main.add_argument("-j", "--workers", type=int, default=4)
+        main.add_argument("--lr", type=float, default=1.0)
+        main.parse_args(remaining)
+    finally:
+        undo()
+    assert found == {"--config": "base.json", "--workers": 2, "--lr": 0.1}
+
+
+def test_flags_no_parser_reads_and_overrides_are_the_config(monkeypatch) -> None:
+    """A script that reads its command line with ``fire``, ``click``, Hydra or by hand: the flags
+    and ``key=value`` overrides, with a parser that reads only some of them."""
+    found: dict[str, object] = {}
+    argv = ["train.py", "optimizer.lr=0.1", "+trainer.devices=2", "--seed", "3", "data"]
+    undo = capture_arguments(found, argv)
+    try:
+        assert found == {
+            "optimizer.lr": "0.1",
+            "+trainer.devices": "2",
+            "--seed": "3",
+            "argv[1]": "data",
+        }
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--seed", type=int)
+        parser.parse_known_args(argv[1:])
+    finally:
+        undo()
+    assert found == {"optimizer.lr": "0.1", "+trainer.devices": "2", "argv[1]": "data", "--seed": 3}

@@ -52,9 +52,11 @@ from ...replay.replica import ReplicaFailed, processes_started
 from ...store.nodes import Layout, read_layout
 from ...store.run import Run
 from ..numerics.envelope import judge
+from ..stages import run_stage
 from .causes import Cause
 from .from_records import rank_verdict, records_verdict, structure_verdict
-from .records import Records, first_divergence, rank_zero_alike, read_records
+from .records import Records, first_divergence, rank_zero_alike, read_records, start_at_resume
+from .resume import NO_RESUME, align, audit, first_states_differ
 from .roles import RECEIVER, roles, through_collectives
 from .rules import enforce, reconcile
 from .signals import Signals
@@ -113,30 +115,58 @@ def _compare_pair(
             f"format {b.meta.format} differs from {a.path}'s format {a.meta.format}",
             "re-record both runs with one bisect-repro version",
         )
+    a, b, resume = align(a, b)
     records = read_records(a, b)
+    if resume is not None and records.structure is None:
+        resume = audit(a, b, resume)
+        start_at_resume(records, resume)
     if records.structure is not None:
         result = CompareResult(runs=[str(a.path), str(b.path)], differences=records.differences)
         _run_names(records, result)
         result.verdict = structure_verdict(records)
         return result
     result = _result_of(records, a, b)
+    result.resume = resume
+    if resume is not None:
+        result.notes.append(resume.sentence() + (f" ({resume.note})" if resume.note else ""))
+    elif not a.distributed and not b.distributed and first_states_differ(a, b):
+        result.notes.append(NO_RESUME)
     if records.identical:
         _identical(records, result)
-        result.numerics = judge(records, None)
+        result.numerics = _numerics(result, records, None, None)
         return result
     named = records_verdict(records)
     specs = _specs(records, result, allow) if replay else None
-    replayed = (
-        _replay(records, named, specs, result, progress, announce) if specs is not None else None
-    )
+    replayed = None
+    if specs is not None:
+        replayed = run_stage(
+            "replay",
+            result.notes,
+            lambda: _replay(records, named, specs, result, progress, announce),
+            None,
+            "the verdict is from the records alone",
+        )
     if replayed is None:
         replayed, notes = enforce(named, Signals.of_records(records))
         result.notes += notes
     result.verdict = replayed
-    result.numerics = judge(
-        records, specs[0] if specs is not None else None, _unrepeatable(replayed)
+    result.numerics = _numerics(
+        result, records, specs[0] if specs is not None else None, _unrepeatable(replayed)
     )
     return result
+
+
+def _numerics(
+    result: CompareResult, records: Records, spec: LaunchSpec | None, unrepeatable: str | None
+) -> Numerics | None:
+    """The numerics stage (:func:`~bisect_repro.diagnose.numerics.envelope.judge`)."""
+    return run_stage(
+        "numerics",
+        result.notes,
+        lambda: judge(records, spec, unrepeatable),
+        None,
+        "the result has no numerics",
+    )
 
 
 def _unrepeatable(verdict: Verdict | None) -> str | None:
@@ -345,13 +375,20 @@ def _compare_ranks(
                 "ranks; "
                 f"the replay runs its {a.world_size} ranks on this machine alone, where they fit"
             )
-        _replay_ranks(records, named, result, specs, progress, announce)
-    result.numerics = judge(
+        run_stage(
+            "replay",
+            result.notes,
+            lambda: _replay_ranks(records, named, result, specs, progress, announce),
+            None,
+            "the verdict is from the records alone",
+        )
+    result.numerics = _numerics(
+        result,
         records,
         specs[0].on_ranks(a.world_size, 0) if specs is not None else None,
         _unrepeatable(result.verdict),
     )
-    if not rank_zero_alike(a, b):
+    if not rank_zero_alike(a, b) and result.numerics is not None:
         _explained_by_layout(result, a, b)
     return result
 

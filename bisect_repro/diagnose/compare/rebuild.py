@@ -5,8 +5,10 @@ Recorder is built, in fresh processes whose global streams (Python, NumPy, torch
 before anything runs: twice with every stream fixed (the initial state must repeat), and once
 per stream with that stream alone seeded differently (the streams whose change changes the
 initial state decide it). Run B's code is built once with the same fixed streams too: if it then
-equals run A's, the two runs differ only in how their streams were seeded. All the processes run
-at once.
+equals run A's, the two runs differ only in how their streams were seeded. Where their settings
+differ, run B's code is built once more with the same fixed streams and run A's settings (a
+script's command line, a recipe's config): if that equals run A's, the settings decide it. All
+the processes run at once.
 
 Where the guarantees stop: only the global streams are varied; a model initialised from a
 generator of its own, or from entropy (``torch.seed()``, ``os.urandom``), does not repeat with
@@ -16,13 +18,15 @@ every global stream fixed, and the seeding calls seen during the build are named
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...capture.rng import GLOBAL_STREAMS
 from ...capture.seeding import SeedingCall
 from ...replay.interface import ReplicaFactory
 from ...replay.launch import LaunchSpec
 from ...replay.ranked import start_replica
+from ...replay.replica import ReplicaFailed
+from ...store.meta import CodeKind
 from .causes import Cause
 from .verdict import Confidence, Evidence
 
@@ -46,6 +50,9 @@ class InitStreams:
     """The seeding calls from entropy seen during the build, when the initial state does not
     repeat."""
     evidence: list[Evidence]
+    settings_decide: bool = False
+    """Run B's code built with run A's settings (and the same fixed streams) gives run A's initial
+    state."""
 
 
 @dataclass(frozen=True)
@@ -56,13 +63,26 @@ class _Built:
     seeding: list[SeedingCall]
 
 
-def _built(start: ReplicaFactory, spec: LaunchSpec, label: str) -> _Built:
-    with start(spec, label) as replica:
-        replica.connect()
-        description = replica.describe()
-        return _Built(
-            dict(description.init), [SeedingCall.from_json(c) for c in description.build_seeding]
-        )
+def _built(start: ReplicaFactory, spec: LaunchSpec, label: str) -> _Built | None:
+    """One build's initial state (``None``: it failed, as run B's script may with run A's
+    arguments)."""
+    try:
+        with start(spec, label) as replica:
+            replica.connect()
+            description = replica.describe()
+    except ReplicaFailed:
+        return None
+    return _Built(
+        dict(description.init), [SeedingCall.from_json(c) for c in description.build_seeding]
+    )
+
+
+def _with_settings_of(a: LaunchSpec, b: LaunchSpec) -> LaunchSpec | None:
+    """Run B's code with run A's settings: a script's command line, a recipe's config (``None``:
+    they are the same)."""
+    if b.kind is CodeKind.RECIPE:
+        return None if a.config == b.config else b.with_config(a.config)
+    return None if list(a.argv) == list(b.argv) else replace(b, argv=list(a.argv))
 
 
 def _differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
@@ -118,16 +138,26 @@ def streams_deciding_init(
     }
     for name in GLOBAL_STREAMS:
         jobs[name] = spec_a.with_seeds({**fixed, name: _BASE + 1})
+    settings = _with_settings_of(spec_a, spec_b)
+    if settings is not None:
+        jobs["b with a's settings"] = settings.with_seeds(fixed)
     with ThreadPoolExecutor(len(jobs)) as pool:
         futures = {
             key: pool.submit(
-                _built, start, spec, f"run {'B' if key == 'b' else 'A'} built with fixed streams"
+                _built,
+                start,
+                spec,
+                f"run {'B' if key.startswith('b') else 'A'} built with fixed streams",
             )
             for key, spec in jobs.items()
         }
-        built = {key: future.result() for key, future in futures.items()}
+        found = {key: future.result() for key, future in futures.items()}
+    if any(found[key] is None for key in ("control", "again", "b", *GLOBAL_STREAMS)):
+        raise ReplicaFailed("building the code again with fixed streams failed")
+    built = {key: value for key, value in found.items() if value is not None}
     evidence: list[Evidence] = []
     control = built["control"].hashes
+    decided = _settings_decide(control, settings, found.get("b with a's settings"), evidence)
     repeats = not _differing(control, built["again"].hashes)
     fixed_text = ", ".join(GLOBAL_STREAMS)
     evidence.append(
@@ -154,6 +184,7 @@ def streams_deciding_init(
             streams=sorted({c.stream for c in reseeds}),
             reseeds=reseeds,
             evidence=evidence,
+            settings_decide=decided,
         )
     deciding = []
     for name in GLOBAL_STREAMS:
@@ -178,5 +209,45 @@ def streams_deciding_init(
         else (Cause.UNKNOWN, Confidence.UNEXPLAINED)
     )
     return InitStreams(
-        cause=cause, confidence=confidence, streams=deciding, reseeds=[], evidence=evidence
+        cause=cause,
+        confidence=confidence,
+        streams=deciding,
+        reseeds=[],
+        evidence=evidence,
+        settings_decide=decided,
     )
+
+
+def _settings_decide(
+    control: dict[str, str],
+    settings: LaunchSpec | None,
+    built: _Built | None,
+    evidence: list[Evidence],
+) -> bool:
+    """Whether run B's code built with run A's settings gives run A's initial state; the evidence
+    says so (nothing where the settings are the same)."""
+    if settings is None:
+        return False
+    subject = "run B's code with run A's settings and the same fixed streams"
+    if built is None:
+        evidence.append(
+            Evidence(
+                experiment="config",
+                subject=subject,
+                outcome="inconclusive",
+                detail="run B's code did not build with run A's settings",
+            )
+        )
+        return False
+    differing = _differing(control, built.hashes)
+    evidence.append(
+        Evidence(
+            experiment="config",
+            subject=subject,
+            outcome="differs" if differing else "matches",
+            detail=f"the initial state still differs ({differing[0]} first)"
+            if differing
+            else "it builds run A's initial state: the settings decide it",
+        )
+    )
+    return not differing

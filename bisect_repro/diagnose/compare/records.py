@@ -26,6 +26,7 @@ from ...errors import BisectReproError
 from ...store.run import Run
 from ..selfcheck import seeds_one_of
 from .differences import Differences, read_differences
+from .resume import Resume
 from .settings import settings_difference
 from .verdict import TimelineRow, Verdict
 
@@ -36,6 +37,7 @@ __all__ = [
     "model_name",
     "rank_zero_alike",
     "read_records",
+    "start_at_resume",
 ]
 
 
@@ -278,6 +280,19 @@ def read_records(a: Run, b: Run) -> Records:
     records.last_equal = equal[-1].step if equal else None
     records.first_divergent = divergent.step if divergent else None
     return records
+
+
+def start_at_resume(records: Records, resume: Resume) -> None:
+    """Both runs start from the resume step when the resumed run holds the other's model there
+    (:mod:`~bisect_repro.diagnose.compare.resume`): the replay steps both from it, and a part the
+    resume did not restore (an optimizer's state) shows in the step that uses it, not as another
+    initial state. Called before the records' verdict is made."""
+    first = records.timeline[0] if records.timeline else None
+    if first is None or first.step != resume.step or first.equal:
+        return
+    records.last_equal = resume.step
+    divergent = next((row for row in records.timeline[1:] if not row.equal), None)
+    records.first_divergent = divergent.step if divergent is not None else None
 
 
 def _shows_itself_at(records: Records, step: int) -> bool:

@@ -90,7 +90,8 @@ def reconcile(replayed: Verdict, signals: Signals, named: Verdict) -> tuple[Verd
     verdict (``named``), at the replay's finer location where the step is the same, with a
     note."""
     problem = violation(replayed, signals)
-    data = _data_before(signals, replayed)
+    # the initial state comes before the first step's data: no data is drawn before it
+    data = None if replayed.phase == "init" else _data_before(signals, replayed)
     if problem is None and (data is None or replayed.phase == "data"):
         return replayed, []
     if problem is None:

@@ -127,30 +127,8 @@ class Swaps:
         def matches(result: StepResult | None) -> bool:
             return _same(trace_a, result)
 
-        sa, sb = (
-            start.streams
-            for start in both(partial(self.ra.streams, s), partial(self.rb.streams, s))
-        )
-        # nothing drew from them in either run: cannot matter
-        unused = set(self.records.unused_streams())
-        differing = [n for n in _differing(sa, sb) if n not in unused]
-        if differing:
-
-            def with_streams(names: list[str]) -> bool:
-                return matches(
-                    self.rb.run(s, trace="full", streams={**sb, **{n: sa[n] for n in names}})
-                )
-
-            if self._streams(verdict, "stream", differing, with_streams, "random streams"):
-                verdict.cause = Cause.RNG_STATE
-                # How those streams came apart, where the step logs show it: a reseed from entropy
-                # in an earlier step.
-                start = self.records.streams_equal_until(verdict.rng, s)
-                verdict.reseeded = [
-                    SeedingCall.from_json(call)
-                    for _, call in self.records.reseeds(start, s, verdict.rng)
-                ]
-                return
+        if self._step_with_streams(verdict, trace_a):
+            return
         if self._settings(
             verdict, lambda settings: matches(self.rb.run(s, trace="full", environment=settings))
         ):
@@ -158,6 +136,35 @@ class Swaps:
         if self._fresh(verdict, lambda fetched, result: matches(result), data=False):
             return
         verdict.cause, verdict.confidence = Cause.UNKNOWN, Confidence.UNEXPLAINED
+
+    def _step_with_streams(self, verdict: Draft, trace_a: StepResult) -> bool:
+        """Run B's whole step with run A's random streams (those that differ at its start and were
+        drawn from): the step then matching proves them the cause."""
+        s = self.step
+        sa, sb = (
+            start.streams
+            for start in both(partial(self.ra.streams, s), partial(self.rb.streams, s))
+        )
+        # nothing drew from them in either run: cannot matter
+        unused = set(self.records.unused_streams())
+        differing = [n for n in _differing(sa, sb) if n not in unused]
+        if not differing:
+            return False
+
+        def with_streams(names: list[str]) -> bool:
+            streams = {**sb, **{n: sa[n] for n in names}}
+            return _same(trace_a, self.rb.run(s, trace="full", streams=streams))
+
+        if not self._streams(verdict, "stream", differing, with_streams, "random streams"):
+            return False
+        verdict.cause = Cause.RNG_STATE
+        # How those streams came apart, where the step logs show it: a reseed from entropy in an
+        # earlier step.
+        start = self.records.streams_equal_until(verdict.rng, s)
+        verdict.reseeded = [
+            SeedingCall.from_json(call) for _, call in self.records.reseeds(start, s, verdict.rng)
+        ]
+        return True
 
     # -- a batch that differs ------------------------------------------------------------------
     def data(self, verdict: Draft, order: bool, fetched_a: Fetched, trace_a: StepResult) -> None:
@@ -170,10 +177,16 @@ class Swaps:
         )
         if not self.rb.reruns:
             self._data_in_a_framework(verdict)
-            if self._arguments_decide_data() and self._relaunched(
-                verdict, lambda _, result: _same(trace_a, result), data=False
+
+            def same(fetched: Fetched, result: StepResult | None) -> bool:
+                return _same(trace_a, result)
+
+            if self._step_with_streams(verdict, trace_a):
+                return  # the streams the step draws its data from (a resume that missed one)
+            if self._fresh_variables(verdict, same, data=False) or (
+                self._arguments_decide_data() and self._relaunched(verdict, same, data=False)
             ):
-                verdict.rng = []  # the streams carried the difference; the arguments made it
+                verdict.rng = []  # the streams carried the difference; the relaunch made it
             return
         a, b = self.ra.streams(s), self.rb.streams(s)
         epoch_a, epoch_b = (a.data or {}).get("epoch_streams"), (b.data or {}).get("epoch_streams")
@@ -369,6 +382,41 @@ class Swaps:
         )
         return True
 
+    def _fresh_variables(
+        self,
+        verdict: Draft,
+        vanishes: Callable[[Fetched, StepResult | None], bool],
+        *,
+        data: bool,
+    ) -> bool:
+        """Run B in a fresh process with run A's environment variables, where they differ."""
+        spec_a, spec_b = self.specs
+        variables = [k for k in self.records.differences.environment if k.startswith("env.")]
+        if not variables or spec_a.variables == spec_b.variables:
+            return False
+        names = ", ".join(k.removeprefix("env.") for k in variables)
+        found = self._narrowed(
+            "environment_variables",
+            "run B with run A's environment variables",
+            [", ".join(variables)],
+            lambda _: vanishes(
+                *self._variant(
+                    spec_b.with_variables(spec_a.variables),
+                    "run B with run A's environment variables",
+                    data,
+                )
+            ),
+            f"a fresh process of run B with {names} as in run A",
+        )
+        if found is None:
+            return False
+        verdict.cause, verdict.environment_keys, verdict.confidence = (
+            Cause.ENVIRONMENT,
+            variables,
+            Confidence.PROVEN,
+        )
+        return True
+
     def _fresh(
         self,
         verdict: Draft,
@@ -378,30 +426,9 @@ class Swaps:
     ) -> bool:
         """Run B in a fresh process with run A's environment variables, then rebuilt with run A's
         config."""
+        if self._fresh_variables(verdict, vanishes, data=data):
+            return True
         spec_a, spec_b = self.specs
-        variables = [k for k in self.records.differences.environment if k.startswith("env.")]
-        if variables and spec_a.variables != spec_b.variables:
-            names = ", ".join(k.removeprefix("env.") for k in variables)
-            found = self._narrowed(
-                "environment_variables",
-                "run B with run A's environment variables",
-                [", ".join(variables)],
-                lambda _: vanishes(
-                    *self._variant(
-                        spec_b.with_variables(spec_a.variables),
-                        "run B with run A's environment variables",
-                        data,
-                    )
-                ),
-                f"a fresh process of run B with {names} as in run A",
-            )
-            if found is not None:
-                verdict.cause, verdict.environment_keys, verdict.confidence = (
-                    Cause.ENVIRONMENT,
-                    variables,
-                    Confidence.PROVEN,
-                )
-                return True
         config = self.records.differences.config
         if config and spec_b.kind is not CodeKind.RECIPE and spec_a.argv != spec_b.argv:
             return self._relaunched(verdict, vanishes, data=data)

@@ -33,6 +33,7 @@ from ..selfcheck import OpContext
 from .causes import Cause
 from .compiled import CompileBisect
 from .differences import Differences
+from .resume import Resume
 
 __all__ = [
     "DIFFERENCE_FIELDS",
@@ -329,6 +330,9 @@ class CompareResult:
     (:mod:`bisect_repro.diagnose.numerics.numerics`)."""
     reseeded_steps: list[int] = field(default_factory=list)
     """The steps whose logs, in either run, show a stream reseeded from entropy."""
+    resume: Resume | None = None
+    """Where one run resumed from the other's state, and what the resume restored
+    (:mod:`bisect_repro.diagnose.compare.resume`)."""
 
     @property
     def config_diff(self) -> dict[str, list[Any]]:
@@ -363,6 +367,7 @@ class CompareResult:
             "code_diff": differences["code_diff"],
             "settings_diff": differences["settings_diff"],
             "reseeded_steps": self.reseeded_steps,
+            "resume": self.resume.to_json() if self.resume else None,
         }
 
     @classmethod
@@ -382,9 +387,11 @@ class CompareResult:
                     "ranks",
                     "compile_bisect",
                     "numerics",
+                    "resume",
                 ),
             ),
             differences=Differences.from_json(found),
+            resume=Resume.from_json(found["resume"]) if found.get("resume") else None,
             ops_context=[OpContext.from_json(row) for row in found.get("ops_context") or []],
             numerics=Numerics.from_json(numerics) if numerics else None,
             verdict=Verdict.from_json(verdict) if verdict else None,

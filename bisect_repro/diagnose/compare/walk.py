@@ -23,6 +23,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import torch
+
+from ...capture.rng import GLOBAL_STREAMS
 from ...replay.launch import LaunchSpec
 from ...replay.lockstep import Divergence, Lockstep, Parted
 from ...store.run import Run
@@ -30,7 +33,7 @@ from ..advice import hidden_state_fix
 from ..difference import difference_stats
 from .causes import Cause
 from .causes.entry import Particulars
-from .causes.registry import REGISTRY, fix_for
+from .causes.registry import REGISTRY, explanation_for, fix_for
 from .compiled import compile_bisect
 from .experiments import StepAnalysis
 from .placement import closing_note, place
@@ -219,13 +222,16 @@ def _init_verdict(
     records: Records, named: Verdict, specs: tuple[LaunchSpec, LaunchSpec], result: CompareResult
 ) -> Verdict:
     """Runs that differ from their first snapshot: which streams decide the initial state, proven
-    by building the code again; where they do not, the records' cause (``named``), inferred, unless
-    it is a stream's."""
+    by building the code again; where they do not, the config where run B's code built with run
+    A's settings gives run A's initial state (proven), else the records' cause (``named``),
+    inferred, unless it is a stream's."""
     row = records.timeline[0]
     tensor = row.first_tensor
     found = streams_deciding_init(specs)
     result.replay.performed = True
     cause, confidence, keys = found.cause, found.confidence, _keys(named)
+    rng = list(found.streams)
+    particulars = _init_particulars(records, found, named, f"{tensor} at step {row.step}")
     if found.cause is Cause.RNG_STATE:
         explanation = (
             f"the runs start from different states ({tensor} differs at step {row.step}): the "
@@ -233,16 +239,28 @@ def _init_verdict(
             f"{'were reseeded from entropy' if found.reseeds else 'were not seeded alike'}"
         )
         keys = {}
+    elif found.settings_decide or named.cause not in (Cause.RNG_STATE, Cause.UNKNOWN):
+        # the settings, proven by the rebuild with run A's; else the records' cause, unless a
+        # stream's, which the rebuild just put to the test
+        if found.settings_decide:
+            cause, confidence = Cause.CONFIG, Confidence.PROVEN
+            keys = {"config_keys": named.config_keys or list(records.differences.config)}
+        else:
+            cause, confidence = named.cause, Confidence.INFERRED
+        particulars = replace(
+            particulars, config_keys=keys.get("config_keys", ()), proven=found.settings_decide
+        )
+        # the streams the cause left in other states at the first snapshot
+        rng = rng or [s for s in row.streams if s in GLOBAL_STREAMS]
+        explanation = explanation_for(cause, particulars) + (
+            f"; {', '.join(rng)} differ there" if rng else ""
+        )
     else:
         explanation = (
             f"{tensor} differs at step {row.step}, and building the code again "
             "with every global stream fixed does not explain it"
         )
-        # the records' cause, unless a stream's, which the rebuild just put to the test
-        if named.cause not in (Cause.RNG_STATE, Cause.UNKNOWN):
-            cause, confidence = named.cause, Confidence.INFERRED
-        else:
-            keys = {}
+        keys = {}
     verdict = Verdict(
         step=row.step,
         phase="init",
@@ -250,11 +268,11 @@ def _init_verdict(
         layer=layer_of(tensor) if tensor else None,
         cause=cause,
         confidence=confidence,
-        rng=list(found.streams),
+        rng=rng,
         reseeded=list(found.reseeds),
         **keys,
         explanation=explanation,
-        fix=fix_for(cause, _init_particulars(records, found, named)),
+        fix=fix_for(cause, particulars),
         evidence=list(found.evidence),
     )
     return verdict.with_difference(_init_difference(records, row.step, tensor))
@@ -264,8 +282,11 @@ def _keys(named: Verdict) -> dict[str, Any]:
     return {"config_keys": named.config_keys, "environment_keys": named.environment_keys}
 
 
-def _init_particulars(records: Records, found: InitStreams, named: Verdict) -> Particulars:
+def _init_particulars(
+    records: Records, found: InitStreams, named: Verdict, where: str
+) -> Particulars:
     return Particulars(
+        where=where,
         streams=found.streams,
         reseeds=found.reseeds,
         resumed=records.b.meta.options.resumed_from is not None,
@@ -280,12 +301,9 @@ def _init_difference(records: Records, step: int, tensor: str | None) -> dict[st
     """The size of the first differing tensor's difference at the first snapshot, where both
     runs checkpoint it."""
     a, b = records.a, records.b
-    if (
-        step in a.checkpoints
-        and step in b.checkpoints
-        and tensor in a.meta.model.get("parameters", {})
-    ):
-        return difference_stats(
-            a.checkpoint(step)["model"][tensor], b.checkpoint(step)["model"][tensor]
-        )
+    if step in a.checkpoints and step in b.checkpoints and tensor is not None:
+        # a name the checkpoints' models may not hold (a wrapper's): then no statistics
+        values = [run.checkpoint(step).get("model", {}).get(tensor) for run in (a, b)]
+        if all(isinstance(value, torch.Tensor) for value in values):
+            return difference_stats(*values)
     return {}

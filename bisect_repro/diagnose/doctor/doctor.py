@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...capture import env
@@ -47,6 +47,7 @@ from ...errors import BisectReproError, RecipeError
 from ...record.recipe import recipe_file
 from ...replay.interface import ReplicaFactory
 from .. import advice
+from ..stages import run_stage
 from .audit import environment_findings
 from .checks import RecipeChecks, threads_finding
 from .findings import SEVERITIES, Finding, Severity
@@ -73,6 +74,8 @@ class DoctorReport:
     seconds: float
     environment: dict[str, Any]
     """The environment fingerprint the recipe ran in."""
+    notes: list[str] = field(default_factory=list)
+    """Stages that failed (:mod:`~bisect_repro.diagnose.stages`): what was not checked, and why."""
 
     @property
     def reproducible(self) -> bool:
@@ -89,6 +92,7 @@ class DoctorReport:
             "steps": self.steps,
             "seconds": self.seconds,
             "environment": self.environment,
+            "notes": self.notes,
         }
 
 
@@ -403,6 +407,7 @@ def doctor(
     started = time.perf_counter()
     say = progress or (lambda stage: None)
     config = dict(config or {})
+    notes: list[str] = []
     if command is not None:
         if config:
             raise BisectReproError(
@@ -410,7 +415,7 @@ def doctor(
             )
         subject = script_subject(command, replica)
         target = subject.name
-        findings, fingerprint = _diagnose(subject, _checked_steps(steps), say)
+        findings, fingerprint = _diagnose(subject, _checked_steps(steps), say, notes)
     elif target is None:
         if config:
             raise BisectReproError("doctor: --set needs a TARGET to pass the settings to")
@@ -426,7 +431,7 @@ def doctor(
             if replica is None
             else recipe_subject(target, config, replica)
         )
-        findings, fingerprint = _diagnose(subject, _checked_steps(steps), say)
+        findings, fingerprint = _diagnose(subject, _checked_steps(steps), say, notes)
     order = {severity: rank for rank, severity in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
     return DoctorReport(
@@ -436,6 +441,7 @@ def doctor(
         steps=steps if target is not None else None,
         seconds=round(time.perf_counter() - started, 3),
         environment=fingerprint,
+        notes=notes,
     )
 
 
@@ -457,7 +463,9 @@ def _probes(subject: Subject, steps: int) -> tuple[Probe, ...]:
             replica.close()
 
 
-def _diagnose(subject: Subject, steps: int, say: Progress) -> tuple[list[Finding], dict[str, Any]]:
+def _diagnose(
+    subject: Subject, steps: int, say: Progress, notes: list[str]
+) -> tuple[list[Finding], dict[str, Any]]:
     say("building the recipe in two processes")
     first, second = (subject.start(seed) for seed in _HASH_SEEDS)
     try:
@@ -477,15 +485,24 @@ def _diagnose(subject: Subject, steps: int, say: Progress) -> tuple[list[Finding
         local = RecipeChecks(first, outcomes, a.built.environment, fresh=fresh)
         say(f"re-running the first {steps} step(s) from the same states")
         # first: nothing else may have run in between (a compiled step would recompile)
-        local.rerun_steps()
+        not_checked = "its findings are missing"
+        run_stage("re-run", notes, local.rerun_steps, None, not_checked)
         say("running step 0 under deterministic algorithms")
-        local.determinism_alerts()
+        run_stage("deterministic algorithms", notes, local.determinism_alerts, None, not_checked)
         say("comparing the processes")
         diagnosis = _Diagnosis(a, b, local, steps)
-        findings = [*diagnosis.run(), *local.findings]
+        none: list[Finding] = []
+        findings = [*run_stage("comparison", notes, diagnosis.run, none, not_checked)]
+        findings += local.findings
         if diagnosis.unexplained:
             say("two more processes, to tell string hashing from other entropy")
-            findings += _hash_seed_findings(diagnosis.unexplained, (a, b), _probes(subject, steps))
+            findings += run_stage(
+                "string hashing",
+                notes,
+                lambda: _hash_seed_findings(diagnosis.unexplained, (a, b), _probes(subject, steps)),
+                none,
+                not_checked,
+            )
         fingerprint = a.built.environment
         pinned = fingerprint.get("env.OMP_NUM_THREADS") is not None or bool(a.built.threads_set)
         findings += environment_findings(

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ...record.autohooks import one_ulp_up
 from ...record.torchrun import init_process_group, torchrun_command
 from ...replay.launch import LaunchSpec
 from ...store.meta import CodeKind
@@ -92,11 +93,14 @@ def measure_envelope(
     proved run A differs from itself, if it did."""
     if spec is None:
         return None, "run A could not be replayed"
-    if spec.kind is not CodeKind.RECIPE or spec.target is None:
-        return None, "run A is a script; the envelope is measured for recipes"
-    if not run.checkpoints:
+    if spec.kind is CodeKind.RECIPE and spec.target is None:
+        return None, "run A names no recipe to replay"
+    if spec.kind is not CodeKind.RECIPE and not spec.auto:
+        return None, "run A records itself (the Recorder API): it is not run again to measure"
+    if spec.kind is CodeKind.RECIPE and not run.checkpoints:
         return None, "run A has no checkpoint to replay from"
-    start = min(run.checkpoints)
+    # a script recorded unchanged runs again from its own start
+    start = min(run.checkpoints) if spec.kind is CodeKind.RECIPE else min(run.snapshots)
     threads = run.environment.get("torch.get_num_threads")
     threads = threads if isinstance(threads, int) and threads > 0 else torch.get_num_threads()
     tf32 = tf32_of(run, other) if other is not None else None
@@ -190,7 +194,8 @@ def _not_rounding(
     - an exact signal that differs: not measured, the signal is the cause;
     - different weights at the first snapshot: not measured, training has not rounded anything yet;
     - weights equal bit for bit at a later snapshot: not measured, a discrete divergence (the
-      verdict's);
+      verdict's), unless the runs differ only in settings that change rounding (thread counts,
+      TF32), whose rounding may first show after a few equal steps;
     - none of these: measured.
 
     Where rank 0 of the runs holds other tensors (another layout: FSDP2's shards against DDP's
@@ -214,13 +219,24 @@ def _not_rounding(
             f"the runs start from different weights at step {first_step}; rounding in training "
             "cannot explain that"
         )
-    if last_equal is not None and last_equal > first_step:
+    if last_equal is not None and last_equal > first_step and not _rounding_settings(records):
         return (
             f"the runs are equal bit for bit up to step {last_equal}: they do not differ by "
             "rounding from the start, "
             "and the verdict explains where they part"
         )
     return None
+
+
+_THREADS = ("torch.get_num_threads", "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS")
+
+
+def _rounding_settings(records: Records) -> bool:
+    """Whether the runs' environments differ, and only in settings that change rounding (thread
+    counts, TF32): rounding that may first show after a few equal steps."""
+    keys = set(records.differences.environment)
+    rounding = {*_THREADS, *TF32_SWITCHES, *(f"env.{n}" for n in TF32_VARIABLES)}
+    return bool(keys) and keys <= rounding
 
 
 class _Failed(Exception):
@@ -245,6 +261,15 @@ def _replayed(run: Run, spec: LaunchSpec, start: int, out: Path, change: _Change
         "perturb": change.perturb,
         "switches": switches,
         "out": str(out),
+        "script": None
+        if spec.kind is CodeKind.RECIPE
+        else {
+            "kind": spec.kind.value,
+            "path": spec.path,
+            "module": spec.module,
+            "argv": list(spec.argv),
+            "sha256": spec.sha256,
+        },
     }
     environment = {**os.environ, _JOB: json.dumps(job)}
     for name, value in spec.variables.items():
@@ -276,12 +301,7 @@ class _Perturbed:
 
     def __call__(self, batch: Any) -> Any:
         if not self.done:
-            with torch.no_grad():
-                for parameter in self.model.parameters():
-                    if parameter.is_floating_point():
-                        parameter.copy_(
-                            torch.nextafter(parameter, torch.full_like(parameter, torch.inf))
-                        )
+            one_ulp_up(self.model)
             self.done = True
         return self.step(batch)
 
@@ -302,6 +322,9 @@ def _main() -> None:
     environment = dict(Run.open(job["source"], rank).environment)
     environment["torch.get_num_threads"] = job["threads"]
     env.apply({**environment, **job["switches"]})
+    if job.get("script"):
+        _script(job)
+        return
     trainee = build(job["target"], job["config"], expected=Path(job["path"]))
     if job["perturb"]:
         trainee.step = _Perturbed(trainee.step, trainee.model)
@@ -320,6 +343,36 @@ def _main() -> None:
         import torch.distributed as dist
 
         dist.destroy_process_group()
+
+
+def _script(job: dict[str, Any]) -> None:
+    """Run A's script recorded again from its start, under the same hooks, in this process: the
+    checked bytes (as a replay runs them), the same snapshots, the rounding changed as the job
+    says."""
+    from ...record.autohooks import AutoHooks
+    from ...record.options import RecordOptions
+    from ...record.pinned import pin
+    from ...record.script import ScriptCommand, run_as_main
+
+    script = job["script"]
+    if script["path"] and script["sha256"]:
+        pin(script["path"], script["sha256"])
+    command = ScriptCommand(
+        kind=CodeKind(script["kind"]),
+        path=script["path"],
+        module=script["module"],
+        argv=tuple(script["argv"]),
+    )
+    options = RecordOptions(every=job["every"], checkpoint_every=None, force=True)
+    hooks = AutoHooks(job["out"], options, perturb=job["perturb"]).install()
+    failed = True
+    try:
+        run_as_main(command)
+        failed = False
+    except SystemExit as exit_:
+        failed = exit_.code not in (None, 0)
+    finally:
+        hooks.close(failed=failed)
 
 
 if __name__ == "__main__":
