@@ -12,13 +12,25 @@ from tests.rules_check import every_comparison_is_checked  # noqa: F401 - autous
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full-corpus",
+        action="store_true",
+        help="run every corpus case (tests/e2e/test_corpus.py), not only those marked ci",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skips = {
+        "full_corpus": None
+        if config.getoption("--full-corpus")
+        else pytest.mark.skip(reason="a corpus case outside CI: run with --full-corpus"),
+        "cuda": None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU"),
+    }
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        for keyword, skip in skips.items():
+            if skip is not None and keyword in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True, scope="session")
