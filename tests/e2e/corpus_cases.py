@@ -67,7 +67,6 @@ CASES = [
         "Adadelta's update of "
         "step 6 (epoch 2's first) is the first to use 1.0*0.5 instead of 1.0*0.7; nothing else "
         "differs",
-        ci=True,
     ),
     Case(
         "vae_reseeded_after_sampling",
@@ -118,7 +117,6 @@ CASES = [
         Expected(identical=True),
         "the sampler has its own seeded generator and the dataset draws nothing: 4 or 2 workers "
         "load the same batches",
-        ci=True,
     ),
     Case(
         "seq2seq_worker_count",
@@ -156,7 +154,6 @@ CASES = [
         "set_seed() seeds random and torch, not NumPy; the hold-out split is "
         "np.random.permutation, so each run "
         "trains on other rows (standardised with other statistics) from the first batch",
-        ci=True,
     ),
     Case(
         "seed_defaults_to_a_random_value",
@@ -364,7 +361,6 @@ CASES += [
         "the network is wrapped in DataParallel (parameters named module.conv1.weight, ...); the "
         "batch, the forward and the gradients of step 0 are equal, and SGD's first update of "
         "conv1.weight (the first parameter, lr 0.1 vs 0.05) is the first difference",
-        ci=True,
     ),
     Case(
         "diffusion_helper_timesteps_flag",

@@ -368,6 +368,7 @@ def test_doctor_on_a_seeded_corpus_script_finds_it_reproducible(corpus: Corpus) 
 
 
 @pytest.mark.slow
+@pytest.mark.full_corpus
 def test_doctor_on_a_corpus_script_with_an_unseeded_split_finds_numpy(corpus: Corpus) -> None:
     done = _cli(
         "doctor",
