@@ -14,17 +14,17 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--full-corpus",
+        "--extended",
         action="store_true",
-        help="run every corpus case (tests/e2e/test_corpus.py), not only those marked ci",
+        help="run the tests marked extended too: every corpus case, every resume case",
     )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skips = {
-        "full_corpus": None
-        if config.getoption("--full-corpus")
-        else pytest.mark.skip(reason="a corpus case outside CI: run with --full-corpus"),
+        "extended": None
+        if config.getoption("--extended")
+        else pytest.mark.skip(reason="an extended case, outside CI's time: run with --extended"),
         "cuda": None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU"),
     }
     for item in items:

@@ -50,7 +50,7 @@ class Case:
     wrong: str | None = None  # what the tool says instead, while it is wrong
     precondition_broken: str | None = None  # what the verdict claims that its records contradict
     extra: dict[str, Any] = field(default_factory=dict)
-    ci: bool = False  # run by the README's test command; every case runs with --full-corpus
+    ci: bool = False  # run by the README's test command; every case runs with --extended
 
 
 def py(*args: str) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ records must show for that cause to be named at all.
 
 Each distinct run is recorded once per module and each pair compared once; the recordings and
 reports are shared by the tests that read them. The README's test command runs the cases marked
-``ci`` (one of each cause and loop shape); ``--full-corpus`` runs every case.
+``ci`` (one of each cause and loop shape); ``--extended`` runs every case.
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ def check_verdict(case: Case, corpus: Corpus) -> None:
 
 
 def _marked(case: Case, reason: str | None) -> Any:
-    marks = [pytest.mark.slow] if case.ci else [pytest.mark.slow, pytest.mark.full_corpus]
+    marks = [pytest.mark.slow] if case.ci else [pytest.mark.slow, pytest.mark.extended]
     if reason is not None:
         marks.append(pytest.mark.xfail(strict=True, reason=reason))
     return pytest.param(case, id=case.name, marks=marks)
@@ -251,7 +251,7 @@ def test_every_corpus_verdict_satisfies_its_causes_precondition(case: Case, corp
 @pytest.mark.parametrize(
     "run",
     [
-        pytest.param(run, id=name, marks=[] if name == "classifier" else [pytest.mark.full_corpus])
+        pytest.param(run, id=name, marks=[] if name == "classifier" else [pytest.mark.extended])
         for name, run in SAME_TWICE.items()
     ],
 )
@@ -350,7 +350,7 @@ def test_the_precondition_check_catches_a_verdict_its_records_contradict(
 
 
 @pytest.mark.slow
-@pytest.mark.full_corpus
+@pytest.mark.extended
 def test_doctor_on_a_seeded_corpus_script_finds_it_reproducible(corpus: Corpus) -> None:
     """A package run with ``-m`` (the script whose doctor run is cheapest of the seeded ones)."""
     done = _cli(
@@ -368,7 +368,7 @@ def test_doctor_on_a_seeded_corpus_script_finds_it_reproducible(corpus: Corpus) 
 
 
 @pytest.mark.slow
-@pytest.mark.full_corpus
+@pytest.mark.extended
 def test_doctor_on_a_corpus_script_with_an_unseeded_split_finds_numpy(corpus: Corpus) -> None:
     done = _cli(
         "doctor",

@@ -51,8 +51,15 @@ from ..causes import Cause
 from ..numerics.envelope import judge
 from ..stages import run_stage
 from .from_records import rank_verdict, records_verdict, structure_verdict
-from .records import Records, first_divergence, rank_zero_alike, read_records, through_collectives
-from .resume import NO_RESUME, align, audit, first_states_differ, start_at_resume
+from .records import (
+    Records,
+    first_divergence,
+    rank_zero_alike,
+    read_records,
+    start_at_resume,
+    through_collectives,
+)
+from .resume import NO_RESUME, align, audit, first_states_differ
 from .roles import RECEIVER, roles
 from .rules import Signals, enforce, reconcile
 from .verdict import CompareResult, Confidence, Numerics, Outcome, RankResult, Verdict

@@ -29,6 +29,7 @@ from ...store.meta import CodeKind
 from ...store.run import Run
 from ..causes import Cause, cause_title
 from ..selfcheck import seeds_one_of
+from .resume import Resume
 from .settings import SettingsDifference, settings_difference
 from .verdict import TimelineRow, Verdict
 
@@ -39,6 +40,7 @@ __all__ = [
     "model_name",
     "rank_zero_alike",
     "read_records",
+    "start_at_resume",
     "through_collectives",
 ]
 
@@ -346,3 +348,15 @@ def through_collectives(
         ),
         fix=first.fix,
     )
+
+
+def start_at_resume(records: Records, resume: Resume) -> None:
+    """Both runs start from the resume step when the resumed run holds the other's model there:
+    the replay steps both from it, and a part the resume did not restore (an optimizer's state)
+    shows in the step that uses it, not as another initial state."""
+    first = records.timeline[0] if records.timeline else None
+    if first is None or first.step != resume.step or first.equal:
+        return
+    records.last_equal = resume.step
+    divergent = next((row for row in records.timeline[1:] if not row.equal), None)
+    records.first_divergent = divergent.step if divergent is not None else None

@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...capture.rng import tree_digest
 from ...store.run import Run
-
-if TYPE_CHECKING:
-    from .records import Records
 
 __all__ = [
     "NO_RESUME",
@@ -41,7 +38,6 @@ __all__ = [
     "audit",
     "first_states_differ",
     "model_hashes",
-    "start_at_resume",
 ]
 
 _OPTIMIZER = re.compile(r"^(optimizer\d*)\.")
@@ -253,15 +249,3 @@ def _settings(sa: dict[str, Any], sb: dict[str, Any]) -> list[ResumePart]:
         return []
     da, db = tree_digest(settings_a), tree_digest(settings_b)
     return [ResumePart(part="optimizer settings", restored=da == db, a=da, b=db)]
-
-
-def start_at_resume(records: Records, resume: Resume) -> None:
-    """Both runs start from the resume step when the resumed run holds the other's model there:
-    the replay steps both from it, and a part the resume did not restore (an optimizer's state)
-    shows in the step that uses it, not as another initial state."""
-    first = records.timeline[0] if records.timeline else None
-    if first is None or first.step != resume.step or first.equal:
-        return
-    records.last_equal = resume.step
-    divergent = next((row for row in records.timeline[1:] if not row.equal), None)
-    records.first_divergent = divergent.step if divergent is not None else None
