@@ -83,18 +83,21 @@ _WRONG_START = pytest.mark.xfail(
             ["stream torch"],
             (RESUME, "data", "rng_state"),
             id="no-stream",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="data_content (inferred): run A's streams are set at run B's first step "
-                "after its input noise was drawn",
-            ),
+            marks=[
+                pytest.mark.extended,
+                pytest.mark.xfail(
+                    strict=True,
+                    reason="data_content (inferred): run A's streams are set at run B's first "
+                    "step after its input noise was drawn",
+                ),
+            ],
         ),
         pytest.param(
             "rng,data",
             ["optimizer"],
             (RESUME, "optimizer", "resume"),
             id="no-optimizer",
-            marks=_WRONG_START,
+            marks=[pytest.mark.extended, _WRONG_START],
         ),
         pytest.param(
             "optimizer,rng",
