@@ -12,13 +12,25 @@ from tests.rules_check import every_comparison_is_checked  # noqa: F401 - autous
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--extended",
+        action="store_true",
+        help="run the tests marked extended too: every corpus case, every resume case",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skips = {
+        "extended": None
+        if config.getoption("--extended")
+        else pytest.mark.skip(reason="an extended case, outside CI's time: run with --extended"),
+        "cuda": None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU"),
+    }
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        for keyword, skip in skips.items():
+            if skip is not None and keyword in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True, scope="session")

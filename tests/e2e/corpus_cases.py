@@ -50,6 +50,7 @@ class Case:
     wrong: str | None = None  # what the tool says instead, while it is wrong
     precondition_broken: str | None = None  # what the verdict claims that its records contradict
     extra: dict[str, Any] = field(default_factory=dict)
+    ci: bool = False  # run by the README's test command; every case runs with --extended
 
 
 def py(*args: str) -> tuple[str, ...]:
@@ -78,6 +79,7 @@ CASES = [
         "1's evaluation, so "
         "epoch 2's shuffle, drawn from the global stream when its loader is iterated, is the first "
         "thing that differs",
+        ci=True,
     ),
     Case(
         "gan_generator_lr",
@@ -95,6 +97,7 @@ CASES = [
         Expected(step=0, phase="init", layer="netD.main.0", cause="config", flag="--manualSeed"),
         "without --manualSeed the script seeds torch from random.randint(1, 10000): the weights "
         "differ at init",
+        ci=True,
     ),
     Case(
         "char_rnn_data_file_edited",
@@ -156,9 +159,11 @@ CASES = [
         "seed_defaults_to_a_random_value",
         Run(py("bow_sentiment.py", "--epochs", "1")),
         Run(py("bow_sentiment.py", "--epochs", "1"), copy=1),
-        Expected(step=0, phase="init", cause="config", flag="--seed"),
-        "--seed defaults to random.randint(...) drawn from entropy: the parsed seed differs and "
-        "the weights differ at init",
+        Expected(step=0, phase="init", cause="rng_state", rng=("python",)),
+        "--seed defaults to random.randint(...), drawn from Python's stream, which nothing seeds: "
+        "the same command parses a different seed, torch.manual_seed takes it and the weights "
+        "differ at init; Python's stream seeded alike makes the two builds equal",
+        extra={"config_key": "--seed"},
     ),
     Case(
         "config_file_edited",
@@ -196,6 +201,7 @@ CASES += [
         "the ids come from the order a set of words iterates in, which PYTHONHASHSEED decides; the "
         "weights are seeded alike, so step 0's input is the first thing that differs (its ids: "
         "[23, 30] with seed 0, [5, 38] with seed 1)",
+        ci=True,
     ),
     Case(
         "lbfgs_closure_lr_flag",
@@ -206,6 +212,7 @@ CASES += [
         "weights between them: the first pass is the same in both runs, and the first update "
         "(its step size scaled by lr, 0.8 vs 0.5) is the first difference, before the second "
         "pass reads it",
+        ci=True,
     ),
     Case(
         "prefetch_loader_worker_count",
@@ -217,6 +224,7 @@ CASES += [
         "(another seed, other flips and crops) with two: the prefetcher takes batch 1 from the "
         "loader while step 0 trains, and step 1 is the first whose computation differs",
         extra={"config_key": "--workers"},
+        ci=True,
     ),
     Case(
         "fabric_seed_flag_missing",
@@ -225,6 +233,7 @@ CASES += [
         Expected(step=0, phase="init", layer="conv1", cause="config", flag="--seed"),
         "seed_everything runs only with --seed: run B's weights are drawn from an unseeded torch "
         "stream, and Fabric names them _forward_module.conv1.weight, which is the model's conv1",
+        ci=True,
     ),
     Case(
         "word_lm_saved_whole_dropout_flag",
@@ -234,6 +243,7 @@ CASES += [
         "no optimizer (the weights are updated by hand) and no DataLoader; the first dropout mask "
         "(p 0.2 vs 0.5) is the first difference; the script pickles its whole model with "
         "torch.save after each epoch's evaluation",
+        ci=True,
     ),
 ]
 
@@ -272,3 +282,147 @@ def reverse_a_word_first_read_at(text: str, step: int) -> tuple[str, int]:
         if first == step:
             return text[: match.start()] + word[::-1] + text[match.end() :], step
     raise AssertionError(f"no word of input.txt is first read at step {step}")
+
+
+# --- the corpus's second set: shapes from the survey (QUIRKS.md) ---
+
+CASES += [
+    Case(
+        "wgan_numpy_noise_unseeded",
+        Run(py("wgan_critic.py", "--n_epochs", "1")),
+        Run(py("wgan_critic.py", "--n_epochs", "1"), copy=1),
+        Expected(step=0, phase="data", cause="rng_state", rng=("numpy",)),
+        "torch is seeded, so the weights and the loader's shuffle are equal; the latent noise is "
+        "np.random.normal, which nothing seeds: the generator's first input (step 0, before any "
+        "update of either optimizer) is the first thing that differs",
+        wrong="data_content (proven): says the noise comes from a generator no recorded stream "
+        "holds",
+    ),
+    Case(
+        "amp_autocast_dtype_flag",
+        Run(py("amp_scaler.py", "--epochs", "1")),
+        Run(py("amp_scaler.py", "--epochs", "1", "--amp-dtype", "float16")),
+        Expected(step=0, phase="forward", layer="fc1", cause="config", flag="--amp-dtype"),
+        "the batch and the weights are equal; under autocast fc1's output is bfloat16 in run A "
+        "and float16 in run B, the first tensor to differ; run B's scaler then finds its first "
+        "two steps' gradients overflowing and skips them (4 batches, 2 updates)",
+        precondition_broken="phase forward while the records show step 0's batch differing: run "
+        "B's step 0 spans the three batches up to its first update, run A's one",
+    ),
+    Case(
+        "custom_optimizer_newton_schulz_steps",
+        Run(py("custom_optimizer.py", "--num-iterations", "3")),
+        Run(py("custom_optimizer.py", "--num-iterations", "3", "--ns-steps", "3")),
+        Expected(step=0, phase="optimizer", layer="fc1", cause="config", flag="--ns-steps"),
+        "the optimizer is a plain class whose step() updates the parameters in place; the batch, "
+        "the forward and the gradients of step 0 are equal, and its update of fc1.weight (the "
+        "first parameter it updates, orthogonalised by 5 vs 3 Newton-Schulz iterations) is the "
+        "first difference",
+    ),
+    Case(
+        "nanogpt_eval_interval_override",
+        Run(py("nanogpt_configurator.py", "--max_iters=4")),
+        Run(py("nanogpt_configurator.py", "--max_iters=4", "--eval_interval=2")),
+        Expected(step=3, phase="data", cause="config", flag="eval_interval"),
+        "the settings are module globals overridden by an exec'd configurator; both runs evaluate "
+        "at iteration 0, run B also at iteration 2, drawing 8 batches from the torch.randint "
+        "stream that get_batch() draws from; step 2 trains on the batch fetched during step 1, "
+        "so step 3's batch (fetched after the evaluation) is the first thing that differs",
+        wrong="step 2 (data, config): names step 2's batch, which is equal; the batch that "
+        "differs is the one fetched during step 2 for step 3",
+        precondition_broken="phase data at step 2 while its records show the batch first "
+        "differing at step 3",
+    ),
+    Case(
+        "infinite_loader_sampler_seed_flag",
+        Run(py("infinite_loader.py", "--max-steps", "3", "--sampler-seed", "0")),
+        Run(py("infinite_loader.py", "--max-steps", "3")),
+        Expected(step=0, phase="data", cause="config", flag="--sampler-seed"),
+        "batches come from .next() of a wrapper around a replacement sampler of 1e10 samples; "
+        "with --sampler-seed the sampler has its own seeded generator, without it it seeds itself "
+        "from torch's global stream when the wrapper first iterates it: the weights are equal and "
+        "step 0's sample indices are the first thing that differs",
+    ),
+    Case(
+        "peek_batch_show_flag",
+        Run(py("peek_batch.py", "--epochs", "1")),
+        Run(py("peek_batch.py", "--epochs", "1", "--show")),
+        Expected(step=0, phase="data", cause="config", flag="--show"),
+        "the network is built first, so the weights are equal; --show makes an iterator of the "
+        "shuffling loader (whose shuffle seed comes from torch's global stream) and takes one "
+        "batch to print, run A's first batch, so run B's training iterator draws the next seeds "
+        "and step 0's sample order is the first thing that differs",
+    ),
+    Case(
+        "dataparallel_lr_flag",
+        Run(py("dataparallel_cnn.py", "--epochs", "1")),
+        Run(py("dataparallel_cnn.py", "--epochs", "1", "--lr", "0.05")),
+        Expected(step=0, phase="optimizer", layer="conv1", cause="config", flag="--lr"),
+        "the network is wrapped in DataParallel (parameters named module.conv1.weight, ...); the "
+        "batch, the forward and the gradients of step 0 are equal, and SGD's first update of "
+        "conv1.weight (the first parameter, lr 0.1 vs 0.05) is the first difference",
+    ),
+    Case(
+        "diffusion_helper_timesteps_flag",
+        Run(py("diffusion_helper.py", "--train-num-steps", "3")),
+        Run(py("diffusion_helper.py", "--train-num-steps", "3", "--timesteps", "50")),
+        Expected(step=0, phase="data", cause="config", flag="--timesteps"),
+        "the loop calls a diffusion helper, which draws t with torch.randint(0, timesteps) and "
+        "the noise, then calls model(x_t, t): the loader's batch and the weights are equal, and "
+        "the model's first inputs (t [76, 0, 67, ...] vs [26, 0, 17, ...], and x_t) are the "
+        "first thing that differs",
+    ),
+    Case(
+        "masked_autoencoder_mask_ratio_flag",
+        Run(py("masked_autoencoder.py", "--epochs", "1")),
+        Run(py("masked_autoencoder.py", "--epochs", "1", "--mask_ratio", "0.5")),
+        Expected(step=0, phase="forward", cause="config", flag="--mask_ratio"),
+        "the masking runs inside the model's forward: the batch, the weights and patch_embed's "
+        "output are equal, the noise torch.rand draws is the same, and the patches kept (4 vs 8 "
+        "of 16), made by the model's own code and first read by blocks.0, are the first thing "
+        "that differs",
+    ),
+    Case(
+        "reinforce_environment_unseeded",
+        Run(py("reinforce_episodes.py", "--max-episodes", "3", "--env-seed", "543")),
+        Run(py("reinforce_episodes.py", "--max-episodes", "3")),
+        Expected(step=0, phase="data", cause="config", flag="--env-seed"),
+        "one optimizer step per episode, one policy forward per environment step; torch is "
+        "seeded alike, so the weights are equal, and the environment's own NumPy generator is "
+        "seeded with 543 in run A and from entropy in run B: the start state, the policy's first "
+        "input in step 0, is the first thing that differs",
+        wrong="rng_state (torch, inferred): says torch is reseeded during step 0; torch is seeded "
+        "alike, the generator that differs is the environment's own",
+    ),
+    Case(
+        "iterable_stream_worker_count",
+        Run(py("iterable_stream.py", "--max-steps", "3", "--workers", "1")),
+        Run(py("iterable_stream.py", "--max-steps", "3", "--workers", "2")),
+        Expected(step=0, phase="data", cause="data_order"),
+        "an IterableDataset whose workers each keep every num_workers-th window of the stream: "
+        "with one worker batch 0 holds windows 0-7, with two it holds worker 0's windows 0, 2, "
+        "..., 14; the weights are equal and step 0's samples are the first thing that differs",
+        extra={"config_key": "--workers"},
+        wrong="config (inferred, --workers): the replay's data order is set aside because no "
+        "sample indices were recorded",
+    ),
+    Case(
+        "sampler_set_epoch_flag",
+        Run(py("sampler_set_epoch.py", "2", "--reshuffle")),
+        Run(py("sampler_set_epoch.py", "2")),
+        Expected(step=3, phase="data", cause="config", flag="--reshuffle"),
+        "48 samples in batches of 16: 3 steps an epoch; the DistributedSampler's order is drawn "
+        "from seed + epoch, and only run A calls set_epoch: epoch 0's order is the same, epoch "
+        "1's first batch (step 3) is the first thing that differs",
+    ),
+    Case(
+        "ema_validation_weights_not_restored",
+        Run(py("ema_validation.py", "--max-train-steps", "4")),
+        Run(py("ema_validation.py", "--max-train-steps", "4", "--offload-ema")),
+        Expected(step=2, phase="forward", layer="conv_in", cause="config", flag="--offload-ema"),
+        "after step 1's update both runs swap the EMA copy's weights into the model to validate; "
+        "run A restores the training weights, run B (--offload-ema) does not: step 2's batch is "
+        "equal and its first forward output, conv_in's (computed with the EMA weights in run B), "
+        "is the first tensor that differs",
+    ),
+]

@@ -11,7 +11,8 @@ against the precondition of the cause it names (:func:`precondition_violations`)
 records must show for that cause to be named at all.
 
 Each distinct run is recorded once per module and each pair compared once; the recordings and
-reports are shared by the tests that read them.
+reports are shared by the tests that read them. The README's test command runs the cases marked
+``ci`` (one of each cause and loop shape); ``--extended`` runs every case.
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def check_verdict(case: Case, corpus: Corpus) -> None:
 
 
 def _marked(case: Case, reason: str | None) -> Any:
-    marks = [pytest.mark.slow]
+    marks = [pytest.mark.slow] if case.ci else [pytest.mark.slow, pytest.mark.extended]
     if reason is not None:
         marks.append(pytest.mark.xfail(strict=True, reason=reason))
     return pytest.param(case, id=case.name, marks=marks)
@@ -247,7 +248,13 @@ def test_every_corpus_verdict_satisfies_its_causes_precondition(case: Case, corp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", list(SAME_TWICE.values()), ids=list(SAME_TWICE))
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param(run, id=name, marks=[] if name == "classifier" else [pytest.mark.extended])
+        for name, run in SAME_TWICE.items()
+    ],
+)
 def test_the_same_command_recorded_twice_is_identical(run: Run, corpus: Corpus) -> None:
     code, report, stderr = corpus.compared(run, Run(run.command, run.tree, copy=1))
     assert code == 0 and report["identical"] and report["verdict"] is None, (
@@ -343,6 +350,7 @@ def test_the_precondition_check_catches_a_verdict_its_records_contradict(
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_doctor_on_a_seeded_corpus_script_finds_it_reproducible(corpus: Corpus) -> None:
     """A package run with ``-m`` (the script whose doctor run is cheapest of the seeded ones)."""
     done = _cli(
@@ -360,6 +368,7 @@ def test_doctor_on_a_seeded_corpus_script_finds_it_reproducible(corpus: Corpus) 
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_doctor_on_a_corpus_script_with_an_unseeded_split_finds_numpy(corpus: Corpus) -> None:
     done = _cli(
         "doctor",

@@ -141,10 +141,7 @@ class Swaps:
         """Run B's whole step with run A's random streams (those that differ at its start and were
         drawn from): the step then matching proves them the cause."""
         s = self.step
-        sa, sb = (
-            start.streams
-            for start in both(partial(self.ra.streams, s), partial(self.rb.streams, s))
-        )
+        sa, sb = self._streams_at_start()
         # nothing drew from them in either run: cannot matter
         unused = set(self.records.unused_streams())
         differing = [n for n in _differing(sa, sb) if n not in unused]
@@ -218,14 +215,19 @@ class Swaps:
         ):
             verdict.confidence = Confidence.UNEXPLAINED
 
+    def _streams_at_start(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Both runs' random streams at the step's start: from the records where both snapshot it,
+        else from the replays."""
+        s, (a, b) = self.step, (self.records.a, self.records.b)
+        if s in a.snapshots and s in b.snapshots:
+            return a.snapshot(s)["streams"], b.snapshot(s)["streams"]
+        sa, sb = both(partial(self.ra.streams, s), partial(self.rb.streams, s))
+        return sa.streams, sb.streams
+
     def _data_in_a_framework(self, verdict: Draft) -> None:
         """A framework's loader cannot fetch a batch again: name, from the records, the streams the
         loader may have drawn from that differ at the step's start (inferred)."""
-        s, (a, b) = self.step, (self.records.a, self.records.b)
-        if s in a.snapshots and s in b.snapshots:
-            sa, sb = a.snapshot(s)["streams"], b.snapshot(s)["streams"]
-        else:
-            sa, sb = self.ra.streams(s).streams, self.rb.streams(s).streams
+        sa, sb = self._streams_at_start()
         differing = [n for n in _differing(sa, sb) if loader_draws_from(n)]
         detail = "a framework's data loader cannot fetch a batch again"
         if differing:

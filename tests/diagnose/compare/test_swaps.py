@@ -201,12 +201,15 @@ def test_a_batch_that_differs_in_a_frameworks_loop_names_the_streams_that_differ
     b = Program(
         step=one_layer, loader=shuffled("torch"), streams={"torch": 2, "python": 1}, reruns=False
     )
+    records = records_of(tmp_path, a, b)
     ra, rb = (FakeReplica(p, label) for p, label in ((a, "run A"), (b, "run B")))
-    ra.connect(), rb.connect()
+    for replica, run in zip((ra, rb), (records.a, records.b), strict=True):
+        replica.connect()
+        replica.restore(run.path, 0)
     fetched_a = ra.fetch()
     # a framework's loop tells the batch only as the step runs
     assert (fetched_a.order, fetched_a.batch) == (None, None)
-    swaps, verdict = swapped(records_of(tmp_path, a, b), (ra, rb)), Draft(step=0)
+    swaps, verdict = swapped(records, (ra, rb)), Draft(step=0)
     # same arguments: run A's trace is not asked for
     swaps.data(verdict, False, fetched_a, StepResult(step=0))
     assert (verdict.cause, verdict.confidence, verdict.rng) == (
@@ -222,7 +225,14 @@ def test_a_batch_that_differs_in_a_frameworks_loop_names_the_streams_that_differ
             detail="a framework's data loader cannot fetch a batch again; "
             "the streams a loader shuffles and seeds its workers from differ at the step's start: "
             "torch",
-        )
+        ),
+        # the whole step under run A's streams: the loader drew its order before the step began
+        Evidence(
+            experiment="stream",
+            subject="run B with run A's random streams",
+            outcome="differs",
+            detail="with torch as in run A: step 0 of run B still differs",
+        ),
     ]
 
 

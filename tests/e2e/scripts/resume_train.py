@@ -1,6 +1,6 @@
 """A training script that stops and resumes from its own checkpoint, knowing nothing of
-bisect-repro: an MLP with dropout, Adam, a DataLoader shuffling from its own seeded generator,
-and noise added to each batch from torch's global stream.
+bisect-repro: an MLP with dropout, Adam, a DataLoader shuffling from its own seeded generator
+(its iterators seed from another), and noise added to each batch from torch's global stream.
 
 ``--stop-after K`` stops after K iterations and writes ``--checkpoint``, holding the model, the
 iteration number and what ``--save`` names (``optimizer``, ``rng``: torch's global stream,
@@ -48,7 +48,8 @@ class Skipping:
 
 
 sampler = Skipping(BatchSampler(RandomSampler(data, generator=generator), 8, drop_last=False))
-loader = DataLoader(data, batch_sampler=sampler)
+# an iterator draws its base seed from this generator, not from torch's global stream
+loader = DataLoader(data, batch_sampler=sampler, generator=torch.Generator().manual_seed(3))
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 

@@ -21,7 +21,13 @@ from bisect_repro import Recorder, RecordOptions, Trainee
 
 
 class Trainer:
-    def __init__(self, model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, reseed_at: int | None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        loader: DataLoader,
+        optimizer: torch.optim.Optimizer,
+        reseed_at: int | None,
+    ) -> None:
         self.rank = int(os.environ["LOCAL_RANK"])
         self.model = DistributedDataParallel(model)
         self.loader = loader
@@ -61,7 +67,9 @@ def main() -> None:
     torch.manual_seed(0)
     inputs = torch.randn(64, 16, generator=torch.Generator().manual_seed(1234))
     dataset = TensorDataset(inputs, inputs[:, :4].sum(dim=1, keepdim=True))
-    loader = DataLoader(dataset, batch_size=8, shuffle=False, sampler=DistributedSampler(dataset, seed=0))
+    loader = DataLoader(
+        dataset, batch_size=8, shuffle=False, sampler=DistributedSampler(dataset, seed=0)
+    )
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     Trainer(model, loader, optimizer, args.reseed_at).train(args.epochs)
