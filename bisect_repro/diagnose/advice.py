@@ -20,6 +20,7 @@ from typing import Any
 from ..capture.seeding import SeedingCall
 
 __all__ = [
+    "resume_fix",
     "alert_fix",
     "config_value",
     "config_values",
@@ -233,3 +234,12 @@ def config_values(config: Mapping[str, Sequence[Any]], keys: Sequence[str]) -> l
         else k
         for k in keys
     ]
+
+
+def resume_fix(parts: Sequence[str]) -> str:
+    """How to make a resume restore the parts of the training state it missed."""
+    named = ", ".join(parts) or "every part of the training state"
+    return (
+        f"save {named} in the checkpoint and load it when resuming: each optimizer's "
+        "`state_dict()` / `load_state_dict()`, and each scheduler's, scaler's or EMA copy's alike"
+    )

@@ -52,7 +52,10 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   :mod:`bisect_repro.record.arguments`) before the model's first forward.
 
 The state at step 0 is taken at the model's first forward call, after the first batch was
-drawn; the state at step s > 0 right after the optimizer step of step s - 1.
+drawn; the state at step s > 0 right after the optimizer step of step s - 1. So that a run resumed
+from another's checkpoint can be audited against the state the other passed through, the streams
+are also noted as each snapshot step's first batch is noted, and, at step 0, as the last loader
+iterator before the model's first forward is made (before the step drew its data).
 
 Where the guarantees stop: an optimizer made after the model's first forward is not followed (a
 one-line note on stderr says so when it is made); an optimizer that never steps, beside others
@@ -82,6 +85,7 @@ from torch.utils.data import DataLoader
 from ..capture import stepping
 from ..capture.batch import batch_tensors
 from ..capture.data import IndexTap, tap_indices, untap_indices
+from ..capture.rng import RandomStreams
 from ..serve.rewind import Draw
 from ..trainee import NoOptimizer, Trainee
 from .options import RecordOptions
@@ -158,6 +162,8 @@ class AutoHooks:
         self._forward_ids: set[int] = set()
         # the tensors of the loader batches this step drew: not hashed again at the forward
         self._drawn_ids: set[int] = set()
+        # the global streams as the last loader iterator before the model's first forward was made
+        self._start_streams: dict[str, Any] | None = None
 
     def install(self) -> AutoHooks:
         original = torch.optim.Optimizer.__init__
@@ -186,6 +192,8 @@ class AutoHooks:
         iterate = DataLoader.__iter__
 
         def tapped(loader: DataLoader[Any]) -> Any:
+            if hooks.model is None and torch.is_grad_enabled():
+                hooks._start_streams = RandomStreams().state_dict()
             if id(loader) not in hooks._taps:
                 hooks._taps[id(loader)] = (loader, tap_indices(loader))
             tap = hooks._taps[id(loader)][1]
@@ -367,6 +375,8 @@ class AutoHooks:
                 # the list itself: one made later is kept too
                 self.recorder.rewinder.schedulers = self.schedulers
             self._backwards = 0
+            if self._start_streams is not None:
+                self.recorder.note_start_streams(self._start_streams)
             self.recorder.begin_step()
             if self.perturb:
                 one_ulp_up(self.model)

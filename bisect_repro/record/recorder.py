@@ -254,6 +254,12 @@ class FrameworkRecorder(Recorder):
         """The current step is done (its optimizer step taken)."""
         self._role.end_step()
 
+    def note_start_streams(self, states: dict[str, Any]) -> None:
+        """The random streams as the first step began, before it drew its data (recording only:
+        a replay sets the streams at the first step's forward, as its snapshot holds them)."""
+        if isinstance(self._role, RecordingSession):
+            self._role.start_streams = states
+
     def follow_loop(self, counters: LoopCounters) -> None:
         """The framework's loop counters: in a replay, a step run again puts them back
         (:mod:`bisect_repro.serve.framework_rewind`)."""

@@ -120,6 +120,8 @@ class RecordingSession:
         self.state = TrainingState(trainee, plan.scope)
         self.step = 0
         self._pending: list[PendingStep] = []
+        self.start_streams: dict[str, Any] | None = None
+        """A script's streams before its first step drew its data (see ``PendingStep.start``)."""
         self._batch_hashes = PendingHashes()
         self._deferred: dict[str, torch.Tensor] = {}
         self._deferred_bytes = 0
@@ -386,8 +388,12 @@ class RecordingSession:
             self._pending[-1].batch_names += [n for n in named if n != order_name]
             self._pending[-1].others += others
         else:
+            # at a snapshot step, the streams as its first batch is noted (see PendingStep.streams)
+            streams = self.state.streams.state_dict() if self._last_snapshot == self.step else None
+            start, self.start_streams = self.start_streams, None
+            names = [n for n in named if n != order_name]
             self._pending.append(
-                PendingStep(self.step, order_name, [n for n in named if n != order_name], others)
+                PendingStep(self.step, order_name, names, others, streams=streams, start=start)
             )
 
     def _hash_deferred(self) -> None:

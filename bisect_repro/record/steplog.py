@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..capture.batch import combine_digests
+from ..capture.rng import tree_digest
 
 __all__ = ["PendingStep", "fetch_losses", "step_records"]
 
@@ -36,6 +37,14 @@ class PendingStep:
     batch_names: list[str]
     others: list[str]
     loss: torch.Tensor | float | None = None
+    streams: dict[str, Any] | None = None
+    """The random streams' states as the step's first batch was noted (a snapshot step's only): the
+    point two runs pass through alike where one resumed from the other's checkpoint, which the
+    snapshot's streams (taken as the step began, or at a script's first forward) are not."""
+    start: dict[str, Any] | None = None
+    """A script's first step only: the random streams' states as it made its last loader iterator
+    before its model's first forward, before that step drew its data (its snapshot's are taken at
+    the forward)."""
 
 
 def fetch_losses(pending: list[PendingStep]) -> list[float | None]:
@@ -55,8 +64,9 @@ def step_records(
     digests: Mapping[str, str],
     seeded: Mapping[int, list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
-    """The ``steps.jsonl`` records of ``pending``: loss, order hash, batch hash, and the step's
-    entropy-seeding calls (``seeded``, by step) when it made any."""
+    """The ``steps.jsonl`` records of ``pending``: loss, order hash, batch hash, the streams'
+    digests where the step holds their states (``streams``; a script's first step's ``start``
+    too), and the step's entropy-seeding calls (``seeded``, by step) when it made any."""
     records = []
     for step, loss in zip(pending, losses, strict=True):
         batch_parts = [digests[name] for name in step.batch_names] + step.others
@@ -67,6 +77,9 @@ def step_records(
             "order": order,
             "batch": combine_digests(batch_parts),
         }
+        for key, states in (("streams", step.streams), ("start", step.start)):
+            if states is not None:
+                record[key] = {name: tree_digest(state) for name, state in states.items()}
         if step.step in seeded:
             record["seeded"] = seeded[step.step]
         records.append(record)

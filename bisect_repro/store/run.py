@@ -191,8 +191,9 @@ _SEEDING_TEXT = ("call", "stream", "where")
 
 def _check_step_line(record: dict[str, Any]) -> int:
     """A ``steps.jsonl`` line's step, after checking every field a reader uses: ``loss`` a number or
-    null, ``order`` and ``batch`` text or null, ``seeded`` a list of seeding calls (``call``,
-    ``stream``, ``where`` text, ``entropy`` true or false, ``value`` what entropy gave the call, as
+    null, ``order`` and ``batch`` text or null, ``streams`` and ``start`` a digest (text) per
+    stream, ``seeded`` a list of seeding calls (``call``, ``stream``, ``where`` text, ``entropy``
+    true or false, ``value`` what entropy gave the call, as
     :func:`~bisect_repro.capture.entropy.check_value` allows). ``ValueError`` names the first bad
     field."""
     step = record["step"]
@@ -206,6 +207,10 @@ def _check_step_line(record: dict[str, Any]) -> int:
     for key in ("order", "batch"):
         if record.get(key) is not None and not isinstance(record[key], str):
             raise ValueError(f"step {step}: {key} {record[key]!r} is not a digest")
+    for key in ("streams", "start"):
+        streams = record.get(key, {})
+        if not isinstance(streams, dict) or not all(isinstance(d, str) for d in streams.values()):
+            raise ValueError(f"step {step}: {key} is not a digest per stream")
     seeded = record.get("seeded", [])
     if not isinstance(seeded, list):
         raise ValueError(f"step {step}: seeded is not a list")

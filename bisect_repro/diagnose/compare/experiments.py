@@ -520,6 +520,7 @@ class StepAnalysis:
             if verdict.phase == "data" and verdict.reseeded and self.step > 0
             else None,
             resumed=records.b.meta.options.resumed_from is not None or resumed_here,
+            unrestored=records.resume.state_missing if records.resume is not None else (),
             loader=records.a.meta.loader,
             op=verdict.op,
             config_keys=verdict.config_keys,

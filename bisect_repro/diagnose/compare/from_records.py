@@ -119,6 +119,7 @@ def records_verdict(records: Records) -> Verdict:
         streams=found.rng,
         reseeds=found.reseeded,
         resumed=records.resumed_at() is not None,
+        unrestored=records.resume.state_missing if records.resume is not None else (),
         loader=records.a.meta.loader,
         config_keys=found.config_keys,
         config=records.differences.config,

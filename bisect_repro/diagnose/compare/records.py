@@ -26,7 +26,7 @@ from ...errors import BisectReproError
 from ...store.run import Run
 from ..selfcheck import seeds_one_of
 from .differences import Differences, read_differences
-from .resume import Resume
+from .resume import Resume, stream_digests
 from .settings import settings_difference
 from .verdict import TimelineRow, Verdict
 
@@ -82,10 +82,19 @@ class Records:
     logs: dict[str, int | None] = field(default_factory=dict)
     last_equal: int | None = None
     first_divergent: int | None = None
+    resume: Resume | None = None
+    """Where one run resumed from the other's state, audited (set by :func:`start_at_resume`)."""
 
     @property
     def identical(self) -> bool:
-        return self.first_divergent is None and all(v is None for v in self.logs.values())
+        """No snapshot or step log differs, and no resume between the runs missed a part of the
+        state."""
+        unrestored = self.resume is not None and bool(self.resume.missing)
+        return (
+            self.first_divergent is None
+            and all(v is None for v in self.logs.values())
+            and not unrestored
+        )
 
     @property
     def end(self) -> int:
@@ -93,6 +102,9 @@ class Records:
         bounds = [s for s in self.logs.values() if s is not None]
         if self.first_divergent is not None:
             bounds.append(self.first_divergent - 1)
+        if not bounds and self.resume is not None:
+            # only the state a resume started from differs: no later step of both runs shows it
+            return self.resume.step
         return min(bounds)
 
     def streams_at(self, step: int | None) -> list[str]:
@@ -211,11 +223,8 @@ def _timeline(a: Run, b: Run) -> tuple[list[TimelineRow], list[tuple[int, Any, A
             for n in dict.fromkeys([*sa["hashes"], *sb["hashes"]])
             if sa["hashes"].get(n) != sb["hashes"].get(n)
         ]
-        streams = sorted(
-            n
-            for n in set(sa["streams"]) & set(sb["streams"])
-            if tree_digest(sa["streams"][n]) != tree_digest(sb["streams"][n])
-        )
+        da, db = stream_digests(a, b, step) or ({}, {})
+        streams = sorted(n for n in set(da) & set(db) if da[n] != db[n])
         layers: dict[str, int] = {}
         for name in differing:
             layer = layer_of(name) or "(model)"
@@ -286,7 +295,9 @@ def start_at_resume(records: Records, resume: Resume) -> None:
     """Both runs start from the resume step when the resumed run holds the other's model there
     (:mod:`~bisect_repro.diagnose.compare.resume`): the replay steps both from it, and a part the
     resume did not restore (an optimizer's state) shows in the step that uses it, not as another
-    initial state. Called before the records' verdict is made."""
+    initial state; the records keep the audit (``records.resume``). Called before the records'
+    verdict is made."""
+    records.resume = resume
     first = records.timeline[0] if records.timeline else None
     if first is None or first.step != resume.step or first.equal:
         return

@@ -12,7 +12,9 @@ resumed several times, is placed the same way, by the state it starts from.
 :func:`audit` says, at the step where the run resumed, which parts of the training state the
 resume restored and which it did not, each with both runs' digests: the model, each optimizer's
 state and settings, the recipe's other state (a scheduler, a scaler, an EMA copy), each random
-stream, and the data position (the sample order and the batch of the step).
+stream (as the step's first batch is noted: a script's snapshot at its first step is taken at its
+model's first forward, after that step drew its input, and the uninterrupted run's as the step
+began), and the data position (the sample order and the batch of the step).
 
 Where the guarantees stop: a run is placed only at a step where the other has a snapshot (a
 resume between two snapshots is not placed, and is compared from its start as before); where
@@ -38,6 +40,7 @@ __all__ = [
     "audit",
     "first_states_differ",
     "model_hashes",
+    "stream_digests",
 ]
 
 _OPTIMIZER = re.compile(r"^(optimizer\d*)\.")
@@ -87,6 +90,17 @@ class Resume:
     def missing(self) -> list[str]:
         """The parts the resume did not restore."""
         return [part.part for part in self.parts if not part.restored]
+
+    @property
+    def state_missing(self) -> list[str]:
+        """The parts of the training state the resume did not restore, less the streams and the
+        data (their own causes name them): each optimizer's state and settings, the recipe's
+        other state."""
+        return [
+            part
+            for part in self.missing
+            if part.startswith("optimizer") or part.startswith("state.")
+        ]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -205,18 +219,63 @@ def audit(a: Run, b: Run, resume: Resume) -> Resume:
     sa, sb = a.snapshot(step), b.snapshot(step)
     parts = [*_tensor_parts(sa["hashes"], sb["hashes"]), *_settings(sa, sb)]
     drawn = _drawn(a) | _drawn(b)
-    for name in sorted((set(sa["streams"]) | set(sb["streams"])) & drawn):
-        da, db = (
-            tree_digest(tree["streams"][name]) if name in tree["streams"] else None
-            for tree in (sa, sb)
-        )
+    digests = stream_digests(a, b, step)
+    streams_a, streams_b = digests if digests is not None else ({}, {})
+    for name in sorted((set(streams_a) | set(streams_b)) & drawn):
+        da, db = streams_a.get(name), streams_b.get(name)
         parts.append(ResumePart(part=f"stream {name}", restored=da == db, a=da, b=db))
+    notes = [resume.note] if resume.note else []
     if step in a.steps and step in b.steps:
         for key, part in (("order", "data order"), ("batch", "batch")):
             da, db = (run.steps[step].get(key) for run in (a, b))
             if da is not None or db is not None:
                 parts.append(ResumePart(part=part, restored=da == db, a=da, b=db))
-    return Resume(run=resume.run, step=step, offset=resume.offset, note=resume.note, parts=parts)
+    else:
+        ended = "A" if step not in a.steps else "B"
+        notes.append(
+            f"the data position is not audited: run {ended} ended before its step {step} drew "
+            "a batch"
+        )
+    if digests is None:
+        notes.append(
+            "the random streams are not audited: the resumed script's were taken only after its "
+            "first step drew its data, and the other run holds none at that point"
+        )
+    note = "; ".join(notes) or None
+    return Resume(run=resume.run, step=step, offset=resume.offset, note=note, parts=parts)
+
+
+def stream_digests(a: Run, b: Run, step: int) -> tuple[dict[str, str], dict[str, str]] | None:
+    """Each stream's digest at ``step`` in both runs, taken at the same point of the step, or
+    ``None`` where the records hold none.
+
+    A run moved to the other's steps (a resumed script) starts at ``step``, and its snapshot there
+    was taken at its model's first forward, after the step drew its input; the other's as the step
+    began. So there, the streams as the step's first batch was noted are compared where both runs'
+    step records hold them, else the resumed script's streams from before its first step drew its
+    data (its first loader iterator) against the other's snapshot; a resumed script with neither
+    (no loader) is not compared (``None``). Everywhere else, the snapshots' streams."""
+    starts = {min(run.snapshots) for run in (a, b) if run.offset and run.snapshots}
+    if step not in starts:
+        return _snapshot_streams(a, step), _snapshot_streams(b, step)
+    noted = [run.steps.get(step, {}).get("streams") for run in (a, b)]
+    if noted[0] and noted[1]:
+        return dict(noted[0]), dict(noted[1])
+    found = []
+    for run in (a, b):
+        if not run.offset or min(run.snapshots) != step:
+            found.append(_snapshot_streams(run, step))
+        elif run.steps.get(step, {}).get("start"):
+            found.append(dict(run.steps[step]["start"]))
+        elif run.meta.launch is not None and run.meta.launch.auto:
+            return None
+        else:
+            found.append(_snapshot_streams(run, step))
+    return found[0], found[1]
+
+
+def _snapshot_streams(run: Run, step: int) -> dict[str, str]:
+    return {name: tree_digest(state) for name, state in run.snapshot(step)["streams"].items()}
 
 
 def _tensor_parts(ha: dict[str, str], hb: dict[str, str]) -> list[ResumePart]:

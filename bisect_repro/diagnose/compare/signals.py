@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from .causes import Cause
 from .differences import Differences
+from .resume import Resume
 from .verdict import CompareResult, Outcome, TimelineRow, Verdict
 
 if TYPE_CHECKING:
@@ -52,6 +53,10 @@ class Signals:
     """The first snapshot, where the runs already differ, with the streams that differ there (drawn
     from or not: what the build drew before it is not in the records)."""
     structure: str | None = None
+    unrestored: tuple[str, ...] = ()
+    """The parts of the training state a resume did not restore (the resume audit's)."""
+    resumed: int | None = None
+    """The step where one run resumed from the other's state."""
 
     @classmethod
     def of_records(cls, records: Records) -> Signals:
@@ -68,6 +73,8 @@ class Signals:
             reseeded=tuple(records.reseeded_steps()),
             at_start=_at_start(records.timeline, records.last_equal),
             structure=records.structure,
+            unrestored=_unrestored(records.resume),
+            resumed=records.resume.step if records.resume is not None else None,
         )
 
     @classmethod
@@ -88,6 +95,8 @@ class Signals:
             structure=verdict.tensor
             if verdict is not None and verdict.cause is Cause.STRUCTURE
             else None,
+            unrestored=_unrestored(result.resume),
+            resumed=result.resume.step if result.resume is not None else None,
         )
 
     def described(self) -> str:
@@ -113,6 +122,11 @@ def _setup(differences: Differences) -> dict[str, tuple[str, ...]]:
         "environment": tuple(differences.environment),
         "code": tuple(c.name for c in differences.code),
     }
+
+
+def _unrestored(resume: Resume | None) -> tuple[str, ...]:
+    """The parts of the training state a resume did not restore."""
+    return tuple(resume.state_missing) if resume is not None else ()
 
 
 def _drawn(timeline: list[TimelineRow], unused: set[str]) -> tuple[str, ...]:

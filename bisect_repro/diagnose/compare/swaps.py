@@ -174,6 +174,8 @@ class Swaps:
         )
         if not self.rb.reruns:
             self._data_in_a_framework(verdict)
+            if self._resumed_without_streams(verdict):
+                return
 
             def same(fetched: Fetched, result: StepResult | None) -> bool:
                 return _same(trace_a, result)
@@ -247,6 +249,37 @@ class Swaps:
             differing,
             Confidence.INFERRED if differing else Confidence.UNEXPLAINED,
         )
+
+    def _resumed_without_streams(self, verdict: Draft) -> bool:
+        """A run resumed at this very step without a stream its data draws from (the resume
+        audit's): the cause is that stream, inferred, since a resumed script's streams can be set
+        only at its first forward, after the step drew its data."""
+        resume = self.records.resume
+        if resume is None or resume.step != self.step:
+            return False
+        missed = [
+            p.part.removeprefix("stream ")
+            for p in resume.parts
+            if not p.restored and p.part.startswith("stream ")
+        ]
+        if not missed:
+            return False
+        verdict.cause, verdict.rng, verdict.confidence = (
+            Cause.RNG_STATE,
+            missed,
+            Confidence.INFERRED,
+        )
+        self.evidence.append(
+            Evidence(
+                experiment="stream",
+                subject="run B's step with run A's streams",
+                outcome="inconclusive",
+                detail=f"not run: run {resume.run} resumed at step {self.step} without "
+                f"{', '.join(missed)} (the resume audit), and a resumed script's streams can be "
+                "set only at its first forward, after the step drew its data",
+            )
+        )
+        return True
 
     def _arguments_decide_data(self) -> bool:
         """Whether a script's differing command line is put to the test for its batch (the rule:

@@ -21,6 +21,7 @@ class Cause(str, Enum):
     NONDETERMINISTIC_OP = "nondeterministic_op"
     ENVIRONMENT = "environment"
     CODE = "code"
+    RESUME = "resume"
     CONFIG = "config"
     STRUCTURE = "structure"
     HIDDEN_STATE = "hidden_state"

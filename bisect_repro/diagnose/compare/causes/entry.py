@@ -112,6 +112,8 @@ class Particulars:
     between: int | None = None
     """The step whose data was drawn from a stream reseeded since the step before it ended."""
     resumed: bool = False
+    unrestored: Sequence[str] = ()
+    """The parts of the training state a resume did not restore (optimizers, the recipe's)."""
     loader: Mapping[str, Any] = field(default_factory=dict)
     """The loader's settings (``num_workers``, ...)."""
     op: str | None = None

@@ -49,7 +49,9 @@ def _moved(records: Records, w: Window) -> Finding | None:
 
 def _resumed(records: Records, w: Window) -> Finding | None:
     resumed = records.resumed_at()
-    streams = list(dict.fromkeys([*w.changed, *w.all_along]))
+    audited = records.resume.missing if records.resume is not None else []
+    missed = [part.removeprefix("stream ") for part in audited if part.startswith("stream ")]
+    streams = list(dict.fromkeys([*w.changed, *w.all_along, *missed]))
     order = records.logs.get("order")
     data = order if order is not None else records.logs.get("batch")
     if resumed is None or not streams or max(w.end, data if data is not None else -1) < resumed[1]:
