@@ -36,7 +36,7 @@ if importlib.util.find_spec("triton") is None:
 
 from bisect_repro.capture import _hash_triton
 
-from .test_hashing import fast_reference, fast_reference_lanes, tensors
+from .test_hashing import examples, fast_reference, fast_reference_lanes, tensors
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ BLOCKS = st.sampled_from(
 
 
 @on_the_kernel_device
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.lists(tensors(), min_size=1, max_size=6), BLOCKS)
 def test_kernel_lanes_match_the_definition(
     batch: list[torch.Tensor], block: tuple[int, int]
@@ -133,7 +133,7 @@ def test_kernel_lanes_match_the_definition(
 
 
 @on_the_kernel_device
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(st.lists(tensors(), min_size=1, max_size=4))
 def test_kernel_digests_match_the_torch_op_path(batch: list[torch.Tensor]) -> None:
     device = kernel_device()

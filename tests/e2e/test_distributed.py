@@ -61,6 +61,7 @@ def compare(a: Path, b: Path, *args: str) -> tuple[int, dict]:
     return result.exit_code, json.loads(result.stdout)
 
 
+@pytest.mark.extended
 def test_two_seeded_ddp_runs_are_identical_rank_by_rank(recorded) -> None:
     a, b = recorded("ddp-a", DDP), recorded("ddp-b", DDP)
     code, result = compare(a, b, "--no-replay")

@@ -68,6 +68,7 @@ def _line_of(path: Path, text: str) -> int:
     )
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_an_unchanged_script_reseeding_behind_enumerate_replays_exactly_and_is_proven(
     tmp_path: Path,

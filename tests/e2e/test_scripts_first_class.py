@@ -123,6 +123,7 @@ def test_an_optimizer_made_after_the_first_step_is_a_one_line_note(tmp_path: Pat
     assert len(notes) == 1 and "not followed" in notes[0]
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_doctor_runs_a_scripts_proof_and_finds_the_step_that_reseeds(tmp_path: Path) -> None:
     """The same script without the bug is found reproducible by the corpus's doctor tests

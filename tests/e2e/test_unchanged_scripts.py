@@ -51,6 +51,7 @@ def _line_of(script: Path, text: str) -> int:
     )
 
 
+@pytest.mark.extended
 def test_a_gpt_style_script_with_prefetch_accumulation_and_a_global_counter(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text((SCRIPTS / "gpt_style.py").read_text())
@@ -84,6 +85,7 @@ def test_a_gpt_style_script_with_prefetch_accumulation_and_a_global_counter(tmp_
     )
 
 
+@pytest.mark.extended
 def test_a_loader_loop_reseeded_at_an_epoch_or_with_unseeded_noise_is_found_where_it_parts(
     tmp_path: Path,
 ) -> None:
@@ -138,6 +140,7 @@ def test_a_command_that_is_not_python_running_a_script_is_refused_in_one_line(
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.extended
 def test_a_hand_written_sgd_script_with_no_optimizer_diverging_by_thread_count(
     tmp_path: Path,
 ) -> None:
@@ -279,6 +282,7 @@ def _where(verdict: dict[str, Any]) -> tuple[Any, ...]:
 RESEEDED = (6, "forward", "1", "aten.bernoulli_.float", "rng_state", ["torch"], "proven")
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_scripts_experiments_rewind_its_replaying_process_fewer_processes_same_verdict(
     scheduled: Path, monkeypatch: pytest.MonkeyPatch

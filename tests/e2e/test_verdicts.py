@@ -48,6 +48,7 @@ def experiments(verdict: dict) -> dict[str, list[str]]:
     return found
 
 
+@pytest.mark.extended
 def test_a_reseed_from_entropy_mid_run_is_found_at_its_step_with_its_call_site(tmp_path) -> None:
     a, b = pair(
         tmp_path, "transformer.py", "--steps", "20", "--every", "10", "--set", "reseed_at=14"
@@ -244,6 +245,7 @@ def test_doctor_names_a_step_that_counts_its_own_calls_and_the_stream_it_draws_l
     assert "nondeterministic-op" not in ids
 
 
+@pytest.mark.extended
 def test_doctor_names_a_reseed_with_its_call_site(tmp_path) -> None:
     result = runner.invoke(
         app,

@@ -46,6 +46,7 @@ def test_a_reseed_in_training_step_is_found_at_its_step_layer_and_stream(
     ), report
 
 
+@pytest.mark.extended
 def test_identical_runs_with_gradient_accumulation(train, compare, tmp_path) -> None:
     train(SCRIPT, "--out", "a", "--accumulate", "2", "--steps", "10")
     train(SCRIPT, "--out", "b", "--accumulate", "2", "--steps", "10")

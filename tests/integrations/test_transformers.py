@@ -44,6 +44,7 @@ def test_a_reseed_in_compute_loss_is_found_at_its_step_layer_and_stream(
     ), report
 
 
+@pytest.mark.extended
 def test_identical_runs_with_gradient_accumulation(train, compare, tmp_path) -> None:
     train(SCRIPT, "--out", "a", "--accumulate", "2", "--steps", "8")
     train(SCRIPT, "--out", "b", "--accumulate", "2", "--steps", "8")
