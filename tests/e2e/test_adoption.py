@@ -72,6 +72,7 @@ def _shown(folder: Path) -> dict:
     return json.loads(shown.stdout)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_the_adopted_scripts_record_their_steps(tmp_path: Path) -> None:
     steps = {

@@ -11,7 +11,7 @@ written (its temporary file exists). Two trials run at a time. Afterwards:
 - for the first three trials that have a checkpoint and did not finish, ``record --resume``
   finishes the run, and it equals an uninterrupted run of the same recipe, hash for hash.
 
-``BISECT_REPRO_CRASH_TRIALS`` sets the number of trials (default 12).
+``BISECT_REPRO_CRASH_TRIALS`` sets the number of trials (default 8).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from bisect_repro.record.recipe import build
 from bisect_repro.store import codec
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
-TRIALS = int(os.environ.get("BISECT_REPRO_CRASH_TRIALS", "12"))
+TRIALS = int(os.environ.get("BISECT_REPRO_CRASH_TRIALS", "8"))
 STEPS, EVERY, CHECKPOINT_EVERY, HIDDEN = 24, 2, 4, 256
 OPTIONS = [
     "--steps",

@@ -160,6 +160,7 @@ def test_a_loop_seeding_numpy_and_python_from_entropy_at_its_start_replays_exact
     assert report["replay"]["faithful"] and report["replay"]["parted"] == [], report["replay"]
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_recorded_seed_of_the_wrong_type_is_refused_in_one_line(tmp_path: Path) -> None:
     """A step log is run data: a seed that is not what its call produces is named with its file."""

@@ -78,6 +78,7 @@ def test_a_reseed_in_the_loop_is_localized_and_proven(reseeded_pair: tuple[Path,
     assert report["replay"]["commands"][0].startswith(f"python {copy_of_script} --out a")
 
 
+@pytest.mark.extended
 def test_a_nondeterministic_op_in_the_backward_pass_is_named(
     copy_of_script: Path, tmp_path: Path
 ) -> None:

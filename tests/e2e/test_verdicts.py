@@ -215,6 +215,7 @@ def test_a_config_key_that_changes_the_data_content_is_proven_by_rebuilding(tmp_
     assert "num_workers" in verdict["fix"] and "seed the streams" not in verdict["fix"]
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_compiled_model_is_identical_and_doctor_finds_nothing_wrong(tmp_path) -> None:
     a, b = pair(tmp_path, "compiled.py", "--steps", "6", "--every", "3")

@@ -85,6 +85,7 @@ def test_a_resume_from_a_lightning_checkpoint_against_the_uninterrupted_run(
     assert report["snapshots"]["last_equal"] == 10  # the model and optimizer were restored exactly
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_training_step_reading_its_batch_idx_is_caught_when_rewound_and_run_afresh(
     train, compare, tmp_path
