@@ -269,7 +269,11 @@ def record_command(
     ] = True,
     as_json: Annotated[
         bool,
-        typer.Option("--json", help="With --against: print the comparison as compare --json."),
+        typer.Option(
+            "--json",
+            help="With --against: print the comparison as compare --json (the script's own "
+            "output goes to stderr).",
+        ),
     ] = False,
 ) -> None:
     """Run a recipe under the recorder and write a run directory (one folder per rank with
@@ -319,7 +323,7 @@ def record_command(
             if against is not None
             else None
         )
-        code = record_script(command, out, options, plan, quiet=quiet)
+        code = record_script(command, out, options, plan, quiet=quiet, output_to_stderr=as_json)
         raise typer.Exit(
             _verdict_against(plan, out, as_json) if plan and verdict and not code else code
         )

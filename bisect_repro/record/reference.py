@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..capture.rng import tree_digest
-from ..errors import BisectReproError
+from ..errors import BisectReproError, RunFormatError
 from ..store.lock import is_held
 from ..store.meta import CodeRecord
 from ..store.run import Run
@@ -156,7 +156,16 @@ class ReferenceRun:
         """The digests of the reference's snapshot at ``step``, if it committed one."""
         if step not in self._run.snapshots:
             return None
-        return SnapshotDigests.of(self._run.snapshot(step))
+        tree = self._run.snapshot(step)
+        try:
+            hashes, streams = tree["hashes"], tree.get("streams") or {}
+            if not all(isinstance(v, str) for v in hashes.values()):
+                raise TypeError("a hash is not text")
+            return SnapshotDigests.of({"hashes": hashes, "streams": dict(streams)})
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as error:
+            raise RunFormatError(
+                self.path, f"the snapshot at step {step} is malformed ({error})", "record it again"
+            ) from None
 
     def refresh(self) -> None:
         """Read the reference again, when it is not complete and was last read over a second

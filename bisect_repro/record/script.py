@@ -273,10 +273,12 @@ def record_script(
     against: Against | None = None,
     *,
     quiet: bool = False,
+    output_to_stderr: bool = False,
 ) -> int:
     """Run the command under the hooks in a process of its own; its exit code. ``against``: check
     the recording against that reference (its run, ``keep_going`` and ``stop_at_end``; the notes
-    and, unless ``quiet``, a progress line go to stderr)."""
+    and, unless ``quiet``, a progress line go to stderr). ``output_to_stderr``: the script's own
+    standard output goes to standard error (so that stdout holds only the command's JSON)."""
     spec: dict[str, Any] = {
         "out": str(out.resolve()),
         "options": asdict(options),
@@ -299,7 +301,11 @@ def record_script(
     ]
     if command.nproc is not None:  # each rank runs main()
         entry = [*torchrun_command(command.nproc, command.launcher), "--no-python", *entry]
-    return subprocess.call([*entry, json.dumps(spec)], env={**os.environ, "PYTHONPATH": path})
+    return subprocess.call(
+        [*entry, json.dumps(spec)],
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=2 if output_to_stderr else None,
+    )
 
 
 def progress_line(interval: float = 5.0) -> Callable[[int], None]:

@@ -276,3 +276,19 @@ def test_a_recipe_is_named_by_its_file_and_function() -> None:
     recipe = {"kind": "recipe", "target": "r.py:build", "path": "/w/r.py"}
     assert code_identity(recipe) == ("recipe", "/w/r.py", "build")
     assert code_identity({**recipe, "target": "r.py:other"}) != code_identity(recipe)
+
+
+def test_a_malformed_reference_snapshot_stops_the_checking_not_the_recording(
+    tmp_path: Path,
+) -> None:
+    meta = {"target": None, "config": {}, "model": MODEL, "environment": {}}
+    writer = RunWriter.create(tmp_path / "a", {**meta, "launch": {"argv": [], "code": SCRIPT}})
+    writer.append_steps([_line(s) for s in range(3)])
+    writer.commit("snapshot", 0, {"step": 0, "hashes": ["not", "a", "mapping"], "streams": {}})
+    writer.commit("snapshot", 3, {"step": 3, "hashes": {"w": "h"}, "streams": {}})
+    writer.finish(3)
+    writer.close()
+    matcher = Matcher(open_reference(tmp_path / "a", tmp_path / "b", SCRIPT))
+    _feed(matcher, 0, [], _digests())
+    assert matcher.mismatch is None and matcher.failed is not None
+    assert "hashes" in matcher.failed and str(tmp_path / "a") in matcher.failed
