@@ -140,8 +140,19 @@ def _partial(folder: Path) -> str:
 
 def _other_script(folder: Path) -> str:
     shutil.copy(folder / "train.py", folder / "other.py")
-    done = _cli("record", "--out", "other", "--every", "5", "--", "python", "other.py", "--data",
-                "data.txt", cwd=folder)  # fmt: skip
+    done = _cli(
+        "record",
+        "--out",
+        "other",
+        "--every",
+        "5",
+        "--",
+        "python",
+        "other.py",
+        "--data",
+        "data.txt",
+        cwd=folder,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return "other"
 
@@ -163,9 +174,19 @@ def test_a_bad_reference_is_one_line_and_exit_2_before_anything_runs(
     monkeypatch.chdir(folder)
     result = runner.invoke(
         app,
-        ["record", "--out", "bad", "--against", reference, "--", "python", "train.py", "--data",
-         "data.txt"],
-    )  # fmt: skip
+        [
+            "record",
+            "--out",
+            "bad",
+            "--against",
+            reference,
+            "--",
+            "python",
+            "train.py",
+            "--data",
+            "data.txt",
+        ],
+    )
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and problem in lines[0] and "Traceback" not in result.output
@@ -196,9 +217,18 @@ def test_a_recipe_recorded_against_another_setting_stops_at_the_difference(tmp_p
     done = _cli("record", target, "--out", "a", *flags, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     done = _cli(
-        "record", target, "--out", "b", *flags, "--set", "reseed_at=12", "--against", "a",
-        "--json", cwd=tmp_path,
-    )  # fmt: skip
+        "record",
+        target,
+        "--out",
+        "b",
+        *flags,
+        "--set",
+        "reseed_at=12",
+        "--against",
+        "a",
+        "--json",
+        cwd=tmp_path,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     b = Run.open(tmp_path / "b")
     assert b.complete and b.last_step is not None and b.last_step <= 20
