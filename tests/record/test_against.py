@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from bisect_repro import Recorder, RecordOptions, Run
 from bisect_repro.errors import BisectReproError
 from bisect_repro.record.against import Against, Matcher, Mismatch, ReferenceCheck, stops_at
+from bisect_repro.record.recipe import build
 from bisect_repro.record.reference import SnapshotDigests, code_identity, open_reference
 from bisect_repro.store.writer import RunWriter
 from tests.fakes import MODEL
@@ -292,3 +294,36 @@ def test_a_malformed_reference_snapshot_stops_the_checking_not_the_recording(
     _feed(matcher, 0, [], _digests())
     assert matcher.mismatch is None and matcher.failed is not None
     assert "hashes" in matcher.failed and str(tmp_path / "a") in matcher.failed
+
+
+def _loop(
+    examples: Path, out: Path, against: Any = None, bump_at: int | None = None
+) -> tuple[Run, bool]:
+    """Twenty steps of the MLP example in a loop of one's own, the loss logged at ``bump_at``
+    changed; the run and whether it stopped early."""
+    trainee = build(f"{examples / 'mlp.py'}:build", {"hidden": 8})
+    assert trainee.step is not None
+    options = RecordOptions(steps=20, every=5, checkpoint_every=10)
+    with Recorder(out, trainee, options, against=against) as recorder:
+        for batch in recorder.batches():
+            loss = trainee.step(batch)
+            recorder.log(loss + 1 if recorder.step == bump_at else loss)
+    return Run.open(out), recorder.stopped_early
+
+
+def test_a_recorder_loop_against_a_reference_ends_at_the_snapshot_after_the_difference(
+    examples: Path, tmp_path: Path
+) -> None:
+    reference, stopped = _loop(examples, tmp_path / "a")
+    assert not stopped and reference.complete and len(reference.steps) == 20
+    notes: list[str] = []
+    against = Against(run=tmp_path / "a", on_note=notes.append)
+    same, stopped = _loop(examples, tmp_path / "same", against)
+    assert not stopped and same.complete and len(same.steps) == 20 and notes == []
+    # the loss of step 7 differs: the snapshot at 10 shows it, the run stops at 15, complete
+    parted, stopped = _loop(examples, tmp_path / "b", against, bump_at=7)
+    assert stopped and parted.complete and parted.last_step == 15 and len(parted.steps) == 15
+    assert notes == [
+        f"differs from {tmp_path / 'a'} first in the loss at step 7; the run stops "
+        "at its next snapshot"
+    ]
