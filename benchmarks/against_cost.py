@@ -14,6 +14,11 @@ the built trainee to the end of the last write (the last check included); its CP
 this process's threads (the writer's, which checks, included). B matches A to the end, so every
 record is checked: the whole cost, with no early stop.
 
+``--part check`` measures instead what the checking itself takes, in this process: a run A of
+``window`` steps recorded, then B against it, with the CPU time of each check counted on the
+writer's thread (:meth:`~bisect_repro.record.against.ReferenceCheck.check`, ``time.thread_time``)
+against the CPU time of B's loop: a figure a shared machine disturbs far less than wall times.
+
 Writes ``against_cost.json`` into ``--out`` with the machine and its load before and after.
 Where it stops: wall times on a machine that may be shared; read the ratios with the load beside
 them.
@@ -28,13 +33,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bisect_repro import Recorder, RecordOptions, Trainee
+from bisect_repro.record.against import ReferenceCheck
+
 from .machine import load_average, machine
-from .overhead import PROCESS_CHECKPOINT_EVERY
+from .overhead import _TRAINEES, PROCESS_CHECKPOINT_EVERY
 from .timing import FULL, QUICK, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,8 +61,14 @@ def _child(model: str, plan: Plan, steps: int, out: Path, against: Path | None) 
     return {**json.loads(done.stdout.splitlines()[-1]), "process s": time.perf_counter() - start}
 
 
-def bench_against(plan: Plan, model: str = "cnn2m", rounds: int | None = None) -> dict[str, Any]:
-    """The paired cost of checking against a reference (see the module docstring)."""
+def bench_against(
+    plan: Plan,
+    model: str = "cnn2m",
+    rounds: int | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """The paired cost of checking against a reference (see the module docstring); ``on_round``
+    is given the figures of the rounds done so far after each round."""
     rounds = rounds or plan.runs
     steps = 3 * plan.window
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGS}
@@ -71,6 +86,13 @@ def bench_against(plan: Plan, model: str = "cnn2m", rounds: int | None = None) -
                     f"process {measured['process s']:.2f} s",
                     file=sys.stderr,
                 )
+            if on_round is not None:
+                on_round(_figures(model, steps, samples))
+    return _figures(model, steps, samples)
+
+
+def _figures(model: str, steps: int, samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The medians and paired ratios of the rounds in ``samples``."""
 
     def ratios(key: str) -> list[float]:
         return sorted(
@@ -84,7 +106,7 @@ def bench_against(plan: Plan, model: str = "cnn2m", rounds: int | None = None) -
         "steps": steps,
         "every": 10,
         "checkpoint_every": PROCESS_CHECKPOINT_EVERY,
-        "rounds": rounds,
+        "rounds": len(samples["recorded"]),
         "step ms, recorded": statistics.median(s["loop s"] for s in samples["recorded"])
         / steps
         * 1e3,
@@ -100,19 +122,75 @@ def bench_against(plan: Plan, model: str = "cnn2m", rounds: int | None = None) -
     }
 
 
+def bench_check_cpu(plan: Plan, model: str = "cnn2m") -> dict[str, Any]:
+    """The checking's own CPU time against the loop's (see the module docstring)."""
+    spent: list[float] = []
+    check = ReferenceCheck.check
+
+    def counted(self: ReferenceCheck, *args: Any, **kwargs: Any) -> None:
+        start = time.thread_time()
+        try:
+            check(self, *args, **kwargs)
+        finally:
+            spent.append(time.thread_time() - start)
+
+    steps = plan.window
+    options = RecordOptions(steps=steps, every=10, checkpoint_every=PROCESS_CHECKPOINT_EVERY)
+    with tempfile.TemporaryDirectory(prefix="bisect-repro-against-") as tmp:
+        reference = Path(tmp) / "a"
+        _loop(_TRAINEES[model](plan, torch.device("cpu")), reference, options, None)
+        ReferenceCheck.check = counted  # type: ignore[method-assign]
+        try:
+            trainee = _TRAINEES[model](plan, torch.device("cpu"))
+            loop_cpu = _loop(trainee, Path(tmp) / "b", options, reference)
+        finally:
+            ReferenceCheck.check = check  # type: ignore[method-assign]
+    return {
+        "model": model,
+        "steps": steps,
+        "every": 10,
+        "checks": len(spent),
+        "check CPU ms, median": statistics.median(spent) * 1e3,
+        "check CPU ms a step": sum(spent) / steps * 1e3,
+        "loop CPU ms a step": loop_cpu / steps * 1e3,
+        "check CPU / loop CPU": sum(spent) / loop_cpu,
+    }
+
+
+def _loop(trainee: Trainee, out: Path, options: RecordOptions, against: Path | None) -> float:
+    """Record ``trainee`` into ``out``; the CPU seconds of this process meanwhile."""
+    assert trainee.step is not None
+    cpu = time.process_time()
+    with Recorder(out, trainee, options, against=against) as recorder:
+        for batch in recorder.batches():
+            recorder.log(trainee.step(batch))
+    return time.process_time() - cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--part", choices=("processes", "check"), default="processes")
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
     found: dict[str, Any] = {"machine": machine(torch.device("cpu")), "quick": args.quick}
     found["load average before"] = load_average()
-    found["against"] = bench_against(plan, rounds=args.rounds)
-    found["load average after"] = load_average()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "against_cost.json").write_text(json.dumps(found, indent=2) + "\n")
+    if args.part == "check":
+        found["check"] = bench_check_cpu(plan)
+        found["load average after"] = load_average()
+        (args.out / "against_check.json").write_text(json.dumps(found, indent=2) + "\n")
+        print(json.dumps(found["check"], indent=2))
+        return
+
+    def write(figures: dict[str, Any]) -> None:  # after each round: a run cut short keeps them
+        found["against"] = figures
+        found["load average after"] = load_average()
+        (args.out / "against_cost.json").write_text(json.dumps(found, indent=2) + "\n")
+
+    write(bench_against(plan, rounds=args.rounds, on_round=write))
     print(json.dumps(found["against"], indent=2))
 
 
