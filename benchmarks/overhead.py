@@ -141,12 +141,19 @@ def _account_recorder() -> dict[str, float]:
 
 
 def _process_child(
-    model: str, quick: bool, steps: int, every: int, out: Path | None, device: torch.device
+    model: str,
+    quick: bool,
+    steps: int,
+    every: int,
+    out: Path | None,
+    device: torch.device,
+    against: Path | None = None,
 ) -> dict[str, float]:
     """One configuration in this process: the loop's seconds, from the built trainee to the last
     write (and the device's last kernel), the CPU seconds of this process's threads meanwhile
     (not the loader's workers), and when recording the recorder's own
-    (:func:`_account_recorder`)."""
+    (:func:`_account_recorder`). ``against``: record against that reference run
+    (:mod:`benchmarks.against_cost`)."""
     plan = QUICK if quick else FULL
     trainee = _TRAINEES[model](plan, device)
     assert trainee.step is not None
@@ -159,7 +166,7 @@ def _process_child(
         options = RecordOptions(
             steps=steps, every=every, checkpoint_every=PROCESS_CHECKPOINT_EVERY, force=True
         )
-        with Recorder(out, trainee, options) as recorder:
+        with Recorder(out, trainee, options, against=against) as recorder:
             for batch in recorder.batches():
                 recorder.log(trainee.step(batch))
     sync(device)
@@ -293,11 +300,18 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, help="record into this folder (none: the plain loop)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--against", type=Path, help="record against this reference run")
     args = parser.parse_args()
     print(
         json.dumps(
             _process_child(
-                args.model, args.quick, args.steps, args.every, args.out, torch.device(args.device)
+                args.model,
+                args.quick,
+                args.steps,
+                args.every,
+                args.out,
+                torch.device(args.device),
+                args.against,
             )
         )
     )

@@ -37,9 +37,13 @@ from .diagnose.doctor.doctor import DEFAULT_STEPS, doctor
 from .diagnose.show.summary import run_summary
 from .diagnose.stages import run_stage
 from .errors import BisectReproError
+from .record.against import Against
+from .record.provenance import launch_info
 from .record.recipe import build, parse_settings
 from .record.recorder import RecordingWarning, RecordOptions, record
+from .record.reference import open_reference
 from .record.script import (
+    ScriptCommand,
     is_interpreter,
     is_launcher,
     launcher_options,
@@ -234,12 +238,54 @@ def record_command(
     node_rank: NodeRank = None,
     rdzv_backend: Backend = None,
     rdzv_endpoint: Endpoint = None,
+    against: Annotated[
+        Path | None,
+        typer.Option(
+            "--against",
+            help="Check each record against this run as it is written; stop at the first "
+            "difference and compare (exit 1), or exit 0 when it matches.",
+        ),
+    ] = None,
+    against_continue: Annotated[
+        bool,
+        typer.Option(
+            "--against-continue",
+            help="With --against: record the whole run, and compare at the end.",
+        ),
+    ] = False,
+    stop_at_end: Annotated[
+        bool,
+        typer.Option(
+            "--stop-at-end", help="With --against: stop at the last step of the --against run."
+        ),
+    ] = False,
+    verdict: Annotated[
+        bool,
+        typer.Option(
+            "--verdict/--no-verdict",
+            help="With --against: compare the runs once the recording stops (--no-verdict: "
+            "only stop).",
+        ),
+    ] = True,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="With --against: print the comparison as compare --json (the script's own "
+            "output goes to stderr).",
+        ),
+    ] = False,
 ) -> None:
     """Run a recipe under the recorder and write a run directory (one folder per rank with
     --nproc-per-node); or record a script unchanged: bisect-repro record --out DIR -- python
-    train.py ARGS."""
+    train.py ARGS. With --against A: stop at the first difference from A and compare."""
     if out is None:
         raise BisectReproError("record: give the run directory to write with --out DIR")
+    _check_against_flags(
+        against,
+        given=against_continue or stop_at_end or as_json or not verdict,
+        ranks=resume or nproc_per_node is not None,
+    )
     if resume and force:
         raise BisectReproError(
             f"{out}: give --resume (continue the run) or --force (record it again), not both"
@@ -264,6 +310,7 @@ def record_command(
                 "a script takes its own arguments "
                 "(ranks: -- torchrun --nproc-per-node N train.py)"
             )
+        _check_against_flags(against, given=False, ranks=command.nproc is not None)
         options = RecordOptions(
             steps=steps,
             every=every,
@@ -271,7 +318,15 @@ def record_command(
             force=force,
             on_error=on_error,  # type: ignore[arg-type]
         )
-        raise typer.Exit(record_script(command, out, options))
+        plan = (
+            _against(against, out, _command_code(command), against_continue, stop_at_end)
+            if against is not None
+            else None
+        )
+        code = record_script(command, out, options, plan, quiet=quiet, output_to_stderr=as_json)
+        raise typer.Exit(
+            _verdict_against(plan, out, as_json) if plan and verdict and not code else code
+        )
     steps = 100 if steps is None else steps
     options = RecordOptions(
         steps=steps,
@@ -281,6 +336,19 @@ def record_command(
         on_error=on_error,  # type: ignore[arg-type]
     )
     config = parse_settings(settings)
+    matched: list[int] = []
+    plan = (
+        _against(
+            against,
+            out,
+            launch_info(target).get("code"),
+            against_continue,
+            stop_at_end,
+            on_progress=matched.append,
+        )
+        if against is not None
+        else None
+    )
     trainee = build(target, config) if nproc_per_node is None else None  # the ranks build their own
     console = Console(stderr=True, quiet=quiet)
     started = time.perf_counter()
@@ -290,11 +358,20 @@ def record_command(
         def on_step(step: int, loss: float | None = None) -> None:
             rate = step / max(time.perf_counter() - started, 1e-9)
             shown = f"loss {loss:.4g}  " if loss is not None else ""
+            if matched:
+                shown += f"matches {against} up to step {matched[-1]}  "
             progress.update(task, completed=step, extra=f"{shown}{rate:.1f} steps/s")
 
         if trainee is not None:
             record(
-                trainee, out, options, target=target, config=config, on_step=on_step, resume=resume
+                trainee,
+                out,
+                options,
+                target=target,
+                config=config,
+                on_step=on_step,
+                resume=resume,
+                against=plan,
             )
         elif nproc_per_node is not None:  # the case left: the ranks build their own trainees
             launcher = launcher_options(nodes)
@@ -309,6 +386,14 @@ def record_command(
                 on_warning=_warn_line,
                 nodes=launcher,
             )
+    _print_written(console, out)
+    if plan is not None and verdict:
+        raise typer.Exit(_verdict_against(plan, out, as_json))
+
+
+def _print_written(console: Console, out: Path) -> None:
+    """What a recording wrote, in one line: steps, snapshots, checkpoints, and where it stopped
+    when it is incomplete."""
     run = Run.open(out)
     ranks = [run.open_rank(r) for r in range(run.world_size)]
     incomplete = [
@@ -325,6 +410,69 @@ def record_command(
         "checkpoints"
     )
     console.print(f"wrote {safe_text(out)}{where}: {counts}{status}")
+
+
+def _check_against_flags(against: Path | None, *, given: bool, ranks: bool) -> None:
+    """The options that go with ``--against`` (``given``) need it; ranks (or a resume) refuse
+    it."""
+    if against is None and given:
+        raise BisectReproError(
+            "record: --against-continue, --stop-at-end, --no-verdict and --json go with "
+            "--against A; give the run to record against"
+        )
+    if against is not None and ranks:
+        raise BisectReproError(
+            f"record: --against {against} records a new run of one process; drop --resume, "
+            "--nproc-per-node and torchrun"
+        )
+
+
+def _command_code(command: ScriptCommand) -> dict[str, Any]:
+    """The code a command runs, as its run's ``launch.code`` will name it."""
+    if command.module is not None:
+        return {"kind": "module", "module": command.module}
+    return {"kind": "script", "path": command.path}
+
+
+def _against(
+    against: Path,
+    out: Path,
+    code: dict[str, Any] | None,
+    keep_going: bool,
+    stop_at_end: bool,
+    *,
+    on_progress: Callable[[int], None] | None = None,
+) -> Against:
+    """The reference of ``record --against``, checked before anything trains (a one-line error
+    otherwise)."""
+    open_reference(against, out, code)
+    return Against(
+        run=against,
+        keep_going=keep_going,
+        stop_at_end=stop_at_end,
+        on_progress=on_progress,
+        on_note=lambda message: _line("note:", "bold", message),
+    )
+
+
+def _verdict_against(plan: Against, out: Path, as_json: bool) -> int:
+    """``compare A B`` on the reference and the run just recorded: its verdict, its exit code."""
+    if not Run.open(out).complete:
+        raise BisectReproError(
+            f"{out}: the recording did not finish, so it is not compared; run compare "
+            f"{plan.run} {out} once it is complete"
+        )
+    result = _compare(Path(plan.run), out, replay=True, quiet=as_json)
+    _show(result, as_json)
+    return 0 if result.identical else 1
+
+
+def _show(result: CompareResult, as_json: bool) -> None:
+    """A comparison's verdict on stdout: one JSON object, or the text report."""
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+    else:
+        _report(result)
 
 
 @app.command("show")
@@ -397,10 +545,7 @@ def compare_command(
         accept_changed_code=accept_changed_code,
         trust=trust,
     )
-    if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
-    else:
-        _report(result)
+    _show(result, as_json)
     if html is not None:
         notes: list[str] = []
         page = run_stage(

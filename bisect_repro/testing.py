@@ -20,6 +20,10 @@ an ``AssertionError`` elsewhere) with the verdict: where the runs part, the caus
 :func:`reproducibility` is a plain pytest fixture (import it into a ``conftest.py``) that keeps
 the runs under pytest's ``tmp_path``.
 
+A recipe's second run is recorded ``--against`` the first (:mod:`bisect_repro.record.against`):
+it stops at the snapshot after the one that shows its first difference, so a run that parts early
+costs the steps up to there, not the whole run.
+
 Where the guarantees stop: two runs on one machine, one after the other, show what differs
 between two processes (unseeded streams, reseeding, string hashing, nondeterministic ops that
 misbehave here); they cannot show what differs on another machine, GPU, library version or
@@ -158,7 +162,7 @@ class CheckOptions(TypedDict, total=False):
 
 def _check(
     subject: str,
-    command: Callable[[Path], list[str]],
+    command: Callable[[Path, Path | None], list[str]],
     *,
     env: Mapping[str, str] | None = None,
     replay: bool = True,
@@ -166,8 +170,8 @@ def _check(
     cwd: Path | str | None = None,
     timeout: float = 600.0,
 ) -> CompareResult:
-    """Record ``command(run)`` for runs ``a`` and ``b`` in ``out``, compare them, and fail unless
-    they match."""
+    """Record ``command(run, reference)`` for runs ``a`` (no reference) and ``b`` (run ``a`` its
+    reference) in ``out``, compare them, and fail unless they match."""
     with _folder(out) as folder:
         runs = folder / "a", folder / "b"
         for label, run in zip("AB", runs, strict=True):
@@ -177,7 +181,8 @@ def _check(
                     "it"
                 )
             shutil.rmtree(run, ignore_errors=True)  # a run from an earlier check
-            _run(command(run), label, subject, cwd=cwd, env=env, timeout=timeout)
+            reference = runs[0] if label == "B" else None
+            _run(command(run, reference), label, subject, cwd=cwd, env=env, timeout=timeout)
         result = compare(*runs, replay=replay)
         if not result.identical:
             report = folder / "report.html"
@@ -217,7 +222,8 @@ def assert_reproducible(
         "--quiet",
     ]
 
-    def command(run: Path) -> list[str]:
+    def command(run: Path, reference: Path | None) -> list[str]:
+        against = ["--against", str(reference), "--no-verdict"] if reference is not None else []
         return [
             sys.executable,
             "-m",
@@ -228,6 +234,7 @@ def assert_reproducible(
             str(run),
             *flags,
             *settings,
+            *against,
         ]
 
     return _check(target, command, **options)
@@ -251,7 +258,7 @@ def assert_reproducible_script(
         )
     prefix = [sys.executable] if argv and (argv[0].endswith(".py") or argv[0] == "-m") else []
 
-    def command(run: Path) -> list[str]:
+    def command(run: Path, _: Path | None) -> list[str]:  # the script's own Recorder: no reference
         return [*prefix, *(arg.replace("{out}", str(run)) for arg in argv)]
 
     return _check(" ".join(argv), command, **options)

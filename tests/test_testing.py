@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from bisect_repro.store.run import Run
 from bisect_repro.testing import assert_reproducible, assert_reproducible_script
 
 
@@ -87,3 +90,18 @@ def test_a_recording_that_fails_is_reported_with_its_error(tmp_path) -> None:
     message = str(failure.value)
     assert message.startswith("recording run A of no_such_file.py:build failed with exit code 2: ")
     assert "error: " in message and "no_such_file.py" in message.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_the_second_run_stops_at_its_first_difference_from_the_first(tmp_path) -> None:
+    recipes = Path(__file__).resolve().parent / "e2e" / "recipes"
+    target = f"{recipes / 'counter_reseed.py'}:build"
+    with pytest.raises(pytest.fail.Exception) as failure:
+        assert_reproducible(
+            target, steps=60, every=5, config={"reseed_at": 7}, replay=False, out=tmp_path
+        )
+    assert "the runs diverge at step 7" in str(failure.value), str(failure.value)
+    first, second = Run.open(tmp_path / "a"), Run.open(tmp_path / "b")
+    assert first.complete and len(first.steps) == 60
+    # the difference shows in the snapshot at 10; the second run stops at the one after it
+    assert second.complete and second.last_step == 15 and len(second.steps) == 15

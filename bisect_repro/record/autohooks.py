@@ -47,6 +47,11 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   rewound in its process (:mod:`bisect_repro.serve.rewind`) gets them back with the rest of its
   start, and each batch a ``DataLoader`` yields passes through the replay server, which feeds a
   rewound step its kept batches instead of the loader's next ones;
+- **a stop**: recorded against a reference run, a run that stops at a difference
+  (:mod:`bisect_repro.record.against`) is closed as complete at the start of a step, the hooks
+  are removed, and :class:`~bisect_repro.record.against.StopRecording` is raised into the script
+  from the hook that began the step (the optimizer's ``step()``, or the forward or the batch
+  after a backward), so that it unwinds;
 - **the config**: :attr:`AutoHooks.config`, filled by whoever records the script (its command
   line, flag by flag, and the values its ``argparse`` parsers read from it, see
   :mod:`bisect_repro.record.arguments`) before the model's first forward.
@@ -88,6 +93,7 @@ from ..capture.data import IndexTap, tap_indices, untap_indices
 from ..capture.rng import RandomStreams
 from ..serve.rewind import Draw
 from ..trainee import NoOptimizer, Trainee
+from .against import Against, StopRecording
 from .options import RecordOptions
 from .parts import Parts, model_of
 from .recorder import FrameworkRecorder
@@ -131,8 +137,9 @@ class AutoHooks:
         *,
         start_step: int = 0,
         perturb: bool = False,
+        against: Against | None = None,
     ) -> None:
-        self.out, self.options = out, options
+        self.out, self.options, self.against = out, options, against
         # the first step's number: 0, but in a replay of a run seen at another run's steps
         self.start_step = start_step
         # every weight moved one ulp after the first snapshot (a numerics envelope's experiment)
@@ -370,6 +377,7 @@ class AutoHooks:
                 environment={},
                 start_step=self.start_step,
                 auto=True,
+                against=self.against,
             )
             if self.recorder.rewinder is not None:
                 # the list itself: one made later is kept too
@@ -378,6 +386,7 @@ class AutoHooks:
             if self._start_streams is not None:
                 self.recorder.note_start_streams(self._start_streams)
             self.recorder.begin_step()
+            self._stop_if_asked()
             if self.perturb:
                 one_ulp_up(self.model)
         elif id(module) in self._parts:
@@ -417,6 +426,15 @@ class AutoHooks:
         self._log_loss()
         self.recorder.end_step()
         self.recorder.begin_step()
+        self._stop_if_asked()
+
+    def _stop_if_asked(self) -> None:
+        """The run stopped at a difference from its reference: close it and unwind the script."""
+        assert self.recorder is not None
+        if self.recorder.stopped_early:
+            step = self.recorder.step
+            self.close()
+            raise StopRecording(f"the recording stopped at step {step}")
 
     def _stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """An optimizer stepped: the step ends once every optimizer followed has (see the module

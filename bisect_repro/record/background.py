@@ -12,8 +12,10 @@ guarantees this gives). Design decisions:
 - Group commit: the thread takes the first waiting snapshot, then the others waiting, and waits
   (a blocking wait on the queue, never a spin) up to ``linger`` seconds for more, until it holds
   ``max(depth, 1)``: the last slot stays free, so the training does not wait while a group is
-  written. It makes each snapshot's commit (its jobs: the digests, taking the tree apart) and
-  commits the group with shared fsyncs (:func:`~bisect_repro.store.commit.commit_group`). On a fast
+  written. It makes each snapshot's commit (its job: the digests, taking the tree apart, a
+  recording's check against its reference) as it takes the snapshot, before it waits for more,
+  and commits the group with shared fsyncs (:func:`~bisect_repro.store.commit.commit_group`). On a
+  fast
   training loop snapshots arrive faster than ``linger`` and the fsyncs are shared; on a slow one a
   group holds one snapshot, whose fsyncs cost little beside its step.
 - After a failure every later snapshot is dropped, so nothing lands after a gap; what came before
@@ -36,8 +38,10 @@ from ..store.commit import Commit, GroupCommitError
 __all__ = ["BackgroundWriter"]
 
 LINGER = 1.0  # seconds a group waits for more snapshots
+_DROPPED = RuntimeError("dropped after an earlier failure")
 
 _Job = tuple[int, Callable[[], Commit]]
+_Made = tuple[int, Commit | BaseException]  # a job's commit, or why it could not be made
 
 
 class BackgroundWriter:
@@ -73,22 +77,30 @@ class BackgroundWriter:
         if self.error is not None:
             return
         if self._queue is None:
-            self._run([(step, job)])
+            self._run([self._make(step, job)])
         else:
             self._slots.acquire()  # blocks while every slot is taken: the memory bound
             self._queue.put((step, job))
 
-    def _run(self, group: list[_Job]) -> None:
+    def _make(self, step: int, job: Callable[[], Commit]) -> _Made:
+        """The job's commit, made now; after a failure, nothing (it is dropped)."""
+        if self.error is not None:
+            return step, _DROPPED
+        try:
+            return step, job()
+        except BaseException as error:
+            return step, error
+
+    def _run(self, group: list[_Made]) -> None:
         if self.error is not None:
             return  # everything after a failed write is dropped: nothing may land after a gap
         commits: list[Commit] = []
         failed: tuple[int, BaseException] | None = None
-        for step, job in group:
-            try:
-                commits.append(job())
-            except BaseException as error:
-                failed = (step, error)  # the snapshots before it are still committed
+        for step, made in group:
+            if isinstance(made, BaseException):
+                failed = (step, made)  # the snapshots before it are still committed
                 break
+            commits.append(made)
         try:
             if commits:
                 self._commit(commits)
@@ -101,11 +113,11 @@ class BackgroundWriter:
         if failed is not None:
             self.failed_at, self.error = failed
 
-    def _take(self) -> list[_Job]:
+    def _take(self) -> list[_Made]:
         """The next group: the first snapshot waiting (waiting for one), then more, for up to
-        ``linger`` seconds."""
+        ``linger`` seconds, each one's commit made as it is taken."""
         assert self._queue is not None
-        group: list[_Job] = []
+        group: list[_Made] = []
         deadline: float | None = None
         while not self._stopping and len(group) < self._group:
             try:
@@ -119,7 +131,7 @@ class BackgroundWriter:
             if item is None:
                 self._stopping = True
             else:
-                group.append(item)
+                group.append(self._make(*item))
         return group
 
     def _work(self) -> None:

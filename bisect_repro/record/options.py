@@ -11,6 +11,7 @@ from typing import Any, Literal
 from ..capture.pystate import Scope
 from ..errors import BisectReproError
 from ..trainee import Trainee
+from .against import Against
 
 __all__ = ["RecordOptions", "SessionPlan"]
 
@@ -83,3 +84,6 @@ class SessionPlan:
     scope: Scope | None = None
     """Where the code that drives the loop keeps its counters, state too
     (:mod:`~bisect_repro.capture.pystate`); ``None``: only a recipe's step function's."""
+    against: Against | None = None
+    """Check each record against this reference run as it is written, and stop at the first
+    difference (:mod:`~bisect_repro.record.against`)."""

@@ -38,6 +38,7 @@ from ..serve.framework_rewind import FrameworkRewindServer, LoopCounters
 from ..serve.rewind import RewindingHookServer
 from ..serve.server import StepServer
 from ..trainee import Trainee
+from .against import Against
 from .options import RecordOptions, SessionPlan
 from .session import RecordingSession
 
@@ -56,6 +57,7 @@ class Role(Protocol):
     """What a recorder does, recording or serving a replay (see the module docstring)."""
 
     replaying: bool
+    stopped_early: bool
 
     @property
     def step(self) -> int: ...
@@ -121,6 +123,10 @@ class Recorder:
     streams. ``resume=True`` continues the interrupted run ``out`` itself from its last
     checkpoint; ``options`` may then be left out (the run's own are used) and must otherwise
     schedule the same steps. ``max_pending_writes`` bounds the snapshots waiting to be written.
+    ``against`` (a run directory, or :class:`~bisect_repro.record.against.Against`) checks each
+    record against that reference run as it is written: at the first difference the run stops at
+    its next snapshot, complete, and :meth:`batches` ends (:attr:`stopped_early`); run
+    ``compare`` on the two runs for the verdict.
     """
 
     def __init__(
@@ -135,6 +141,7 @@ class Recorder:
         restore_streams: bool = True,
         resume: bool = False,
         max_pending_writes: int = 2,
+        against: Against | Path | str | None = None,
     ) -> None:
         plan = SessionPlan(
             out=out,
@@ -146,6 +153,7 @@ class Recorder:
             restore_streams=restore_streams,
             resume=resume,
             max_pending_writes=max_pending_writes,
+            against=Against(run=against) if isinstance(against, (Path, str)) else against,
             # a recipe's step: its own module
             scope=caller_scope() if trainee.step is None else None,
         )
@@ -163,6 +171,12 @@ class Recorder:
         one: the loop body runs again, so guard side effects (saving files, logging to a tracker)
         with it."""
         return self._role.replaying
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether the run stopped before its planned end: recorded ``against`` a reference, at a
+        difference from it (or at its end, with ``stop_at_end``)."""
+        return self._role.stopped_early
 
     @property
     def last_loss(self) -> float | None:
@@ -230,9 +244,10 @@ class FrameworkRecorder(Recorder):
         environment: Mapping[str, Any],
         start_step: int,
         auto: bool = False,
+        against: Against | None = None,
     ) -> None:
         plan = replace(
-            SessionPlan(out=out, trainee=trainee, options=options, config=config),
+            SessionPlan(out=out, trainee=trainee, options=options, config=config, against=against),
             framework=True,
             auto=auto,
         )
@@ -300,9 +315,10 @@ def record(
     on_step: Callable[[int, float | None], None] | None = None,
     resume_from: tuple[Path | str, int] | None = None,
     resume: bool = False,
+    against: Against | None = None,
 ) -> Path:
-    """Run ``trainee.step`` for ``options.steps`` steps under a :class:`Recorder` (``resume``: see
-    there)."""
+    """Run ``trainee.step`` for ``options.steps`` steps under a :class:`Recorder` (``resume``,
+    ``against``: see there)."""
     if trainee.step is None:
         raise BisectReproError(
             f"{target or 'trainee'}: the Trainee has no step function; give step=... to record it"
@@ -310,7 +326,14 @@ def record(
     if options.steps is None:
         raise BisectReproError("record: give the number of steps (--steps)")
     with Recorder(
-        out, trainee, options, target=target, config=config, resume_from=resume_from, resume=resume
+        out,
+        trainee,
+        options,
+        target=target,
+        config=config,
+        resume_from=resume_from,
+        resume=resume,
+        against=against,
     ) as recorder:
         for batch in recorder.batches():
             recorder.log(trainee.step(batch))

@@ -35,7 +35,9 @@ import re
 import runpy
 import subprocess
 import sys
+import time
 import types
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from typing import Any
 from ..errors import BisectReproError
 from ..store.meta import CodeKind
 from . import pinned
+from .against import Against, StopRecording
 from .arguments import capture_arguments
 from .autohooks import AutoHooks
 from .options import RecordOptions
@@ -54,6 +57,7 @@ __all__ = [
     "is_launcher",
     "launcher_options",
     "parse_command",
+    "progress_line",
     "record_script",
     "run_as_main",
 ]
@@ -262,13 +266,31 @@ def run_as_main(command: ScriptCommand) -> None:
     exec(verified, main.__dict__)
 
 
-def record_script(command: ScriptCommand, out: Path, options: RecordOptions) -> int:
-    """Run the command under the hooks in a process of its own; its exit code."""
-    spec = {
+def record_script(
+    command: ScriptCommand,
+    out: Path,
+    options: RecordOptions,
+    against: Against | None = None,
+    *,
+    quiet: bool = False,
+    output_to_stderr: bool = False,
+) -> int:
+    """Run the command under the hooks in a process of its own; its exit code. ``against``: check
+    the recording against that reference (its run, ``keep_going`` and ``stop_at_end``; the notes
+    and, unless ``quiet``, a progress line go to stderr). ``output_to_stderr``: the script's own
+    standard output goes to standard error (so that stdout holds only the command's JSON)."""
+    spec: dict[str, Any] = {
         "out": str(out.resolve()),
         "options": asdict(options),
         "command": {**asdict(command), "kind": command.kind.value},
+        "quiet": quiet,
     }
+    if against is not None:
+        spec["against"] = {
+            "run": str(Path(against.run).resolve()),
+            "keep_going": against.keep_going,
+            "stop_at_end": against.stop_at_end,
+        }
     # this very package, wherever it is installed
     package = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
@@ -279,7 +301,24 @@ def record_script(command: ScriptCommand, out: Path, options: RecordOptions) -> 
     ]
     if command.nproc is not None:  # each rank runs main()
         entry = [*torchrun_command(command.nproc, command.launcher), "--no-python", *entry]
-    return subprocess.call([*entry, json.dumps(spec)], env={**os.environ, "PYTHONPATH": path})
+    return subprocess.call(
+        [*entry, json.dumps(spec)],
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=2 if output_to_stderr else None,
+    )
+
+
+def progress_line(interval: float = 5.0) -> Callable[[int], None]:
+    """A progress callback that writes, at most once per ``interval`` seconds, that the run still
+    matches its reference up to a step."""
+    shown = [0.0]
+
+    def show(step: int) -> None:
+        if time.monotonic() - shown[0] >= interval:
+            shown[0] = time.monotonic()
+            print(f"bisect-repro: still matches the reference up to step {step}", file=sys.stderr)
+
+    return show
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,13 +333,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     if command.kind is CodeKind.MODULE:
         sys.path.insert(0, os.getcwd())  # as python -m does
-    hooks = AutoHooks(spec["out"], RecordOptions(**spec["options"])).install()
+    given = spec.get("against")
+    against = (
+        Against(
+            run=given["run"],
+            keep_going=given["keep_going"],
+            stop_at_end=given["stop_at_end"],
+            on_progress=None if spec.get("quiet") else progress_line(),
+        )
+        if given is not None
+        else None
+    )
+    hooks = AutoHooks(spec["out"], RecordOptions(**spec["options"]), against=against).install()
     read_arguments = capture_arguments(hooks.config, command.argv)
     code = 0
     try:
         run_as_main(command)
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except StopRecording:
+        pass  # the run stopped at a difference from its reference, closed as complete
+    except BisectReproError as error:
+        hooks.close(failed=True)
+        if against is None or hooks.recorder is not None:
+            raise
+        # the reference, checked when the model first runs (it changed since the command did)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except BaseException:
         hooks.close(failed=True)  # what was committed stays; the run is incomplete
         raise

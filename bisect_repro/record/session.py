@@ -44,6 +44,11 @@ Design decisions:
 - ``resume=True`` continues an interrupted run in its own directory from its last readable
   checkpoint (:meth:`RunWriter.resume`), with the schedule of the original run (its start step,
   ``every`` and ``checkpoint_every``), so that the resumed run equals an uninterrupted one.
+- Recorded against a reference run (``SessionPlan.against``), each snapshot's step records and
+  digests are checked against the reference's on the writer's thread, as they are committed
+  (:mod:`bisect_repro.record.against`); at each due snapshot the training thread waits for the
+  check of the one before, and at the first difference the run stops at its next snapshot, closed
+  as complete (:attr:`RecordingSession.stopped_early`).
 - In a distributed run (``torch.distributed`` initialised, under ``torchrun`` or ``record
   --nproc-per-node``) each rank records what it holds into its own ``rank{r}/``: its streams
   (its own CUDA device's), its sampler's state, its losses and batches, and the hashes of its
@@ -79,10 +84,12 @@ from ..errors import BisectReproError, RecordingError, RecordingWarning
 from ..store import codec
 from ..store.commit import Commit
 from ..store.run import Run
+from .against import ReferenceCheck
 from .background import BackgroundWriter
 from .directory import distributed_meta, open_writer, resume_writer
 from .options import RecordOptions, SessionPlan
-from .provenance import now, run_meta
+from .provenance import launch_info, now, run_meta
+from .reference import open_reference
 from .steplog import PendingStep, fetch_losses, step_records
 
 __all__ = ["RecordingSession"]
@@ -136,7 +143,13 @@ class RecordingSession:
         self._taking = False  # the hooks are taking the outputs of the current step
         # that step's activation sketches, for the next snapshot
         self._sketched: tuple[int, PendingSketches] | None = None
+        self.stopped_early = False
+        """The run stopped at a difference from its reference (or at its end), closed as
+        complete."""
+        self._check: ReferenceCheck | None = None
+        self._checked_last: int | None = None  # the last snapshot submitted with its check
         try:
+            self._check = self._reference_check(plan, info)
             if resume:
                 self.options = self._resume(Path(out), options, target, config, info)
             else:
@@ -170,6 +183,20 @@ class RecordingSession:
         # entropy seeding calls by step, logged with the step
         self._seeded: dict[int, list[dict[str, Any]]] = {}
         self._watch = SeedingWatch(on_call=self._note_seeding).install()
+
+    @staticmethod
+    def _reference_check(plan: SessionPlan, info: RankInfo | None) -> ReferenceCheck | None:
+        """The check against the plan's reference run, which is opened and checked now, before
+        anything is written (:func:`~bisect_repro.record.reference.open_reference`)."""
+        if plan.against is None:
+            return None
+        if plan.resume or info is not None:
+            raise BisectReproError(
+                f"{plan.out}: --against records a new run of one process; drop --resume (or the "
+                "ranks)"
+            )
+        code = launch_info(plan.target).get("code")
+        return ReferenceCheck(plan.against, open_reference(plan.against.run, plan.out, code))
 
     def _note_seeding(self, call: SeedingCall) -> None:
         if call.entropy:
@@ -250,6 +277,8 @@ class RecordingSession:
         assert bound is not None
         while self.step < bound:
             self.begin_step()
+            if self.stopped_early:
+                break
             batch, indices = next_micro_batches(self.state.data, self.options.accumulate)
             if self.options.accumulate == 1:
                 self.note_batch(batch, indices)
@@ -260,7 +289,7 @@ class RecordingSession:
             self._handed_out = True
             yield batch
             self.end_step()
-        if planned is None or self.step >= planned:
+        if planned is None or self.step >= planned or self.stopped_early:
             self.close()
 
     def _one_pass(self) -> int:
@@ -280,8 +309,19 @@ class RecordingSession:
 
     # -- the step, for loops the recorder does not drive (a framework's) ------------------------
     def begin_step(self) -> None:
-        """A step starts: snapshot the state it starts from, when one is due."""
-        if self._due(self.step) and self._last_snapshot != self.step:
+        """A step starts: snapshot the state it starts from, when one is due; recorded against a
+        reference, stop here when a difference is known (:attr:`stopped_early`)."""
+        due = self._due(self.step)
+        check = self._check
+        if check is not None and not self._stopped:
+            if due:
+                check.wait(self._checked_last, lambda: self._writer.error is not None)
+            if check.stops_at(self.step, due):
+                if self._last_snapshot != self.step:
+                    self._snapshot(self.step)
+                self.stopped_early = True
+                return
+        if due and self._last_snapshot != self.step:
             self._snapshot(self.step)
 
     def note_batch(self, batch: Any, indices: list[int] | None = None) -> None:
@@ -334,7 +374,7 @@ class RecordingSession:
             if self._last_snapshot != self.step:
                 self._snapshot(self.step)
             total = self.options.steps
-            if not self._stopped and (total is None or self.step >= total):
+            if not self._stopped and (self.stopped_early or total is None or self.step >= total):
                 final = self.step
                 self._writer.submit(final, lambda: Commit(final, end=True))
         finally:
@@ -456,6 +496,7 @@ class RecordingSession:
             checkpoint_every is not None and step % checkpoint_every == 0
         )
         checkpoint = codec.prepare(state.state_dict()) if due else None
+        check = self._check
 
         def commit() -> Commit:  # on the writer's thread
             digests = lanes.digests()
@@ -480,9 +521,14 @@ class RecordingSession:
             files = [("snapshot", codec.prepare(tree))] + (
                 [("checkpoint", checkpoint)] if checkpoint is not None else []
             )
-            return Commit(step, step_records(pending, losses, digests, seeded), files)
+            lines = step_records(pending, losses, digests, seeded)
+            if check is not None:
+                check.check(step, lines, tree)
+            return Commit(step, lines, files)
 
         self._writer.submit(step, commit)
+        if check is not None:
+            self._checked_last = step
         self._last_snapshot = step
         self._check_writer()
 

@@ -148,6 +148,7 @@ class StepServer:
     reruns = True
     """A kept step can run again in this process (a framework's hooks cannot; see ``hooks.py``)."""
     replaying = True
+    stopped_early = False  # a replay serves the steps it is asked for; it never stops on its own
     rewinds = False
     """A step can run again in this process by rewinding it (:mod:`bisect_repro.serve.rewind`); only
     in a single process."""

@@ -6,6 +6,9 @@ different inode). The file is opened in the folder's descriptor without followin
 (:mod:`bisect_repro.store.anchor`): a link named ``.lock`` is an error, never a file written
 through.
 
+:func:`is_held` tells a reader whether a recorder is writing a folder now, writing nothing: it opens
+an existing ``.lock`` read-only and tries a shared lock, released at once.
+
 Where the guarantees stop: the lock is advisory and per host (``flock`` on NFS may not exclude
 writers on other machines); without ``fcntl`` (Windows) there is no lock.
 """
@@ -13,6 +16,7 @@ writers on other machines); without ``fcntl`` (Windows) there is no lock.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import IO
 
 from ..errors import RecordingError, RunLockedError
@@ -23,7 +27,7 @@ try:
 except ImportError:  # pragma: no cover - not a POSIX system
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK", "RunLock"]
+__all__ = ["LOCK", "RunLock", "is_held"]
 
 LOCK = ".lock"
 
@@ -72,3 +76,22 @@ class RunLock:
         if self._handle is not None:
             self._handle.close()  # closing the descriptor releases the flock
             self._handle = None
+
+
+def is_held(path: Path | str) -> bool:
+    """Whether a recorder holds the lock of the folder ``path`` now (it is being written). Nothing
+    is created or written: a folder with no ``.lock`` (or a link under that name) is not held."""
+    if fcntl is None:  # pragma: no cover - no advisory locks on this platform
+        return False
+    try:
+        with Folder.open(path) as folder:
+            fd = folder.open_existing(LOCK)
+    except (OSError, RecordingError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing the descriptor releases a shared lock taken
+    return False

@@ -105,3 +105,20 @@ def test_drain_commits_everything_submitted(depth) -> None:
         writer.submit(*job(step))
     writer.drain()
     assert [s for g in disk.groups for s in g] == list(range(7)) and writer.committed == 6
+
+
+def test_a_snapshot_s_commit_is_made_as_it_is_taken_not_after_the_group_waited() -> None:
+    disk = FakeDisk()
+    disk.gate.set()
+    made = threading.Event()
+    writer = BackgroundWriter("test writer", 3, disk.commit, linger=30.0)
+
+    def make() -> Commit:
+        made.set()
+        return Commit(0)
+
+    writer.submit(0, make)
+    assert made.wait(timeout=10)  # made (its check run) while the group still waits for more
+    assert disk.groups == []
+    writer.drain()
+    assert disk.groups == [[0]]
