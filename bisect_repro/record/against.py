@@ -18,6 +18,9 @@ does: the same fields, equal or not. The decisions:
   waits at each snapshot for the check of the one before it (:class:`ReferenceCheck`), which was
   queued ``every`` steps earlier and is done by then unless the writer is behind; so a
   difference in the steps before snapshot s stops B at the snapshot after s, every time.
+- :class:`ReferenceCheck` with ``numerics`` (the environment keys that differ between A's
+  recording and this process, a hash seed aside): the runs can differ by rounding, so only the
+  data (order, batch) and the streams are checked, and a note says so before training.
 - Stopping: the stop snapshot is committed and the run closed as complete, at that step. A loop
   driven by ``Recorder.batches()`` ends there; a script run under the hooks
   (:mod:`bisect_repro.record.autohooks`) is unwound by :class:`StopRecording`, which its own
@@ -54,6 +57,7 @@ __all__ = [
 ]
 
 _LOG_FIELDS = ("order", "batch", "loss")
+_DATA_FIELDS = ("order", "batch")
 
 
 def _note(message: str) -> None:
@@ -132,15 +136,19 @@ class _Record:
 
 
 def _snapshot_difference(
-    a: SnapshotDigests, b: SnapshotDigests, before: tuple[SnapshotDigests, SnapshotDigests] | None
+    a: SnapshotDigests,
+    b: SnapshotDigests,
+    before: tuple[SnapshotDigests, SnapshotDigests] | None,
+    *,
+    exact: bool = True,
 ) -> tuple[str, str] | None:
     """The first state tensor, then the first stream, whose digest differs (as ``compare`` reads
     them: tensors over both runs' names, streams over the names both hold). A stream counts as
     ``compare``'s timeline counts it: where it was equal at the snapshot ``before`` (A's and B's)
     and differs now, or differed then and was drawn from since in either run; a stream that
     differed from the first snapshot and never moved (an unseeded stream nothing draws from)
-    does not."""
-    for name in dict.fromkeys([*a.hashes, *b.hashes]):
+    does not. Not ``exact``: the tensors are not compared (runs that can differ by rounding)."""
+    for name in dict.fromkeys([*a.hashes, *b.hashes]) if exact else ():
         if a.hashes.get(name) != b.hashes.get(name):
             return "snapshot", name
     if before is None:
@@ -159,8 +167,11 @@ class Matcher:
     """Which of B's records differs first from A's (see the module docstring); fed on one
     thread."""
 
-    def __init__(self, reference: Reference) -> None:
+    def __init__(self, reference: Reference, *, exact: bool = True) -> None:
         self.reference = reference
+        self.exact = exact
+        """Whether the weights and losses are checked bit for bit (else only the data and the
+        streams: runs whose numerics settings differ, see :class:`ReferenceCheck`)."""
         self.mismatch: Mismatch | None = None
         self.matched = 0
         """B's records before this step are known to match A's."""
@@ -220,7 +231,8 @@ class Matcher:
             return
         if record.line is not None:
             theirs = self.reference.step_line(record.step)
-            for name in _LOG_FIELDS if theirs is not None else ():
+            fields = _LOG_FIELDS if self.exact else _DATA_FIELDS
+            for name in fields if theirs is not None else ():
                 if theirs.get(name) != record.line.get(name):  # type: ignore[union-attr]
                     self.mismatch = Mismatch(record.step, name)
                     return
@@ -230,7 +242,9 @@ class Matcher:
         theirs_snapshot = self.reference.snapshot(record.step)
         if theirs_snapshot is None:
             return
-        found = _snapshot_difference(theirs_snapshot, record.snapshot, self._before)
+        found = _snapshot_difference(
+            theirs_snapshot, record.snapshot, self._before, exact=self.exact
+        )
         self._before = (theirs_snapshot, record.snapshot)
         if found is not None:
             self.mismatch = Mismatch(record.step, *found)
@@ -252,9 +266,24 @@ class ReferenceCheck:
     """The checking of one recording: the :class:`Matcher` on the writer's thread, the stop
     decision on the training thread, and the wait between them (see the module docstring)."""
 
-    def __init__(self, against: Against, reference: Reference) -> None:
+    def __init__(
+        self,
+        against: Against,
+        reference: Reference,
+        numerics: Mapping[str, Sequence[Any]] | None = None,
+    ) -> None:
         self.against = against
-        self.matcher = Matcher(reference)
+        self.matcher = Matcher(reference, exact=not numerics)
+        if numerics:
+            shown = ", ".join(
+                f"{key}: {a!r} vs {b!r}" for key, (a, b) in list(numerics.items())[:3]
+            )
+            against.on_note(
+                f"{against.run} was recorded under other numerics settings ({shown}): its "
+                "weights and losses may differ by rounding, so the check compares the data and "
+                "the random streams exactly, not them; `bisect-repro compare` measures the "
+                "rounding"
+            )
         self.end = reference.end
         """A's last step, as last read (``None`` while A is being written)."""
         self._condition = threading.Condition()

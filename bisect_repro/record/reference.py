@@ -134,6 +134,11 @@ class ReferenceRun:
         """Why the reference could no longer be read (damaged after it was opened), if it was."""
 
     @property
+    def environment(self) -> Mapping[str, Any]:
+        """The reference's recorded environment (:func:`~bisect_repro.capture.env.fingerprint`)."""
+        return self._run.meta.environment
+
+    @property
     def end(self) -> int | None:
         """The reference's last step, once it is complete."""
         run = self._run

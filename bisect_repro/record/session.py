@@ -99,6 +99,17 @@ _SCHEDULE = ("steps", "every", "checkpoint_every")
 _DEFERRED_BATCH_BYTES = 64 << 20  # batch bytes held for hashing at the next snapshot, at most
 
 
+def _check_plan(plan: SessionPlan) -> None:
+    """Refuse a plan that asks for two contradictory things, or a negative queue."""
+    if plan.resume and plan.resume_from is not None:
+        raise BisectReproError(
+            f"{plan.out}: give resume=True (continue this run) or resume_from (start a new run), "
+            "not both"
+        )
+    if plan.max_pending_writes < 0:
+        raise BisectReproError(f"max_pending_writes {plan.max_pending_writes}: must be 0 or more")
+
+
 class RecordingSession:
     """Records a training loop (see the module docstring): the recording role of a Recorder."""
 
@@ -113,15 +124,7 @@ class RecordingSession:
             plan.config,
         )
         resume_from, resume = plan.resume_from, plan.resume
-        if resume and resume_from is not None:
-            raise BisectReproError(
-                f"{out}: give resume=True (continue this run) or resume_from (start a new run), "
-                "not both"
-            )
-        if plan.max_pending_writes < 0:
-            raise BisectReproError(
-                f"max_pending_writes {plan.max_pending_writes}: must be 0 or more"
-            )
+        _check_plan(plan)
         info = rank_info()  # this process's rank in a distributed run, None for a single process
         self.trainee = trainee
         self.state = TrainingState(trainee, plan.scope)
@@ -196,7 +199,11 @@ class RecordingSession:
                 "ranks)"
             )
         code = launch_info(plan.target).get("code")
-        return ReferenceCheck(plan.against, open_reference(plan.against.run, plan.out, code))
+        reference = open_reference(plan.against.run, plan.out, code)
+        # what can make the weights differ by rounding (a hash seed acts on the data, checked)
+        numerics = env.diff(reference.environment, env.fingerprint())
+        numerics.pop("env.PYTHONHASHSEED", None)
+        return ReferenceCheck(plan.against, reference, numerics)
 
     def _note_seeding(self, call: SeedingCall) -> None:
         if call.entropy:

@@ -5,6 +5,7 @@ of the file has one row edited, drawn at step 33."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -97,6 +98,30 @@ def test_a_run_that_matches_runs_to_the_end_and_exits_0(folder: Path) -> None:
     same = Run.open(folder / "same")
     assert same.complete and len(same.steps) == 50
     assert "identical" in done.stdout.lower() or "match" in done.stdout.lower()
+
+
+def test_under_another_thread_count_only_the_data_and_streams_are_held_to_the_reference(
+    folder: Path,
+) -> None:
+    # Whether one thread rounds otherwise than two depends on the CPU: the check must not stop the
+    # run for it, and says so before training.
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "bisect_repro.cli", "record", "--out", "threads"),
+            *("--every", str(EVERY), "--against", "a", "--no-verdict", "--quiet"),
+            *("--", "python", "train.py", "--data", "data.txt"),
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "recorded under other numerics settings (" in done.stderr, done.stderr[-2000:]
+    assert "env.OMP_NUM_THREADS: None vs '1'" in done.stderr, done.stderr[-2000:]
+    threads = Run.open(folder / "threads")
+    assert threads.complete and len(threads.steps) == 50
 
 
 def test_past_the_reference_end_it_stops_when_asked(folder: Path) -> None:

@@ -101,6 +101,25 @@ def test_equal_records_match_up_to_the_snapshot() -> None:
     assert matcher.mismatch is None and matcher.matched == 5
 
 
+def test_where_numerics_settings_differ_only_the_data_and_streams_are_checked() -> None:
+    notes: list[str] = []
+    against = Against(run="a", on_note=notes.append)
+    check = ReferenceCheck(against, _reference(), {"torch.get_num_threads": [1, 2]})
+    assert not check.matcher.exact
+    assert "torch.get_num_threads: 1 vs 2" in notes[0] and "data and the random streams" in notes[0]
+    matcher = check.matcher
+    _feed(matcher, 0, [], _digests(tensor="rounded"))
+    _feed(matcher, 5, [_line(s, loss=1.0 + s / 1e7) for s in range(5)], _digests("rounded"))
+    assert matcher.mismatch is None and matcher.matched == 5  # weights and losses not held to bits
+    lines = [_line(s) for s in range(5, 10)]
+    lines[2] = {**lines[2], "batch": "other"}
+    _feed(matcher, 10, lines, _digests("rounded"))
+    assert matcher.mismatch == Mismatch(7, "batch")  # the data still is
+    # the same settings: every field is held to bits
+    assert ReferenceCheck(Against(run="a", on_note=notes.append), _reference(), {}).matcher.exact
+    assert len(notes) == 1
+
+
 def test_a_state_hash_that_differs_names_the_tensor() -> None:
     matcher = Matcher(_reference())
     _feed(matcher, 0, [], _digests())
