@@ -237,9 +237,18 @@ def config_values(config: Mapping[str, Sequence[Any]], keys: Sequence[str]) -> l
 
 
 def resume_fix(parts: Sequence[str]) -> str:
-    """How to make a resume restore the parts of the training state it missed."""
-    named = ", ".join(parts) or "every part of the training state"
+    """How to make a resume restore the parts of the training state it missed (the resume audit's
+    names: ``optimizer``, ``optimizer1``, ``optimizer settings``, ``state.NAME``)."""
+    named = ", ".join(_state_part(part) for part in parts) or "every part of the training state"
     return (
         f"save {named} in the checkpoint and load it when resuming: each optimizer's "
         "`state_dict()` / `load_state_dict()`, and each scheduler's, scaler's or EMA copy's alike"
     )
+
+
+def _state_part(part: str) -> str:
+    if part == "optimizer settings":
+        return "the optimizers' settings"
+    if part.startswith("state."):
+        return f"the state of {part.removeprefix('state.')}"
+    return f"the state of {part}"

@@ -29,9 +29,10 @@ def _unrestored(records: Records, w: Window) -> Finding | None:
     missing = resume.state_missing if resume is not None else []
     if resume is None or not missing or w.end < resume.step:
         return None
+    other = "A" if resume.run == "B" else "B"
     what = (
-        f"run {resume.run} resumed at step {resume.step} without the state the other held there: "
-        f"{', '.join(missing)}"
+        f"run {resume.run} resumed at step {resume.step} without the state run {other} held "
+        f"there: {', '.join(missing)}"
     )
     # an optimizer's state is first read by the resume step's own update
     if any(part.startswith("optimizer") for part in missing):
