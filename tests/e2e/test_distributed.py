@@ -97,6 +97,7 @@ def test_two_seeded_ddp_runs_are_identical_rank_by_rank(recorded) -> None:
     )
 
 
+@pytest.mark.extended
 def test_one_rank_reseeding_is_found_at_its_step_on_that_rank(recorded) -> None:
     a, b = recorded("ddp-a", DDP), recorded("ddp-reseed", DDP, "--set", "reseed_at=3")
     code, result = compare(a, b, "--no-replay")

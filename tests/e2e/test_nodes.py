@@ -174,6 +174,7 @@ def test_a_duplicate_rank_or_another_layout_is_refused_naming_the_rank(
     )
 
 
+@pytest.mark.extended
 def test_a_rank_with_no_records_makes_the_run_partial(runs: Path) -> None:
     lost = _copy(runs, "lost")
     shutil.rmtree(lost / "rank1")

@@ -226,6 +226,7 @@ def test_a_compiled_model_is_identical_and_doctor_finds_nothing_wrong(tmp_path) 
     assert not [f for f in report["findings"] if f["severity"] == "error"]
 
 
+@pytest.mark.extended
 def test_doctor_names_a_step_that_counts_its_own_calls_and_the_stream_it_draws_late(
     tmp_path,
 ) -> None:
