@@ -223,7 +223,7 @@ def _timeline(a: Run, b: Run) -> tuple[list[TimelineRow], list[tuple[int, Any, A
             for n in dict.fromkeys([*sa["hashes"], *sb["hashes"]])
             if sa["hashes"].get(n) != sb["hashes"].get(n)
         ]
-        da, db = stream_digests(a, b, step) or ({}, {})
+        da, db = stream_digests(a, b, step, (sa, sb)) or ({}, {})
         streams = sorted(n for n in set(da) & set(db) if da[n] != db[n])
         layers: dict[str, int] = {}
         for name in differing:

@@ -26,6 +26,7 @@ resume, the Recorder's) and distributed runs are not moved.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,7 +220,7 @@ def audit(a: Run, b: Run, resume: Resume) -> Resume:
     sa, sb = a.snapshot(step), b.snapshot(step)
     parts = [*_tensor_parts(sa["hashes"], sb["hashes"]), *_settings(sa, sb)]
     drawn = _drawn(a) | _drawn(b)
-    digests = stream_digests(a, b, step)
+    digests = stream_digests(a, b, step, (sa, sb))
     streams_a, streams_b = digests if digests is not None else ({}, {})
     for name in sorted((set(streams_a) | set(streams_b)) & drawn):
         da, db = streams_a.get(name), streams_b.get(name)
@@ -245,9 +246,11 @@ def audit(a: Run, b: Run, resume: Resume) -> Resume:
     return Resume(run=resume.run, step=step, offset=resume.offset, note=note, parts=parts)
 
 
-def stream_digests(a: Run, b: Run, step: int) -> tuple[dict[str, str], dict[str, str]] | None:
-    """Each stream's digest at ``step`` in both runs, taken at the same point of the step, or
-    ``None`` where the records hold none.
+def stream_digests(
+    a: Run, b: Run, step: int, trees: tuple[Mapping[str, Any], Mapping[str, Any]]
+) -> tuple[dict[str, str], dict[str, str]] | None:
+    """Each stream's digest at ``step`` in both runs (``trees``: their snapshots there), taken at
+    the same point of the step, or ``None`` where the records hold none.
 
     A run moved to the other's steps (a resumed script) starts at ``step``, and its snapshot there
     was taken at its model's first forward, after the step drew its input; the other's as the step
@@ -257,25 +260,25 @@ def stream_digests(a: Run, b: Run, step: int) -> tuple[dict[str, str], dict[str,
     (no loader) is not compared (``None``). Everywhere else, the snapshots' streams."""
     starts = {min(run.snapshots) for run in (a, b) if run.offset and run.snapshots}
     if step not in starts:
-        return _snapshot_streams(a, step), _snapshot_streams(b, step)
+        return _snapshot_streams(trees[0]), _snapshot_streams(trees[1])
     noted = [run.steps.get(step, {}).get("streams") for run in (a, b)]
     if noted[0] and noted[1]:
         return dict(noted[0]), dict(noted[1])
     found = []
-    for run in (a, b):
+    for run, tree in zip((a, b), trees, strict=True):
         if not run.offset or min(run.snapshots) != step:
-            found.append(_snapshot_streams(run, step))
+            found.append(_snapshot_streams(tree))
         elif run.steps.get(step, {}).get("start"):
             found.append(dict(run.steps[step]["start"]))
         elif run.meta.launch is not None and run.meta.launch.auto:
             return None
         else:
-            found.append(_snapshot_streams(run, step))
+            found.append(_snapshot_streams(tree))
     return found[0], found[1]
 
 
-def _snapshot_streams(run: Run, step: int) -> dict[str, str]:
-    return {name: tree_digest(state) for name, state in run.snapshot(step)["streams"].items()}
+def _snapshot_streams(tree: Mapping[str, Any]) -> dict[str, str]:
+    return {name: tree_digest(state) for name, state in tree["streams"].items()}
 
 
 def _tensor_parts(ha: dict[str, str], hb: dict[str, str]) -> list[ResumePart]:
