@@ -5,11 +5,9 @@ of the file has one row edited, drawn at step 33."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from typer.testing import CliRunner
 
 from bisect_repro.cli import app
 from bisect_repro.store.run import Run
+from tests.e2e.cli import run_cli
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 RECIPES = Path(__file__).resolve().parent / "recipes"
@@ -26,18 +25,8 @@ CHANGED = 33  # the step whose batch holds the edited row: batches of 4 rows, in
 pytestmark = pytest.mark.slow
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bisect_repro.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def _record(cwd: Path, out: str, data: str, *flags: str) -> subprocess.CompletedProcess[str]:
-    return _cli(
+    return run_cli(
         "record",
         "--out",
         out,
@@ -84,7 +73,7 @@ def test_a_run_that_parts_stops_at_the_next_snapshot_with_the_verdict_compare_gi
     assert b.complete and max(b.steps) < first_after + EVERY <= b.last_step  # type: ignore[operator]
     assert len(Run.open(folder / "a").steps) == 50  # A ran on: 50 batches
     recorded = json.loads(done.stdout)
-    compared = _cli("compare", "a", "b", "--json", cwd=folder)
+    compared = run_cli("compare", "a", "b", "--json", cwd=folder)
     assert compared.returncode == 1, compared.stderr[-2000:]
     verdict = json.loads(compared.stdout)["verdict"]
     assert recorded["verdict"]["step"] == verdict["step"] == CHANGED
@@ -105,17 +94,11 @@ def test_under_another_thread_count_only_the_data_and_streams_are_held_to_the_re
 ) -> None:
     # Whether one thread rounds otherwise than two depends on the CPU: the check must not stop the
     # run for it, and says so before training.
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "bisect_repro.cli", "record", "--out", "threads"),
-            *("--every", str(EVERY), "--against", "a", "--no-verdict", "--quiet"),
-            *("--", "python", "train.py", "--data", "data.txt"),
-        ],
+    done = run_cli(
+        *("record", "--out", "threads", "--every", str(EVERY), "--against", "a"),
+        *("--no-verdict", "--quiet", "--", "python", "train.py", "--data", "data.txt"),
         cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={"OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "recorded under other numerics settings (" in done.stderr, done.stderr[-2000:]
@@ -125,7 +108,7 @@ def test_under_another_thread_count_only_the_data_and_streams_are_held_to_the_re
 
 
 def test_past_the_reference_end_it_stops_when_asked(folder: Path) -> None:
-    done = _cli(
+    done = run_cli(
         "record",
         "--out",
         "longer",
@@ -165,7 +148,7 @@ def _partial(folder: Path) -> str:
 
 def _other_script(folder: Path) -> str:
     shutil.copy(folder / "train.py", folder / "other.py")
-    done = _cli(
+    done = run_cli(
         "record",
         "--out",
         "other",
@@ -239,9 +222,9 @@ def test_options_that_cannot_work_are_refused(
 def test_a_recipe_recorded_against_another_setting_stops_at_the_difference(tmp_path: Path) -> None:
     target = f"{RECIPES / 'counter_reseed.py'}:build"
     flags = ["--steps", "40", "--every", "5", "--quiet"]
-    done = _cli("record", target, "--out", "a", *flags, cwd=tmp_path)
+    done = run_cli("record", target, "--out", "a", *flags, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    done = _cli(
+    done = run_cli(
         "record",
         target,
         "--out",

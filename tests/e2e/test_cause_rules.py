@@ -5,13 +5,12 @@ data order, with the replay or without. Every verdict is checked against its cau
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.cli import run_cli
 from tests.rules_check import assert_rules_hold
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -19,18 +18,8 @@ SECRET = "s3cret-value-never-shown"
 TEXT = "the quick brown fox jumps over the lazy dog. " * 6
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bisect_repro.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
 def _record(folder: Path, out: str, *command: str) -> None:
-    done = _cli(
+    done = run_cli(
         "record",
         "--out",
         out,
@@ -47,7 +36,7 @@ def _record(folder: Path, out: str, *command: str) -> None:
 
 
 def _compare(folder: Path, a: str, b: str, *options: str) -> tuple[dict[str, Any], str]:
-    done = _cli("compare", a, b, "--json", *options, cwd=folder)
+    done = run_cli("compare", a, b, "--json", *options, cwd=folder)
     assert done.returncode == 1, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert_rules_hold(result)

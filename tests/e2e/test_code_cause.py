@@ -6,14 +6,13 @@ that differs too. Every verdict is checked against its cause's rule."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.cli import run_cli
 from tests.rules_check import assert_rules_hold
 
 SCRIPT = (Path(__file__).resolve().parent / "scripts" / "tiny_regression.py").read_text()
@@ -23,14 +22,7 @@ LINE_NUMBER = SCRIPT.splitlines().index(LINE) + 1
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bisect_repro.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    return run_cli(*args, cwd=cwd, env={"COLUMNS": "200"})
 
 
 def _record(folder: Path, out: str, *flags: str) -> None:

@@ -18,16 +18,15 @@ reports are shared by the tests that read them. The README's test command runs t
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.cli import run_cli
 from tests.e2e.corpus_cases import (
     CASES,
     CORPUS,
@@ -65,14 +64,7 @@ def _tree(root: Path, name: str) -> Path:
 def _cli(
     *args: str, cwd: Path, env: tuple[tuple[str, str], ...] = ()
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bisect_repro.cli", *args],
-        cwd=cwd,
-        env={**os.environ, **dict(env)},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    return run_cli(*args, cwd=cwd, env=dict(env))
 
 
 class Corpus:

@@ -16,22 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import run_cli
+
 HERE = Path(__file__).resolve().parent
 RECIPE = HERE / "recipes" / "attribute_reseed.py"
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bisect_repro.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def _compare(a: str, b: str, cwd: Path) -> tuple[int, dict]:
-    done = _cli("compare", a, b, "--json", cwd=cwd)
+    done = run_cli("compare", a, b, "--json", cwd=cwd)
     assert done.returncode in (0, 1), done.stderr[-2000:]
     return done.returncode, json.loads(done.stdout)
 
@@ -76,7 +68,7 @@ def test_an_unchanged_script_reseeding_behind_enumerate_replays_exactly_and_is_p
     script = tmp_path / "train.py"
     script.write_text((HERE / "scripts" / "enumerate_reseed.py").read_text())
     for out, extra in (("a", ()), ("a2", ()), ("b", ("--reseed-at", "9"))):
-        done = _cli(
+        done = run_cli(
             "record",
             "--out",
             out,
@@ -114,7 +106,7 @@ def test_a_recipe_reseeding_behind_an_attribute_is_proven_and_the_closing_note_s
 ) -> None:
     for out, extra in (("a", ()), ("a2", ()), ("b", ("--set", "reseed_at=9"))):
         schedule = ("--steps", "12", "--every", "5", "--checkpoint-every", "5")
-        done = _cli(
+        done = run_cli(
             "record", f"{RECIPE}:build", "--out", out, "--quiet", *schedule, *extra, cwd=tmp_path
         )
         assert done.returncode == 0, done.stderr[-2000:]
@@ -165,7 +157,7 @@ def test_a_loop_seeding_numpy_and_python_from_entropy_at_its_start_replays_exact
 def test_a_recorded_seed_of_the_wrong_type_is_refused_in_one_line(tmp_path: Path) -> None:
     """A step log is run data: a seed that is not what its call produces is named with its file."""
     run = tmp_path / "a"
-    done = _cli(
+    done = run_cli(
         "record",
         f"{RECIPE}:build",
         "--out",
@@ -188,7 +180,7 @@ def test_a_recorded_seed_of_the_wrong_type_is_refused_in_one_line(tmp_path: Path
             for call in record.get("seeded", []):
                 call["value"] = bad
         steps.write_text("".join(json.dumps(r) + "\n" for r in lines))
-        shown = _cli("show", "a", cwd=tmp_path)
+        shown = run_cli("show", "a", cwd=tmp_path)
         assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
         message = shown.stderr.strip().splitlines()
         assert len(message) == 1 and "a/rank0/steps.jsonl: " in message[0], message

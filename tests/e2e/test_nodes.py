@@ -15,19 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import run_cli
+
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_nodes.py"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 pytestmark = pytest.mark.slow
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bisect_repro.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def _free_port() -> int:
@@ -99,7 +91,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_both_nodes_record_one_run_keyed_by_global_rank(runs: Path) -> None:
-    shown = json.loads(_cli("show", "a", "--json", cwd=runs).stdout)
+    shown = json.loads(run_cli("show", "a", "--json", cwd=runs).stdout)
     assert shown["complete"] and shown["distributed"]["world_size"] == 2
     layout = shown["layout"]
     assert (layout["nnodes"], layout["nproc_per_node"], layout["partial"]) == (2, 1, False)
@@ -107,17 +99,17 @@ def test_both_nodes_record_one_run_keyed_by_global_rank(runs: Path) -> None:
     assert {node["node"] for node in layout["nodes"]} == {0, 1} and all(
         node["hosts"] for node in layout["nodes"]
     )
-    text = " ".join(_cli("show", "a", cwd=runs).stdout.split())
+    text = " ".join(run_cli("show", "a", cwd=runs).stdout.split())
     assert "2 x 1 ranks" in text and "partial" not in text
 
 
 def test_two_seeded_runs_on_two_nodes_are_identical(runs: Path) -> None:
-    done = _cli("compare", "--no-replay", "a", "again", cwd=runs)
+    done = run_cli("compare", "--no-replay", "a", "again", cwd=runs)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def test_a_reseed_on_global_rank_1_is_found_at_its_step_rank_and_role(runs: Path) -> None:
-    done = _cli("compare", "--no-replay", "--json", "a", "b", cwd=runs)
+    done = run_cli("compare", "--no-replay", "--json", "a", "b", cwd=runs)
     assert done.returncode == 1, done.stderr[-2000:]
     found = json.loads(done.stdout)
     verdict = found["verdict"]
@@ -147,7 +139,7 @@ def test_a_rank_folder_from_another_run_is_refused_naming_the_rank(runs: Path) -
     shutil.rmtree(mixed / "rank1")
     shutil.copytree(runs / "b" / "rank1", mixed / "rank1")
     for command in (["show", "mixed"], ["compare", "--no-replay", "mixed", "a"]):
-        done = _cli(*command, cwd=runs)
+        done = run_cli(*command, cwd=runs)
         assert done.returncode == 2 and "rank 1 is from another run" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
@@ -168,7 +160,7 @@ def test_a_duplicate_rank_or_another_layout_is_refused_naming_the_rank(
     edited = _copy(runs, f"edited-{len(changes)}")
     path, found = _rank_json(edited, 1)
     path.write_text(json.dumps({**found, **changes}))
-    done = _cli("show", edited.name, cwd=runs)
+    done = run_cli("show", edited.name, cwd=runs)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, (
         done.stderr
     )
@@ -178,12 +170,12 @@ def test_a_duplicate_rank_or_another_layout_is_refused_naming_the_rank(
 def test_a_rank_with_no_records_makes_the_run_partial(runs: Path) -> None:
     lost = _copy(runs, "lost")
     shutil.rmtree(lost / "rank1")
-    shown = json.loads(_cli("show", "lost", "--json", cwd=runs).stdout)
+    shown = json.loads(run_cli("show", "lost", "--json", cwd=runs).stdout)
     assert (
         shown["layout"]["missing"] == [1] and shown["layout"]["partial"] and not shown["complete"]
     )
-    assert "rank 1 missing" in " ".join(_cli("show", "lost", cwd=runs).stdout.split())
-    done = _cli("compare", "--no-replay", "lost", "a", cwd=runs)
+    assert "rank 1 missing" in " ".join(run_cli("show", "lost", cwd=runs).stdout.split())
+    done = run_cli("compare", "--no-replay", "lost", "a", cwd=runs)
     assert done.returncode == 2 and "partial run: rank 1 has no records" in done.stderr, done.stderr
 
 
@@ -202,13 +194,13 @@ def test_a_node_killed_midway_leaves_a_partial_run_that_show_names(tmp_path: Pat
     # the node of global rank 1 dies
     os.kill(json.loads((steps.parent / "rank.json").read_text())["pid"], signal.SIGKILL)
     _ended(nodes, timeout=120)
-    shown = json.loads(_cli("show", "killed", "--json", cwd=tmp_path).stdout)
+    shown = json.loads(run_cli("show", "killed", "--json", cwd=tmp_path).stdout)
     assert (
         shown["layout"]["partial"]
         and not shown["complete"]
         and "1" in shown["layout"]["incomplete"]
     )
-    text = " ".join(_cli("show", "killed", cwd=tmp_path).stdout.split())
+    text = " ".join(run_cli("show", "killed", cwd=tmp_path).stdout.split())
     assert "partial" in text and "rank 1 stopped at step" in text
 
 
@@ -221,7 +213,7 @@ def test_a_recipe_on_two_nodes_takes_the_same_torchrun_options(tmp_path: Path) -
     assert _ended(nodes) == [0, 0], (tmp_path / "recipe-node1.log").read_text(errors="replace")[
         -2000:
     ]
-    layout = json.loads(_cli("show", "recipe", "--json", cwd=tmp_path).stdout)["layout"]
+    layout = json.loads(run_cli("show", "recipe", "--json", cwd=tmp_path).stdout)["layout"]
     assert (layout["nnodes"], layout["partial"], sorted(n["node"] for n in layout["nodes"])) == (
         2,
         False,

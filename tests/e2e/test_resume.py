@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.e2e.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -30,20 +31,15 @@ RESUME = 6
 EVERYTHING = "optimizer,rng,data"
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "bisect_repro.cli", *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=900)
-
-
 def _record(folder: Path, name: str, *args: str) -> Path:
     options = ("--quiet", "--every", "2", "--checkpoint-every", "4", "--out", name)
-    done = _cli("record", *options, "--", sys.executable, "resume_train.py", *args, cwd=folder)
+    done = run_cli("record", *options, "--", sys.executable, "resume_train.py", *args, cwd=folder)
     assert done.returncode == 0, done.stderr[-2000:]
     return folder / name
 
 
 def _compare(a: Path, b: Path) -> tuple[int, dict[str, Any]]:
-    done = _cli("compare", str(a), str(b), "--json", cwd=a.parent)
+    done = run_cli("compare", str(a), str(b), "--json", cwd=a.parent)
     assert done.returncode in (0, 1), done.stderr[-2000:]
     return done.returncode, json.loads(done.stdout)
 

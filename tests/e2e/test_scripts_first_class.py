@@ -4,23 +4,13 @@ loss of each step recorded, ``show`` naming the command, and ``doctor`` on a scr
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import run_cli
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bisect_repro.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +19,7 @@ def gan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("gan")
     (folder / "gan.py").write_text((SCRIPTS / "tiny_gan.py").read_text())
     for out, extra in (("a", ()), ("b", ("--lr-g", "0.004"))):
-        done = _cli(
+        done = run_cli(
             "record",
             "--out",
             out,
@@ -48,7 +38,7 @@ def gan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_show_prints_a_scripts_command_directory_hash_and_losses(gan: Path) -> None:
-    shown = json.loads(_cli("show", "a", "--json", cwd=gan).stdout)
+    shown = json.loads(run_cli("show", "a", "--json", cwd=gan).stdout)
     assert (
         shown["command"] == f"python {gan / 'gan.py'}"
         and shown["cwd"] == str(gan)
@@ -60,14 +50,14 @@ def test_show_prints_a_scripts_command_directory_hash_and_losses(gan: Path) -> N
         and shown["first_loss"] is not None
         and shown["last_loss"] is not None
     )
-    text = " ".join(_cli("show", "b", cwd=gan).stdout.split())
+    text = " ".join(run_cli("show", "b", cwd=gan).stdout.split())
     assert (
         "command python" in text
         and "--lr-g 0.004" in text
         and "target" not in text
         and "first None" not in text
     )
-    b = json.loads(_cli("show", "b", "--json", cwd=gan).stdout)
+    b = json.loads(run_cli("show", "b", "--json", cwd=gan).stdout)
     # step 0's loss comes before any update, so only later ones see the doubled learning rate
     assert (
         b["first_loss"] == pytest.approx(shown["first_loss"])
@@ -79,9 +69,9 @@ def test_show_prints_a_scripts_command_directory_hash_and_losses(gan: Path) -> N
 def test_a_gans_second_optimizer_is_followed_and_named_where_its_setting_parts_the_runs(
     gan: Path,
 ) -> None:
-    names = json.loads(_cli("show", "a", "--json", cwd=gan).stdout)
+    names = json.loads(run_cli("show", "a", "--json", cwd=gan).stdout)
     assert names["model"]["parameters"] == 8  # both parts: netD's four tensors and netG's four
-    done = _cli("compare", "a", "b", "--json", cwd=gan)
+    done = run_cli("compare", "a", "b", "--json", cwd=gan)
     assert done.returncode == 1, done.stderr[-2000:]
     result = json.loads(done.stdout)
     verdict = result["verdict"]
@@ -91,7 +81,7 @@ def test_a_gans_second_optimizer_is_followed_and_named_where_its_setting_parts_t
         "netG.main.0",
         "netG.main.0.weight",
     )
-    records = json.loads(_cli("compare", "a", "b", "--json", "--no-replay", cwd=gan).stdout)[
+    records = json.loads(run_cli("compare", "a", "b", "--json", "--no-replay", cwd=gan).stdout)[
         "verdict"
     ]
     evidence = " ".join(e["detail"] for e in records["evidence"])
@@ -102,7 +92,7 @@ def test_a_gans_second_optimizer_is_followed_and_named_where_its_setting_parts_t
 
 def test_an_optimizer_made_after_the_first_step_is_a_one_line_note(tmp_path: Path) -> None:
     (tmp_path / "gan.py").write_text((SCRIPTS / "tiny_gan.py").read_text())
-    done = _cli(
+    done = run_cli(
         "record",
         "--out",
         "late",
@@ -130,7 +120,7 @@ def test_doctor_runs_a_scripts_proof_and_finds_the_step_that_reseeds(tmp_path: P
     (tests/e2e/test_corpus.py), in the same report format."""
     script = tmp_path / "loop.py"
     script.write_text((SCRIPTS / "tiny_regression.py").read_text())
-    buggy = _cli(
+    buggy = run_cli(
         "doctor",
         "--steps",
         "2",
@@ -176,7 +166,7 @@ def test_doctor_refuses_what_is_not_a_script_in_one_line(
     tmp_path: Path, args: list[str], says: str
 ) -> None:
     (tmp_path / "loop.py").write_text("print('never run')\n")
-    done = _cli("doctor", *args, cwd=tmp_path)
+    done = run_cli("doctor", *args, cwd=tmp_path)
     assert (
         done.returncode == 2
         and says in " ".join(done.stderr.split())

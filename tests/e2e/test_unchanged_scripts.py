@@ -4,8 +4,6 @@ recorded unchanged and replayed by running them again under the same hooks."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,23 +12,14 @@ from typer.testing import CliRunner
 
 from bisect_repro.cli import app
 from bisect_repro.serve.protocol import Hello
+from tests.e2e.cli import run_cli
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 runner = CliRunner()
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bisect_repro.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def _recorded(folder: Path, out: str, *command: str) -> None:
-    done = _cli(
+    done = run_cli(
         "record",
         "--out",
         out,
@@ -57,13 +46,13 @@ def test_a_gpt_style_script_with_prefetch_accumulation_and_a_global_counter(tmp_
     script.write_text((SCRIPTS / "gpt_style.py").read_text())
     for out, extra in (("a", ()), ("again", ()), ("b", ("--reseed-at", "6"))):
         _recorded(tmp_path, out, "python", "train.py", *extra)
-    shown = json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)
+    shown = json.loads(run_cli("show", "a", "--json", cwd=tmp_path).stdout)
     assert (
         shown["complete"]
         and shown["steps_logged"] == 10
         and shown["snapshots"] == [0, 2, 4, 6, 8, 10]
     )
-    done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
+    done = run_cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     assert (
         "replaying run B by running: python" in " ".join(done.stderr.split())
@@ -93,7 +82,7 @@ def test_a_loader_loop_reseeded_at_an_epoch_or_with_unseeded_noise_is_found_wher
     script.write_text((SCRIPTS / "loader_loop.py").read_text())
     _recorded(tmp_path, "a", "python", "loop.py")
     _recorded(tmp_path, "b", "python", "loop.py", "--reseed-at-epoch", "1")
-    done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
+    done = run_cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     verdict = json.loads(done.stdout)["verdict"]
     where = (
@@ -109,7 +98,7 @@ def test_a_loader_loop_reseeded_at_an_epoch_or_with_unseeded_noise_is_found_wher
     assert verdict["reseeded"][0]["where"] == f"{script}:{_line_of(script, 'torch.seed()')}"
     # the same samples, other noise added to them
     _recorded(tmp_path, "noisy", "python", "loop.py", "--unseeded-noise")
-    done = _cli("compare", "a", "noisy", "--json", cwd=tmp_path)
+    done = run_cli("compare", "a", "noisy", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     verdict = json.loads(done.stdout)["verdict"]
     assert (verdict["step"], verdict["phase"], verdict["cause"], verdict["confidence"]) == (
@@ -148,8 +137,8 @@ def test_a_hand_written_sgd_script_with_no_optimizer_diverging_by_thread_count(
     _recorded(tmp_path, "a", "python", "train.py", "--threads", "1")
     _recorded(tmp_path, "b", "python", "train.py", "--threads", "2")
     # one step per backward()
-    assert json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)["steps_logged"] == 6
-    done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
+    assert json.loads(run_cli("show", "a", "--json", cwd=tmp_path).stdout)["steps_logged"] == 6
+    done = run_cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     verdict = json.loads(done.stdout)["verdict"]
     assert (verdict["step"], verdict["cause"], verdict["confidence"]) == (
@@ -170,7 +159,7 @@ def test_a_loop_that_lives_in_a_library_is_recorded_through_its_optimizer_and_mo
         (tmp_path / name).write_text((SCRIPTS / "library" / name).read_text())
     _recorded(tmp_path, "a", "python", "train.py")
     _recorded(tmp_path, "b", "python", "train.py", "--reseed-at", "5")
-    done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
+    done = run_cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     verdict = json.loads(done.stdout)["verdict"]
     where = (
@@ -197,13 +186,13 @@ def test_the_users_own_torchrun_is_recorded_on_each_rank_and_replayed_under_torc
     script.write_text((SCRIPTS / "ddp_torchrun.py").read_text())
     _recorded(tmp_path, "a", "torchrun", "--nproc-per-node", "2", "train.py")
     _recorded(tmp_path, "b", "torchrun", "--nproc-per-node", "2", "train.py", "--reseed-at", "9")
-    shown = json.loads(_cli("show", "a", "--json", cwd=tmp_path).stdout)
+    shown = json.loads(run_cli("show", "a", "--json", cwd=tmp_path).stdout)
     assert (
         shown["complete"]
         and shown["steps_logged"] == 12
         and (tmp_path / "a" / "rank1" / "steps.jsonl").is_file()
     )
-    done = _cli("compare", "a", "b", "--json", cwd=tmp_path)
+    done = run_cli("compare", "a", "b", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "replaying run B by running: torchrun --standalone --nproc-per-node 2" in " ".join(
         done.stderr.split()
