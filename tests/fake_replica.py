@@ -182,6 +182,7 @@ class FakeReplica:
         """How many processes this replica has had (a framework's takes a fresh one to repeat a
         step)."""
         self._restored: tuple[Path, int, dict[str, Any]] | None = None
+        self.seeded: tuple[str, ...] = ()
         self.prefetched: list[int] = []
         """The steps a spare process was asked for (:meth:`prefetch`)."""
         self._build()
@@ -244,10 +245,12 @@ class FakeReplica:
         *,
         rebuilt: bool = False,
         kept_from: int | None = None,
+        seeded: tuple[str, ...] = (),
     ) -> None:
         """Load the run directory's checkpoint (a framework's process keeps the state it was built
         with)."""
         self._check()
+        self.seeded = seeded
         if not self.reruns and self._restored is not None:
             self._to_start_of(step)
             return

@@ -62,6 +62,7 @@ class ReplicaLike(Protocol):
         *,
         rebuilt: bool = False,
         kept_from: int | None = None,
+        seeded: tuple[str, ...] = (),
     ) -> None: ...
 
     def skip(

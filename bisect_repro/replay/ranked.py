@@ -239,11 +239,14 @@ class RankedReplica(Replica):
         *,
         rebuilt: bool = False,
         kept_from: int | None = None,
+        seeded: tuple[str, ...] = (),
     ) -> None:
         """Each rank loads its own checkpoint at ``step`` and applies its own recorded settings
         (``rank{r}/rank.json``'s; ``environment`` only where a rank has none recorded)."""
         if not self.reruns and self._restored is not None:
-            super().restore(run, step, environment, rebuilt=rebuilt, kept_from=kept_from)
+            super().restore(
+                run, step, environment, rebuilt=rebuilt, kept_from=kept_from, seeded=seeded
+            )
             return
         run = Path(run).resolve()
         opened = Run.open(run)
@@ -258,6 +261,7 @@ class RankedReplica(Replica):
                     environment=own[r],
                     rebuilt=rebuilt,
                     kept_from=kept_from,
+                    seeded=seeded,
                 )
                 for r in own
             }

@@ -305,12 +305,13 @@ class Replica:
         *,
         rebuilt: bool = False,
         kept_from: int | None = None,
+        seeded: tuple[str, ...] = (),
     ) -> None:
         """Load a run's checkpoint and recorded settings; ``rebuilt``: keep the hyperparameters the
         code was built with (another config), not the checkpoint's; ``kept_from``: from that step
-        on, a call from entropy leaves its stream as it is
-        (:class:`~bisect_repro.serve.protocol.Restore`). A framework's run restores only its own
-        start (the step its script starts from)."""
+        on, a call from entropy leaves its stream as it is; ``seeded``: the global streams the
+        launch seeded, left as seeded (:class:`~bisect_repro.serve.requests.Restore`). A
+        framework's run restores only its own start (the step its script starts from)."""
         if not self.reruns and self._restored is not None:
             self._to_start_of(step)
             return
@@ -322,6 +323,7 @@ class Replica:
                 environment=environment or {},
                 rebuilt=rebuilt,
                 kept_from=kept_from,
+                seeded=seeded,
             )
         )
         self._restored = (run, step, environment)

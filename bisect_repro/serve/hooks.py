@@ -194,7 +194,8 @@ class HookServer(StepServer):
         )
         # a checkpoint without them (damaged, edited) leaves the process's own
         if isinstance(streams, dict):
-            self.state.streams.load_state_dict(streams)
+            kept = {name: value for name, value in streams.items() if name not in request.seeded}
+            self.state.streams.load_state_dict(kept)
             self._start_streams = self.state.streams.state_dict()
 
     def _start_run(self, request: Run) -> None:

@@ -101,16 +101,21 @@ class Restore(Asks[Restored]):
     kept_from: int | None = None
     """From this step on, every call that would reseed a stream from entropy leaves it as it is
     (before it, each is given its recorded value)."""
+    seeded: tuple[str, ...] = ()
+    """The global streams this process's launch seeded: a script's or framework's process leaves
+    them as seeded at its start instead of loading them from the checkpoint (a recipe's step
+    server loads every stream)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Restore:
-        kept = data.get("kept_from")
+        kept, seeded = data.get("kept_from"), data.get("seeded") or ()
         return cls(
             run=str(data["run"]),
             step=int(data["step"]),
             environment=dict(data.get("environment") or {}),
             rebuilt=bool(data.get("rebuilt")),
             kept_from=None if kept is None else int(kept),
+            seeded=tuple(str(name) for name in seeded),
         )
 
 

@@ -295,8 +295,6 @@ CASES += [
         "torch is seeded, so the weights and the loader's shuffle are equal; the latent noise is "
         "np.random.normal, which nothing seeds: the generator's first input (step 0, before any "
         "update of either optimizer) is the first thing that differs",
-        wrong="data_content (proven): says the noise comes from a generator no recorded stream "
-        "holds",
     ),
     Case(
         "amp_autocast_dtype_flag",
@@ -391,8 +389,6 @@ CASES += [
         "seeded alike, so the weights are equal, and the environment's own NumPy generator is "
         "seeded with 543 in run A and from entropy in run B: the start state, the policy's first "
         "input in step 0, is the first thing that differs",
-        wrong="rng_state (torch, inferred): says torch is reseeded during step 0; torch is seeded "
-        "alike, the generator that differs is the environment's own",
     ),
     Case(
         "iterable_stream_worker_count",

@@ -78,6 +78,7 @@ EVERY: list[Request] = [
         environment={"torch.use_deterministic_algorithms": True},
         rebuilt=True,
         kept_from=5,
+        seeded=("numpy", "python"),
     ),
     Skip(until=9, hashes_at=(5, 8)),
     Fetch(keep=(1, 2)),

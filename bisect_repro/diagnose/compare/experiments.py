@@ -178,6 +178,13 @@ class StepAnalysis:
             )
         else:
             self.swaps.compute(verdict, ta)
+        if (
+            verdict.confidence is not Confidence.PROVEN
+            and checks["A"].repeats
+            and not checks["B"].repeats
+            and self.swaps.unrepeated_by_arguments(verdict, ta)
+        ):
+            self.reseeded = False  # run B's command line, not a reseed, makes it differ
         if entry.phase != "data":
             self._locate(verdict, entry.phase, index, op=verdict.op is None)
         return self._words(verdict)
@@ -391,9 +398,8 @@ class StepAnalysis:
                 subject,
                 "differs",
                 f"step {self.step} run again from the same state (every recorded stream restored) "
-                "draws another "
-                f"{check.trace.entries[check.first].tensor}: the data is drawn from a generator no "
-                "recorded stream holds",
+                f"draws another {check.trace.entries[check.first].tensor}: the data is drawn from "
+                "a generator that no restored stream decides",
                 run=label,
             )
             self.swaps.seeded_alike(verdict)  # a global stream drawn before the first snapshot

@@ -303,17 +303,44 @@ class Swaps:
             )
         return why is None
 
+    def unrepeated_by_arguments(self, verdict: Draft, trace_a: StepResult) -> bool:
+        """Run B does not repeat its own step, run A does, and a script's command lines differ: run
+        B relaunched with run A's arguments then matching run A proves the arguments the cause (a
+        flag that seeds a generator no recorded stream holds, an environment's own)."""
+        if not self._arguments_decide_data():
+            return False
+        if not self._relaunched(verdict, lambda _, result: _same(trace_a, result), data=False):
+            return False
+        verdict.rng, verdict.reseeded = [], []
+        return True
+
     def seeded_alike(self, verdict: Draft) -> bool:
         """A script whose batch no recorded stream decides (one step, from one restored state, draws
-        another): the global streams that differ at the first snapshot may have been drawn before it
-        (an unseeded ``np.random.permutation`` split). Both runs relaunched, each in a fresh process
-        with those streams seeded alike before the code runs: the step then matching proves them the
-        cause."""
+        another): the global streams that differ at the first snapshot decide it where they are
+        drawn before the snapshot is taken (an unseeded ``np.random.permutation`` split, noise drawn
+        at the step's start). Both runs relaunched, each in a fresh process with those streams
+        seeded alike before the code runs and left so at the restore: the step then matching proves
+        them the cause. The streams drawn from while recording are tried first, then every one
+        that differs."""
         first = self.records.timeline[0].streams if self.records.timeline else []
         names = [name for name in first if name in GLOBAL_STREAMS]
-        spec_a, spec_b = self.specs
-        if spec_b.kind is CodeKind.RECIPE or not names:
+        if self.specs[1].kind is CodeKind.RECIPE or not names:
             return False
+        unused = set(self.records.unused_streams())
+        drawn = [name for name in names if name not in unused]
+        for tried in [drawn, names] if drawn and drawn != names else [names]:
+            if self._relaunched_alike(tried):
+                verdict.cause, verdict.rng, verdict.confidence = (
+                    Cause.RNG_STATE,
+                    tried,
+                    Confidence.PROVEN,
+                )
+                return True
+        return False
+
+    def _relaunched_alike(self, names: list[str]) -> bool:
+        """Both runs relaunched with ``names`` seeded alike: whether the step then matches."""
+        spec_a, spec_b = self.specs
         seeds, label = (
             dict.fromkeys(names, _ALIKE),
             f"runs A and B relaunched with {', '.join(names)} seeded alike before the code runs",
@@ -330,18 +357,8 @@ class Swaps:
             partial(self._variant, spec_b.with_seeds(seeds), label, False),
         )
         matched = ta[1] is not None and _same(ta[1], tb[1])
-        outcome = (
-            "matches run A: they decide the data, drawn before the first step"
-            if matched
-            else "still differs"
-        )
+        outcome = "matches run A: they decide the data" if matched else "still differs"
         self._add("data_streams", label, matched, f"step {self.step} of run B {outcome}")
-        if matched:
-            verdict.cause, verdict.rng, verdict.confidence = (
-                Cause.RNG_STATE,
-                names,
-                Confidence.PROVEN,
-            )
         return matched
 
     # -- the kinds of conditions ---------------------------------------------------------------
@@ -562,7 +579,13 @@ class Swaps:
             replica.connect()
             start = self.checkpoint_b if checkpoint is None else checkpoint
             rebuilt = spec.config != own.config or spec.argv != own.argv
-            replica.restore(run.path, start, run.meta.environment, rebuilt=rebuilt)
+            replica.restore(
+                run.path,
+                start,
+                run.meta.environment,
+                rebuilt=rebuilt,
+                seeded=tuple(spec.seeds or ()),
+            )
             replica.skip(self.step)
             fetched = replica.fetch()
             return fetched, None if data else replica.run(self.step, trace="full")

@@ -258,7 +258,7 @@ def test_a_batch_differing_each_time_drawn_from_one_state_is_proven_from_an_unre
         outcome="differs",
         detail="step 5 run again from the same state (every recorded stream restored) draws "
         "another batch.0: "
-        "the data is drawn from a generator no recorded stream holds",
+        "the data is drawn from a generator that no restored stream decides",
         run="B",
     )
     # run A's loader repeats itself

@@ -419,6 +419,8 @@ def test_a_script_whose_data_an_unseeded_global_stream_decides_is_proven_rng_sta
     assert [r.spec.seeds for r in launcher.started] == [{"numpy": 1234}] * 2 and all(
         r.closed for r in launcher.started
     )
+    # the restore leaves the seeded stream as seeded, not as the checkpoint holds it
+    assert [r.seeded for r in launcher.started] == [("numpy",)] * 2
 
 
 def test_data_that_no_global_stream_decides_stays_the_datas_and_a_recipe_is_not_relaunched(
@@ -441,3 +443,42 @@ def test_data_that_no_global_stream_decides_stays_the_datas_and_a_recipe_is_not_
         tmp_path / "recipe", _drawn_before_the_first_step, recipes
     )  # type: ignore[arg-type]
     assert verdict.cause is Cause.DATA_CONTENT and swaps.evidence == [] and launcher.started == []
+
+
+def _unrepeated(
+    tmp_path: Path, specs: tuple[LaunchSpec, LaunchSpec]
+) -> tuple[bool, Draft, Launcher]:
+    """Run B's step, which does not repeat itself (inferred ``rng_state``), put on the arguments."""
+    script = _script_loop(_reads_its_arguments)
+    records = records_of(tmp_path, script, script, specs)
+    ra, rb = (FakeReplica(script, f"run {x}", spec) for x, spec in zip("AB", specs, strict=True))
+    for replica, run in zip((ra, rb), (records.a, records.b), strict=True):
+        replica.connect()
+        replica.restore(run.path, 0)
+    ra.fetch()
+    trace_a = ra.run(0, trace="full")
+    launcher = Launcher({"/code/train.py": script})
+    verdict = Draft(
+        step=0, phase="data", cause=Cause.RNG_STATE, confidence=Confidence.INFERRED, rng=["torch"]
+    )
+    swaps = Swaps(records, (ra, rb), specs, 0, 0, [], start=launcher)
+    return swaps.unrepeated_by_arguments(verdict, trace_a), verdict, launcher
+
+
+def test_a_run_that_does_not_repeat_itself_is_put_on_its_differing_arguments(
+    tmp_path: Path,
+) -> None:
+    found, verdict, launcher = _unrepeated(tmp_path, _flagged("--env-seed"))
+    assert found and (verdict.cause, verdict.confidence, verdict.config_keys, verdict.rng) == (
+        Cause.CONFIG,
+        Confidence.PROVEN,
+        ["--env-seed"],
+        [],
+    )
+    [relaunched] = launcher.started
+    assert relaunched.spec.argv == ["train.py", "--env-seed", "1"] and relaunched.closed
+
+
+def test_a_run_that_does_not_repeat_itself_is_not_put_on_its_worker_count(tmp_path: Path) -> None:
+    found, verdict, launcher = _unrepeated(tmp_path, _flagged("--workers"))
+    assert not found and verdict.cause is Cause.RNG_STATE and launcher.started == []

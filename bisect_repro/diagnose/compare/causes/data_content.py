@@ -4,7 +4,7 @@ The records name it from the step logs: the first step whose batch differs while
 is equal. A batch that differs where no sample indices were recorded places the divergence in the
 data of that step, but names no cause of its own (order and content are not told apart): the next
 signal's cause is named there. A replay also shows it where one run draws another batch from one
-restored state (the data is drawn from a generator no recorded stream holds).
+restored state (the data is drawn from a generator that no restored stream decides).
 """
 
 from __future__ import annotations
