@@ -11,7 +11,12 @@ rounding only:
 A departure that no recorded signal shows: with ``ROUNDING_EXAMPLE_BF16_FROM=N`` in the
 environment (a variable the recorder does not fingerprint), layer ``3`` rounds its output through
 bfloat16 from its N-th training step on, counted by a buffer so that a replay from a checkpoint
-counts alike.
+counts alike. The setting ``degrade_at=N`` does the same as a recorded config key: with another
+thread count, compare finds the departure at step N, layer 3, caused by ``config (degrade_at)``:
+
+    OMP_NUM_THREADS=2 bisect-repro record examples/rounding.py:build $STEPS --out runs/r3 \
+        --set degrade_at=8
+    bisect-repro compare runs/r1 runs/r3
 
 ``build_ddp``: the same kind of network (without the batch-wide centring, which a rank could only
 take over its own share of the batch) under DistributedDataParallel, with a global batch of 64

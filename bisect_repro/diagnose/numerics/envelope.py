@@ -10,10 +10,13 @@ each snapshot is the envelope. What changes, in order (the first that moves the 
   nondeterministic op); it moves the weights where that op adds;
 - ``tf32``: run B's TF32 switches and variables, where they differ from run A's; it moves the
   matmuls and convolutions on a GPU;
-- ``threads``: torch's intra-op thread count, 1 and 2 swapped; it moves the reductions that torch
-  splits across threads;
+- ``threads``: torch's intra-op thread count, run B's where it differs from run A's, else 1 and 2
+  swapped; it moves the reductions that torch splits across threads;
 - ``ulp``: every floating-point parameter one ulp up, at the first step; it moves everything, for
   a training exact under any thread count.
+
+Where an experiment cannot run (no launch to replay, no checkpoint, a replay that fails), no
+envelope is measured, and why names that experiment.
 
 The replay is run A's own launch (:class:`~bisect_repro.replay.launch.LaunchSpec`: its recipe,
 checked by hash, its recorded numeric variables), and runs only where compare replays: with the
