@@ -212,8 +212,8 @@ def _not_rounding(records: Records, measured: Measured, signals: list[ExactSigna
     """Why the records alone show that the runs do not differ by rounding from the start, so no
     envelope is measured (it costs another training); ``None`` when only an envelope can tell.
 
-    - an exact signal that differs in the same environment: not measured, no rounding differs
-      beside the signal, which is the cause;
+    - an exact signal that differs in environments that differ in nothing that rounds (at most
+      in ``_NOT_ROUNDING``): not measured, no rounding differs beside the signal, the cause;
     - different weights at the first snapshot: not measured, training has not rounded anything yet;
     - weights equal bit for bit at a later snapshot: not measured, a discrete divergence (the
       verdict's), unless the runs differ only in settings that change rounding (thread counts,
@@ -227,10 +227,10 @@ def _not_rounding(records: Records, measured: Measured, signals: list[ExactSigna
     whole's, to float64 rounding).
     """
     first = records.timeline[0] if records.timeline else None
-    if signals and not records.differences.environment:
+    if signals and not set(records.differences.environment) - set(_NOT_ROUNDING):
         return (
             f"{signals[0].what} differ from step {signals[0].step} and the runs' environments "
-            "agree: no rounding differs beside it"
+            "agree in all that rounds: no rounding differs beside it"
         )
     if first is None:
         return None
@@ -253,6 +253,10 @@ def _not_rounding(records: Records, measured: Measured, signals: list[ExactSigna
         )
     return None
 
+
+_NOT_ROUNDING = ("hostname", "bisect_repro", "env.PYTHONHASHSEED")
+"""Environment keys that change no floating-point rounding: the machine's name, this tool's
+version, Python's hash seed (it changes what is computed, which the exact signals show)."""
 
 _THREADS = ("torch.get_num_threads", "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS")
 

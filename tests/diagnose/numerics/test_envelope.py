@@ -160,9 +160,12 @@ def test_a_config_key_under_another_environment_is_measured_against_that_environ
     assert _not_rounding(_records(threads, last_equal=40), MEASURED, CONFIG) is None
 
 
-def test_a_config_key_in_the_same_environment_is_the_cause_without_an_envelope() -> None:
-    why = _not_rounding(_records({}), MEASURED, CONFIG)
+@pytest.mark.parametrize("environment", [{}, {"env.PYTHONHASHSEED": ["0", "1"]}])
+def test_a_config_key_where_nothing_that_rounds_differs_is_the_cause_without_an_envelope(
+    environment: dict[str, list[Any]],
+) -> None:
+    why = _not_rounding(_records(environment), MEASURED, CONFIG)
     assert why == (
-        "config (degrade_at) differ from step 0 and the runs' environments agree: no rounding "
-        "differs beside it"
+        "config (degrade_at) differ from step 0 and the runs' environments agree in all that "
+        "rounds: no rounding differs beside it"
     )
