@@ -11,7 +11,12 @@ rounding only:
 A departure that no recorded signal shows: with ``ROUNDING_EXAMPLE_BF16_FROM=N`` in the
 environment (a variable the recorder does not fingerprint), layer ``3`` rounds its output through
 bfloat16 from its N-th training step on, counted by a buffer so that a replay from a checkpoint
-counts alike.
+counts alike. The setting ``degrade_at=N`` does the same as a recorded config key: with another
+thread count, compare finds the departure at step N, layer 3, caused by ``config (degrade_at)``:
+
+    OMP_NUM_THREADS=2 bisect-repro record examples/rounding.py:build $STEPS --out runs/r3 \
+        --set degrade_at=8
+    bisect-repro compare runs/r1 runs/r3
 
 ``build_ddp``: the same kind of network (without the batch-wide centring, which a rank could only
 take over its own share of the batch) under DistributedDataParallel, with a global batch of 64
@@ -60,23 +65,32 @@ class Centre(nn.Module):
 
 
 class Planted(nn.Linear):
-    """A linear layer whose output is rounded through bfloat16 from the step ``PLANT`` names."""
+    """A linear layer whose output is rounded through bfloat16 from training step ``degrade_at``
+    on (counted from 0), or else from the step ``PLANT`` names."""
 
-    def __init__(self, features: int, out: int) -> None:
+    def __init__(self, features: int, out: int, degrade_at: int | None = None) -> None:
         super().__init__(features, out)
+        self.degrade_at = degrade_at
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
-        start = os.environ.get(PLANT)
+        variable = os.environ.get(PLANT)
+        start = self.degrade_at if variable is None else int(variable)
         if self.training:
             self.calls += 1
-        if start is not None and int(self.calls) > int(start):
+        if start is not None and int(self.calls) > start:
             return y.to(torch.bfloat16).to(y.dtype)
         return y
 
 
-def build(seed: int = 0, features: int = 1024, hidden: int = 32, samples: int = 512) -> Trainee:
+def build(
+    seed: int = 0,
+    features: int = 1024,
+    hidden: int = 32,
+    samples: int = 512,
+    degrade_at: int | None = None,
+) -> Trainee:
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(0)
     inputs, targets = (
@@ -93,7 +107,7 @@ def build(seed: int = 0, features: int = 1024, hidden: int = 32, samples: int = 
         Centre(),
         nn.Linear(features, hidden),
         nn.Tanh(),
-        Planted(hidden, hidden),
+        Planted(hidden, hidden, degrade_at),
         nn.Tanh(),
         nn.Linear(hidden, 1),
     )

@@ -1,6 +1,7 @@
 """Runs that can never match bit for bit, end to end through the CLI: one recipe recorded on one
-torch thread and on two (rounding only), and on two with a planted departure that no exact signal
-shows (one layer's output rounded through bfloat16 from a given step on); one training under DDP
+torch thread and on two (rounding only), on two with a planted departure that no exact signal
+shows (one layer's output rounded through bfloat16 from a given step on), and on two with the
+same departure set by the recipe's config; one training under DDP
 on one rank and on two, and under FSDP2 on two, on the same global batch."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 from bisect_repro.cli import app
 from bisect_repro.diagnose.compare.verdict import CompareResult
 from bisect_repro.report.text import render_comparison
+from tests.e2e.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +27,9 @@ pytestmark = pytest.mark.slow
 STEPS, PLANTED = 8, 4
 
 
-def _record(target: str, out: Path, threads: int, **variables: str) -> None:
+def _record(target: str, out: Path, threads: int, *settings: str, **variables: str) -> None:
+    """``target`` recorded on ``threads`` torch threads, with the recipe's ``settings``
+    (``KEY=VALUE``) and the environment's ``variables``."""
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads), **variables}
     command = [
         sys.executable,
@@ -41,6 +45,8 @@ def _record(target: str, out: Path, threads: int, **variables: str) -> None:
         "1",
     ]
     command.append("--quiet")
+    for setting in settings:
+        command += ["--set", setting]
     subprocess.run(command, env=environment, check=True, capture_output=True)
 
 
@@ -95,6 +101,31 @@ def test_a_planted_departure_is_found_at_its_step_and_layer(runs: Path) -> None:
         and "layer 3 departs" in numerics["sentence"]
     )
     assert "layer 3 departs" in text
+
+
+def test_a_setting_under_another_thread_count_departs_at_its_step_and_layer(
+    runs: Path, tmp_path: Path
+) -> None:
+    """Run B sets ``degrade_at`` (layer 3 rounds its output through bfloat16 from that step on)
+    and runs on two threads: the envelope is the threads' alone, and the departure beyond it is
+    the setting's, at its step and layer (whether or not the thread count moves this machine's
+    rounding: the departure comes from the setting)."""
+    target = f"{Path(__file__).parents[2] / 'examples' / 'rounding.py'}:build"
+    _record(target, tmp_path / "degraded", 2, f"degrade_at={PLANTED}")
+    done = run_cli("compare", str(runs / "one"), str(tmp_path / "degraded"), "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    numerics = json.loads(done.stdout)["numerics"]
+    assert numerics["rounding_only"] is False and numerics["signals"] == ["config (degrade_at)"]
+    assert numerics["envelope"] is not None, numerics["sentence"]
+    departure = numerics["departure"]
+    assert (departure["departed"], departure["last_within"], departure["step"]) == (
+        PLANTED,
+        PLANTED,
+        PLANTED + 1,
+    )
+    assert departure["layer"] == "3" and departure["cause"] == "config (degrade_at)"
+    assert f"in step {PLANTED} layer 3 departs" in numerics["sentence"]
+    assert numerics["sentence"].endswith("cause config (degrade_at)")
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,13 @@ each snapshot is the envelope. What changes, in order (the first that moves the 
   nondeterministic op); it moves the weights where that op adds;
 - ``tf32``: run B's TF32 switches and variables, where they differ from run A's; it moves the
   matmuls and convolutions on a GPU;
-- ``threads``: torch's intra-op thread count, 1 and 2 swapped; it moves the reductions that torch
-  splits across threads;
+- ``threads``: torch's intra-op thread count, run B's where it differs from run A's, else 1 and 2
+  swapped; it moves the reductions that torch splits across threads;
 - ``ulp``: every floating-point parameter one ulp up, at the first step; it moves everything, for
   a training exact under any thread count.
+
+Where an experiment cannot run (no launch to replay, no checkpoint, a replay that fails), no
+envelope is measured, and why names that experiment.
 
 The replay is run A's own launch (:class:`~bisect_repro.replay.launch.LaunchSpec`: its recipe,
 checked by hash, its recorded numeric variables), and runs only where compare replays: with the
@@ -49,7 +52,7 @@ from ...replay.launch import LaunchSpec
 from ...store.meta import CodeKind
 from ...store.run import Run
 from ..compare.records import Records, rank_zero_alike
-from .numerics import FLOOR, Measured, decide, distances, signals_differing
+from .numerics import FLOOR, ExactSignal, Measured, decide, distances, signals_differing
 from .numerics_result import Envelope, Numerics
 
 __all__ = ["experiments", "judge", "measure_envelope", "tf32_of"]
@@ -88,28 +91,25 @@ def tf32_of(a: Run, b: Run) -> _TF32 | None:
 def measure_envelope(
     run: Run, spec: LaunchSpec | None, other: Run | None = None, unrepeatable: str | None = None
 ) -> tuple[Envelope | None, str | None]:
-    """Run A's envelope, or ``None`` with why it could not be measured; ``other``: run B, whose
-    TF32 settings the ``tf32`` experiment takes; ``unrepeatable``: the op by which the compare
+    """Run A's envelope, or ``None`` with why it could not be measured (the experiment that could
+    not run, and why); ``other``: run B, whose TF32 settings the ``tf32`` experiment takes and
+    whose thread count the ``threads`` one does; ``unrepeatable``: the op by which the compare
     proved run A differs from itself, if it did."""
-    if spec is None:
-        return None, "run A could not be replayed"
-    if spec.kind is CodeKind.RECIPE and spec.target is None:
-        return None, "run A names no recipe to replay"
-    if spec.kind is not CodeKind.RECIPE and not spec.auto:
-        return None, "run A records itself (the Recorder API): it is not run again to measure"
-    if spec.kind is CodeKind.RECIPE and not run.checkpoints:
-        return None, "run A has no checkpoint to replay from"
+    threads = _threads(run) or torch.get_num_threads()
+    tf32 = tf32_of(run, other) if other is not None else None
+    theirs = _threads(other) if other is not None else None
+    tried = experiments(threads, tf32, unrepeatable, theirs)
+    unable = _unreplayable(run, spec)
+    if unable is not None or spec is None:
+        return None, f"replaying run A with {tried[0][0]} could not run: {unable}"
     # a script recorded unchanged runs again from its own start
     start = min(run.checkpoints) if spec.kind is CodeKind.RECIPE else min(run.snapshots)
-    threads = run.environment.get("torch.get_num_threads")
-    threads = threads if isinstance(threads, int) and threads > 0 else torch.get_num_threads()
-    tf32 = tf32_of(run, other) if other is not None else None
     with tempfile.TemporaryDirectory(prefix="bisect-repro-envelope-") as folder:
-        for index, (method, change, last) in enumerate(experiments(threads, tf32, unrepeatable)):
+        for index, (method, change, last) in enumerate(tried):
             try:
                 measured = _replayed(run, spec, start, Path(folder) / str(index), change)
             except _Failed as error:
-                return None, str(error)
+                return None, f"replaying run A from step {start} with {method} failed: {error}"
             if last or any(p.relative != 0 for p in measured.weights):
                 return Envelope(
                     method=method,
@@ -120,11 +120,32 @@ def measure_envelope(
     raise AssertionError("unreachable: the last experiment returns")
 
 
+def _threads(run: Run) -> int | None:
+    """The intra-op thread count a run recorded, where it did."""
+    threads = run.environment.get("torch.get_num_threads")
+    return threads if isinstance(threads, int) and threads > 0 else None
+
+
+def _unreplayable(run: Run, spec: LaunchSpec | None) -> str | None:
+    """Why run A cannot be recorded again to measure its envelope; ``None`` where it can."""
+    if spec is None:
+        return "run A is not replayed (no consent, --no-replay, or no launch recorded)"
+    if spec.kind is CodeKind.RECIPE and spec.target is None:
+        return "run A names no recipe to replay"
+    if spec.kind is not CodeKind.RECIPE and not spec.auto:
+        return "run A records itself (the Recorder API): it is not run again to measure"
+    if spec.kind is CodeKind.RECIPE and not run.checkpoints:
+        return "run A has no checkpoint to replay from"
+    return None
+
+
 def experiments(
-    threads: int, tf32: _TF32 | None, unrepeatable: str | None
+    threads: int, tf32: _TF32 | None, unrepeatable: str | None, theirs: int | None = None
 ) -> list[tuple[str, _Change, bool]]:
     """The experiments to try, in order, each with its method as the sentence names it and
-    whether it is the last (the table of the module docstring)."""
+    whether it is the last (the table of the module docstring); ``theirs``: run B's thread count,
+    taken by the ``threads`` experiment where it differs from run A's ``threads`` (else 1 and 2
+    swapped)."""
     if unrepeatable is not None:
         return [
             (
@@ -133,7 +154,7 @@ def experiments(
                 True,
             )
         ]
-    swapped = 2 if threads == 1 else 1
+    swapped = theirs if theirs is not None and theirs != threads else 2 if threads == 1 else 1
     found = [] if tf32 is None else [(_tf32_method(*tf32), _Change(threads=threads, tf32=tf32))]
     found += [
         (f"{swapped} torch threads instead of {threads}", _Change(threads=swapped)),
@@ -163,7 +184,9 @@ def judge(records: Records, spec: LaunchSpec | None, unrepeatable: str | None = 
     """The ``numerics`` of two runs: their distance, run A's envelope (measured only when the
     weights differ from the first snapshot on and run A may be replayed: ``spec``; runs equal bit
     for bit at a later snapshot part by an event the verdict explains, not by rounding from the
-    start), and the decision. Runs of another world
+    start), and the decision. An exact signal that differs is measured against the envelope of
+    the runs' environments where those differ too (run A under run B's), so that the departure it
+    causes is found beyond their rounding. Runs of another world
     size are matched step by step (the same global batch at each step is assumed: each rank's
     batches and streams differ by design, so of the exact signals only the config is compared)."""
     measured = distances(records.a, records.b)
@@ -185,18 +208,18 @@ def judge(records: Records, spec: LaunchSpec | None, unrepeatable: str | None = 
     return decide(measured, envelope, signals, why)
 
 
-def _not_rounding(
-    records: Records, measured: Measured, signals: list[tuple[int, str]]
-) -> str | None:
+def _not_rounding(records: Records, measured: Measured, signals: list[ExactSignal]) -> str | None:
     """Why the records alone show that the runs do not differ by rounding from the start, so no
     envelope is measured (it costs another training); ``None`` when only an envelope can tell.
 
-    - an exact signal that differs: not measured, the signal is the cause;
+    - an exact signal that differs in environments that differ in nothing that rounds (at most
+      in ``_NOT_ROUNDING``): not measured, no rounding differs beside the signal, the cause;
     - different weights at the first snapshot: not measured, training has not rounded anything yet;
     - weights equal bit for bit at a later snapshot: not measured, a discrete divergence (the
       verdict's), unless the runs differ only in settings that change rounding (thread counts,
       TF32), whose rounding may first show after a few equal steps;
-    - none of these: measured.
+    - none of these: measured (with an exact signal that differs, the envelope is the
+      environments' difference alone: the departure beyond it is the signal's).
 
     Where rank 0 of the runs holds other tensors (another layout: FSDP2's shards against DDP's
     whole tensors), their hashes do not compare, and the weights at the first snapshot are the
@@ -204,8 +227,11 @@ def _not_rounding(
     whole's, to float64 rounding).
     """
     first = records.timeline[0] if records.timeline else None
-    if signals:
-        return f"{signals[0][1]} differ from step {signals[0][0]}"
+    if signals and not set(records.differences.environment) - set(_NOT_ROUNDING):
+        return (
+            f"{signals[0].what} differ from step {signals[0].step} and the runs' environments "
+            "agree in all that rounds: no rounding differs beside it"
+        )
     if first is None:
         return None
     if not rank_zero_alike(records.a, records.b):
@@ -227,6 +253,10 @@ def _not_rounding(
         )
     return None
 
+
+_NOT_ROUNDING = ("hostname", "bisect_repro", "env.PYTHONHASHSEED")
+"""Environment keys that change no floating-point rounding: the machine's name, this tool's
+version, Python's hash seed (it changes what is computed, which the exact signals show)."""
 
 _THREADS = ("torch.get_num_threads", "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS")
 
@@ -289,7 +319,7 @@ def _replayed(run: Run, spec: LaunchSpec, start: int, out: Path, change: _Change
     )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise _Failed(f"replaying run A to measure its envelope failed: {last}")
+        raise _Failed(last)
     return distances(run, Run.open(out), exact=False) or Measured()
 
 

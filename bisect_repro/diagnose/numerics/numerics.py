@@ -12,29 +12,38 @@
 A snapshot's distance is within the envelope when ``relative <= FACTOR * envelope + FLOOR``, the
 envelope taken as its largest value up to that step (rounding differences do not shrink back).
 
-With the exact signals (indices, batches, streams, settings, config) and the distance:
+With the exact signals (indices, batches, streams, settings, config; typed,
+:class:`ExactSignal`) and the distance:
 
 - signals agree, within the envelope at every snapshot: ``rounding_only`` true, no departure;
 - signals agree, the distance leaves the envelope at snapshot N: ``rounding_only`` false,
-  ``departure`` N with the layer furthest out, cause ``numerics``;
+  ``departure`` N, cause ``numerics``;
 - signals differ, within the envelope: false, departure at the first step a signal differs,
   cause that signal;
-- signals differ, the envelope left at snapshot N: false, departure N with the layer furthest
-  out, cause the first signal;
+- signals differ, the envelope left at snapshot N: false, departure N, cause the signal that
+  explains it (:func:`explaining`: the last to start by the departing step), else ``numerics``;
 - signals differ, no envelope measured: false, departure at the first step a signal differs, cause
   that signal;
 - signals agree, no envelope measured or no sketches: false, no departure; ``sentence`` says why.
 
-The departing layer is the one whose distance is the largest multiple of its own envelope at the
-first snapshot out of the envelope.
+Where signals differ, the envelope is that of the runs' environments alone (run A replayed under
+run B's rounding, :mod:`~bisect_repro.diagnose.numerics.envelope`), so the departure is where the
+signal's effect first exceeds the environments' rounding.
+
+The departure is located below its snapshot interval where the activations tell: when the forward
+pass of the step that started at the last snapshot within (``last_within``) leaves its envelope,
+that step is the one that departed (``departed``), and the layer is the first module whose output
+does. Otherwise the layer is the one whose weights are the largest multiple of their own envelope
+at the first snapshot out of it.
 
 Where the guarantees stop: the envelope is one experiment's measure of rounding, not a bound:
 training is chaotic, so every distance grows, and a long enough run leaves any envelope measured
 over a shorter one; ``FACTOR`` allows for rounding that differs in more places than the
-experiment changed. A departure found between two snapshots is reported at the later one: the
-step that caused it lies between the last snapshot within (``last_within``) and it. The layer is
-the one whose weights moved furthest, which is where the difference is felt, not necessarily
-where it entered.
+experiment changed. A departure found between two snapshots is reported at the later one; unless
+the forward pass of the step at ``last_within`` shows it, the step that caused it lies between
+that snapshot and it, and its layer is the one whose weights moved furthest, which is where the
+difference is felt, not necessarily where it entered. The attribution to a signal is by the steps
+the records give: a config key acts from step 0, so it explains any departure after it.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -53,9 +63,12 @@ from .numerics_result import Departure, Distance, Envelope, Numerics
 __all__ = [
     "FACTOR",
     "FLOOR",
+    "ExactSignal",
     "Measured",
+    "SignalKind",
     "decide",
     "distances",
+    "explaining",
     "run_sketches",
     "signals_differing",
 ]
@@ -192,33 +205,64 @@ def _activation_distance(step: int, a: Sketched, b: Sketched) -> Distance:
     )
 
 
-_SIGNALS = {"order": "sample indices", "batch": "batch contents"}
+class SignalKind(Enum):
+    """The kinds of exact signal that tell two runs apart, whatever the rounding."""
+
+    ORDER = "sample indices"
+    BATCH = "batch contents"
+    STREAMS = "random streams"
+    SETTINGS = "settings"
+    CONFIG = "config"
 
 
-def signals_differing(records: Records, *, config_only: bool = False) -> list[tuple[int, str]]:
-    """The exact signals that differ between the runs, each with the first step it does
-    (``config_only``: the config's alone)."""
+@dataclass(frozen=True)
+class ExactSignal:
+    """One exact signal that differs between the runs: its kind, the first step it does, and what
+    differs in it (the config's keys, the streams' names)."""
+
+    kind: SignalKind
+    step: int
+    names: tuple[str, ...] = ()
+
+    @property
+    def what(self) -> str:
+        """The signal as ``numerics`` names it: ``config (degrade_at)``, ``sample indices``."""
+        return f"{self.kind.value} ({', '.join(self.names)})" if self.names else self.kind.value
+
+
+_LOGGED = {"order": SignalKind.ORDER, "batch": SignalKind.BATCH}
+
+
+def signals_differing(records: Records, *, config_only: bool = False) -> list[ExactSignal]:
+    """The exact signals that differ between the runs, each with the first step it does, in the
+    order of those steps (``config_only``: the config's alone)."""
     differences = records.differences
-    config = [(0, f"config ({', '.join(differences.config)})")] if differences.config else []
+    config = (
+        [ExactSignal(SignalKind.CONFIG, 0, tuple(differences.config))] if differences.config else []
+    )
     if config_only:
         return config
     found = [
-        (step, f"{_SIGNALS[key]}")
+        ExactSignal(_LOGGED[key], step)
         for key, step in records.logs.items()
-        if key in _SIGNALS and step is not None
+        if key in _LOGGED and step is not None
     ]
     unused = set(records.unused_streams())
     streams = next((row for row in records.timeline if set(row.streams) - unused), None)
     if streams is not None:
-        found.append(
-            (
-                streams.step,
-                f"random streams ({', '.join(s for s in streams.streams if s not in unused)})",
-            )
-        )
+        named = tuple(s for s in streams.streams if s not in unused)
+        found.append(ExactSignal(SignalKind.STREAMS, streams.step, named))
     if differences.settings is not None:
-        found.append((differences.settings.step, "settings"))
-    return sorted([*found, *config])
+        found.append(ExactSignal(SignalKind.SETTINGS, differences.settings.step))
+    return sorted([*config, *found], key=lambda s: (s.step, s.kind.value))
+
+
+def explaining(signals: list[ExactSignal], departed: int) -> ExactSignal | None:
+    """The signal that explains a departure in training step ``departed`` (or earlier): of those
+    in effect by that step, the last to start (a config key acts from step 0; a stream that first
+    differs later is nearer the departure); ``None`` where none is."""
+    started = [s for s in signals if s.step <= departed]
+    return max(started, key=lambda s: s.step) if started else None
 
 
 @dataclass(frozen=True)
@@ -282,11 +326,11 @@ def _entering_module(measured: Measured, envelope: Envelope, step: int | None) -
 def decide(
     measured: Measured | None,
     envelope: Envelope | None,
-    signals: list[tuple[int, str]],
+    signals: list[ExactSignal],
     why_none: str | None,
 ) -> Numerics:
     """The decision table of the module docstring."""
-    named = [what for _, what in signals]
+    named = [signal.what for signal in signals]
     if measured is None:
         why = (
             "the runs hold no sketches of parameters they both name (recorded before sketches "
@@ -304,7 +348,7 @@ def decide(
         )
         if signals:
             numerics.departure = Departure(
-                step=signals[0][0], layer=None, relative=0.0, envelope=0.0, cause=named[0]
+                step=signals[0].step, layer=None, relative=0.0, envelope=0.0, cause=named[0]
             )
         return numerics
     bounds = _bounds(envelope.points)
@@ -314,30 +358,47 @@ def decide(
     numerics = Numerics(
         rounding_only=out is None and not signals, distance=points, envelope=envelope, signals=named
     )
-    cause = named[0] if signals else "numerics"
     if out is not None:
-        bound = _bound_at(bounds, out.step)
-        within = [p.step for p in points if p.step < out.step]
-        last = within[-1] if within else None
-        numerics.departure = Departure(
-            step=out.step,
-            layer=_entering_module(measured, envelope, last) or _departing_layer(out, bound),
-            relative=out.relative,
-            envelope=bound.overall,
-            cause=cause,
-            last_within=last,
-        )
+        numerics.departure = _departure(measured, envelope, signals, out, bounds)
     elif signals:
-        step = signals[0][0]
         numerics.departure = Departure(
-            step=step,
+            step=signals[0].step,
             layer=None,
             relative=0.0,
-            envelope=_bound_at(bounds, step).overall,
-            cause=cause,
+            envelope=_bound_at(bounds, signals[0].step).overall,
+            cause=named[0],
         )
     numerics.sentence = _sentence(numerics, envelope, points)
     return numerics
+
+
+def _departure(
+    measured: Measured,
+    envelope: Envelope,
+    signals: list[ExactSignal],
+    out: Distance,
+    bounds: dict[int, _Bound],
+) -> Departure:
+    """The departure at ``out``, the first snapshot beyond the envelope: located to the training
+    step that started at the last snapshot within where that step's forward pass leaves the
+    envelope, at the first module whose output does; else to the snapshot interval, at the layer
+    whose weights are furthest out. Its cause is the signal that explains it
+    (:func:`explaining`), else ``numerics``."""
+    bound = _bound_at(bounds, out.step)
+    within = [p.step for p in measured.weights if p.step < out.step]
+    last = within[-1] if within else None
+    entering = _entering_module(measured, envelope, last)
+    departed = last if entering is not None else None
+    signal = explaining(signals, out.step - 1 if departed is None else departed)
+    return Departure(
+        step=out.step,
+        layer=entering or _departing_layer(out, bound),
+        relative=out.relative,
+        envelope=bound.overall,
+        cause=signal.what if signal is not None else "numerics",
+        last_within=last,
+        departed=departed,
+    )
 
 
 def _sentence(numerics: Numerics, envelope: Envelope, points: list[Distance]) -> str:
@@ -363,10 +424,14 @@ def _sentence(numerics: Numerics, envelope: Envelope, points: list[Distance]) ->
         if departure.last_within is not None
         else "from the start"
     )
+    where = (
+        f"at step {departure.step} layer {departure.layer} departs"
+        if departure.departed is None
+        else f"in step {departure.departed} layer {departure.layer} departs, its output out of its "
+        "envelope in that step's forward pass"
+    )
     return (
-        f"they differ by rounding {until}; at step {departure.step} layer {departure.layer} "
-        "departs "
-        f"(relative distance {departure.relative:.2g}, {FACTOR:g} times {measured} is "
-        f"{FACTOR * departure.envelope:.2g}): "
-        f"cause {departure.cause}"
+        f"they differ by rounding {until}; {where} "
+        f"(relative distance {departure.relative:.2g} at step {departure.step}, {FACTOR:g} times "
+        f"{measured} is {FACTOR * departure.envelope:.2g}): cause {departure.cause}"
     )

@@ -80,9 +80,14 @@ class Departure(ReadBack):
     last_within: int | None = None
     """The last snapshot within the envelope before ``step``: the step that departed lies
     between."""
+    departed: int | None = None
+    """The training step that departed (the one that starts at snapshot ``departed``), where it is
+    located below the snapshot interval: its forward pass leaves the envelope at ``layer``."""
 
     def to_json(self) -> dict[str, Any]:
-        return plain_fields(self, "step", "layer", "relative", "envelope", "cause", "last_within")
+        return plain_fields(
+            self, "step", "layer", "relative", "envelope", "cause", "last_within", "departed"
+        )
 
 
 @dataclass(kw_only=True)

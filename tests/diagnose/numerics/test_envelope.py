@@ -1,13 +1,26 @@
-"""Which experiment measures the envelope: run B's TF32 settings, where they differ from run A's."""
+"""Which experiment measures the envelope (run B's TF32 settings and thread count, where they differ
+from run A's), whether one is measured beside an exact signal, and what is said where none can
+be."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from bisect_repro.diagnose.numerics.envelope import experiments, tf32_of
+from bisect_repro.diagnose.compare.differences import Differences
+from bisect_repro.diagnose.compare.records import Records
+from bisect_repro.diagnose.compare.verdict import TimelineRow
+from bisect_repro.diagnose.numerics.envelope import (
+    _not_rounding,
+    experiments,
+    measure_envelope,
+    tf32_of,
+)
+from bisect_repro.diagnose.numerics.numerics import ExactSignal, Measured, SignalKind
+from bisect_repro.diagnose.numerics.numerics_result import Distance
+from bisect_repro.store.run import Run
 
 
 def run(**environment: Any) -> Any:
@@ -101,3 +114,58 @@ def test_a_run_that_differs_from_itself_is_its_own_envelope_and_nothing_else() -
             True,
         )
     ]
+
+
+def test_run_bs_thread_count_is_the_threads_experiment_where_it_differs() -> None:
+    method, change, _ = experiments(1, None, None, 4)[0]
+    assert (method, change.threads) == ("4 torch threads instead of 1", 4)
+    # the same count: 1 and 2 swapped
+    assert experiments(2, None, None, 2)[0][0] == "1 torch threads instead of 2"
+
+
+def test_an_envelope_that_cannot_be_measured_names_the_experiment_and_why() -> None:
+    a = run(**{"torch.get_num_threads": 1})
+    b = run(**{"torch.get_num_threads": 2})
+    envelope, why = measure_envelope(cast(Run, a), None, cast(Run, b))
+    assert envelope is None
+    assert why == (
+        "replaying run A with 2 torch threads instead of 1 could not run: run A is not replayed "
+        "(no consent, --no-replay, or no launch recorded)"
+    )
+
+
+def _records(environment: dict[str, list[Any]], last_equal: int = 0) -> Records:
+    single = SimpleNamespace(layout="single", world_size=1)
+    row = TimelineRow(step=0, equal=True, differing_tensors=0, first_tensor=None, streams=[])
+    return cast(
+        Records,
+        SimpleNamespace(
+            a=single,
+            b=single,
+            differences=Differences(environment=environment),
+            timeline=[row],
+            last_equal=last_equal,
+        ),
+    )
+
+
+CONFIG = [ExactSignal(SignalKind.CONFIG, 0, ("degrade_at",))]
+MEASURED = Measured([Distance(step=0, relative=0.0), Distance(step=5, relative=1e-8)])
+
+
+def test_a_config_key_under_another_environment_is_measured_against_that_environment() -> None:
+    threads = {"torch.get_num_threads": [1, 2], "env.OMP_NUM_THREADS": ["1", "2"]}
+    assert _not_rounding(_records(threads), MEASURED, CONFIG) is None
+    # equal bit for bit up to step 40: the threads' rounding may show late, still measured
+    assert _not_rounding(_records(threads, last_equal=40), MEASURED, CONFIG) is None
+
+
+@pytest.mark.parametrize("environment", [{}, {"env.PYTHONHASHSEED": ["0", "1"]}])
+def test_a_config_key_where_nothing_that_rounds_differs_is_the_cause_without_an_envelope(
+    environment: dict[str, list[Any]],
+) -> None:
+    why = _not_rounding(_records(environment), MEASURED, CONFIG)
+    assert why == (
+        "config (degrade_at) differ from step 0 and the runs' environments agree in all that "
+        "rounds: no rounding differs beside it"
+    )

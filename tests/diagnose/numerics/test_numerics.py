@@ -14,7 +14,16 @@ import torch
 from bisect_repro.diagnose.compare.records import model_name, rank_zero_alike
 from bisect_repro.diagnose.compare.verdict import CompareResult
 from bisect_repro.diagnose.numerics import numerics
-from bisect_repro.diagnose.numerics.numerics import FACTOR, Measured, _replicas, decide, distance_at
+from bisect_repro.diagnose.numerics.numerics import (
+    FACTOR,
+    ExactSignal,
+    Measured,
+    SignalKind,
+    _replicas,
+    decide,
+    distance_at,
+    explaining,
+)
 from bisect_repro.diagnose.numerics.numerics_result import Distance, Envelope, Numerics
 from bisect_repro.errors import RunFormatError
 from bisect_repro.store.run import Run
@@ -81,7 +90,10 @@ def test_the_departing_layer_is_the_first_module_whose_output_leaves_its_envelop
 
 def test_an_exact_signal_that_differs_is_never_rounding_only() -> None:
     numerics = decide(
-        Measured(_points([0.0, 1e-8, 2e-8, 3e-8, 4e-8])), ENVELOPE, [(2, "sample indices")], None
+        Measured(_points([0.0, 1e-8, 2e-8, 3e-8, 4e-8])),
+        ENVELOPE,
+        [ExactSignal(SignalKind.ORDER, 2)],
+        None,
     )
     assert not numerics.rounding_only
     assert (
@@ -96,7 +108,7 @@ def test_without_an_envelope_a_differing_signal_is_still_the_departure() -> None
     numerics = decide(
         Measured(_points([0.0, 1e-3])),
         None,
-        [(1, "batch contents")],
+        [ExactSignal(SignalKind.BATCH, 1)],
         "batch contents differ from step 1",
     )
     assert not numerics.rounding_only and numerics.departure is not None
@@ -251,3 +263,60 @@ def test_runs_that_name_no_parameter_alike_have_no_distance(
     names["b"] = ["module.0.weight"]
     measured = numerics.distances(a, b)
     assert measured is not None and [p.relative for p in measured.weights] == [0.0, 0.0]
+
+
+def _departing_forward() -> tuple[Measured, Envelope]:
+    """Weights that leave the envelope at snapshot 4, and the forward pass of step 3 (sketched in
+    snapshot 4), whose layer ``3`` output is out of its envelope."""
+    weights = _points(
+        [0.0, 1e-8, 2e-8, 3e-8, 2e-4],
+        {"1": [0.0, 1e-8, 2e-8, 3e-8, 1e-5], "3": [0.0, 1e-8, 2e-8, 3e-8, 2e-4]},
+    )
+    forward = {"1": 1e-7, "2": 1e-7, "3": 2e-3, "4": 1e-3}
+    activations = [Distance(step=3, relative=1e-3, layers=forward)]
+    sketched = [Distance(step=3, relative=1e-7, layers=dict.fromkeys(forward, 1e-7))]
+    envelope = Envelope(method="m", from_step=0, points=ENVELOPE.points, activations=sketched)
+    return Measured(weights, activations), envelope
+
+
+def test_a_config_key_departs_beyond_the_environments_envelope_at_its_step_and_layer() -> None:
+    measured, envelope = _departing_forward()
+    config = ExactSignal(SignalKind.CONFIG, 0, ("degrade_at",))
+    numerics = decide(measured, envelope, [config], None)
+    departure = numerics.departure
+    assert not numerics.rounding_only and numerics.signals == ["config (degrade_at)"]
+    assert departure is not None
+    assert (departure.step, departure.last_within, departure.departed, departure.layer) == (
+        4,
+        3,
+        3,
+        "3",
+    )
+    assert departure.cause == "config (degrade_at)"
+    assert "until step 3; in step 3 layer 3 departs" in numerics.sentence
+    assert numerics.sentence.endswith("cause config (degrade_at)")
+
+
+def test_a_departure_not_seen_in_the_forward_pass_stays_located_to_its_snapshot_interval() -> None:
+    measured, envelope = _departing_forward()
+    measured.activations = []
+    departure = decide(
+        measured, envelope, [ExactSignal(SignalKind.CONFIG, 0, ("lr",))], None
+    ).departure
+    assert departure is not None and departure.departed is None
+    assert (departure.step, departure.last_within, departure.layer) == (4, 3, "3")
+    assert departure.cause == "config (lr)"
+
+
+def test_the_signal_that_explains_a_departure_is_the_last_in_effect_by_its_step() -> None:
+    config = ExactSignal(SignalKind.CONFIG, 0, ("degrade_at",))
+    streams = ExactSignal(SignalKind.STREAMS, 3, ("torch",))
+    later = ExactSignal(SignalKind.ORDER, 9)
+    assert explaining([config, streams, later], 3) == streams
+    assert explaining([config, streams, later], 2) == config
+    assert explaining([later], 3) is None
+    measured, envelope = _departing_forward()
+    # a signal that starts after the departing step does not explain it
+    departure = decide(measured, envelope, [later], None).departure
+    assert departure is not None and departure.cause == "numerics"
+    assert streams.what == "random streams (torch)" and later.what == "sample indices"
