@@ -5,8 +5,11 @@ the order they happen:
 
 - data: each tensor of the batch;
 - forward: every leaf module's (and every module owning parameters) inputs and outputs, except
-  a forward under ``torch.no_grad()`` after the step's backward (an evaluation between the
-  update and the next step: it computes nothing the update uses);
+  an evaluation: a forward under ``torch.no_grad()`` after the step's backward (between the
+  update and the next step: it computes nothing the update uses), or one anywhere in the step
+  with the module in eval mode (``model.eval()``: a periodic evaluation at the top of the loop).
+  A frozen pass in training mode before the backward (pseudo-labels, a teacher's targets) is
+  traced;
 - backward: the gradient of each such module's outputs as autograd computes it, and each
   parameter's ``.grad`` once accumulated;
 - optimizer: every parameter and optimizer-state tensor after each ``optimizer.step()``, of every
@@ -169,8 +172,8 @@ class StepTracer:
 
     def _forward_hook(self, layer: str) -> Any:
         def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            if self._graded and not torch.is_grad_enabled():
-                return  # an evaluation after the step's backward: no part of the update
+            if not torch.is_grad_enabled() and (self._graded or not module.training):
+                return  # an evaluation: no part of the update
             inputs, _ = batch_tensors(args, f"{layer}.input")
             for path, tensor in inputs.items():
                 self._note("forward", layer, path, tensor)

@@ -114,7 +114,12 @@ def test_ops_returning_uninitialised_memory_are_never_compared() -> None:
 
 
 def _hand_updated_step(
-    model: nn.Module, batch: torch.Tensor, *, evaluate: bool, frozen_first: bool = False
+    model: nn.Module,
+    batch: torch.Tensor,
+    *,
+    evaluate: bool,
+    frozen_first: bool = False,
+    evaluated_first: bool = False,
 ) -> list:
     """A loop with no optimizer: forward, backward, the update by hand, then (``evaluate``) a
     forward under ``torch.no_grad()`` on another batch, before the next step begins."""
@@ -124,6 +129,11 @@ def _hand_updated_step(
         if frozen_first:
             with torch.no_grad():
                 model(batch * 2)  # a frozen pass before the backward is part of the step
+        if evaluated_first:  # a periodic evaluation at the top of the loop
+            model.eval()
+            with torch.no_grad():
+                model(torch.full((5, 3), 7.0))
+            model.train()
         model(batch).sum().backward()
         with torch.no_grad():
             for parameter in model.parameters():
@@ -140,3 +150,6 @@ def test_an_evaluation_under_no_grad_after_the_backward_is_no_part_of_the_step()
     frozen = _hand_updated_step(make()[0], torch.ones(2, 3), evaluate=False, frozen_first=True)
     # no_grad before the backward: traced
     assert len(frozen) > len(plain) and [e.phase for e in frozen[1:4]] == ["forward"] * 3
+    # in eval mode, before the step's forward: an evaluation, no part of the step
+    early = _hand_updated_step(make()[0], torch.ones(2, 3), evaluate=False, evaluated_first=True)
+    assert first_difference(plain, early) is None and len(early) == len(plain)

@@ -326,10 +326,6 @@ CASES += [
         "at iteration 0, run B also at iteration 2, drawing 8 batches from the torch.randint "
         "stream that get_batch() draws from; step 2 trains on the batch fetched during step 1, "
         "so step 3's batch (fetched after the evaluation) is the first thing that differs",
-        wrong="step 2 (data, config): names step 2's batch, which is equal; the batch that "
-        "differs is the one fetched during step 2 for step 3",
-        precondition_broken="phase data at step 2 while its records show the batch first "
-        "differing at step 3",
     ),
     Case(
         "infinite_loader_sampler_seed_flag",
