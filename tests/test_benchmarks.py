@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.extended
 def test_the_benchmark_command_runs_and_writes_its_tables(tmp_path: Path) -> None:
     done = subprocess.run(
         [

@@ -242,10 +242,7 @@ def test_every_corpus_verdict_satisfies_its_causes_precondition(case: Case, corp
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "run",
-    [
-        pytest.param(run, id=name, marks=[] if name == "classifier" else [pytest.mark.extended])
-        for name, run in SAME_TWICE.items()
-    ],
+    [pytest.param(run, id=name, marks=[pytest.mark.extended]) for name, run in SAME_TWICE.items()],
 )
 def test_the_same_command_recorded_twice_is_identical(run: Run, corpus: Corpus) -> None:
     code, report, stderr = corpus.compared(run, Run(run.command, run.tree, copy=1))

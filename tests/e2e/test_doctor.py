@@ -82,7 +82,11 @@ def test_nondeterministic_op_in_the_forward_pass(examples) -> None:
     assert code == 1
     finding = the(report, "nondeterministic-op")
     assert finding["layer"] == "pool" and "index_put" in finding["op"]
-    assert "forward pass of pool" in finding["evidence"] and "pool.output" in finding["evidence"]
+    assert "forward pass of pool" in finding["evidence"]
+    # where the step's own re-runs also differed (a racing kernel need not, on a busy machine),
+    # the evidence names the first tensor they differ at
+    if "first differs at" in finding["evidence"]:
+        assert "pool.output" in finding["evidence"], finding["evidence"]
     assert "torch.use_deterministic_algorithms(True)" in finding["fix"]
 
 

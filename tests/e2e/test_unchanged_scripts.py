@@ -178,6 +178,7 @@ def test_a_loop_that_lives_in_a_library_is_recorded_through_its_optimizer_and_mo
     )
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_the_users_own_torchrun_is_recorded_on_each_rank_and_replayed_under_torchrun(
     tmp_path: Path,

@@ -39,7 +39,7 @@ if __name__ == "__main__":
     np.random.seed(0)
     torch.manual_seed(0)
     # the data: sine waves of random phase
-    T, L, N = 20, 40, 12
+    T, L, N = 20, 12, 12
     x = np.empty((N, L), np.int64)
     x[:] = np.array(range(L)) + np.random.randint(-4 * T, 4 * T, N).reshape(N, 1)
     data = np.sin(x / 1.0 / T).astype("float64")
