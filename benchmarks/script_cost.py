@@ -96,10 +96,11 @@ CASES = {
 
 def _run(command: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess[str]]:
     """``command``'s wall seconds and result; ``PYTHONPATH=DIR`` as its first word: run with that
-    ``PYTHONPATH`` (another copy of bisect-repro, the baseline)."""
+    ``PYTHONPATH`` and in that folder (another copy of bisect-repro, the baseline)."""
     env = dict(os.environ)
-    if command[0].startswith("PYTHONPATH="):
-        env["PYTHONPATH"] = command[0].partition("=")[2]
+    if command[0].startswith("PYTHONPATH="):  # run there too: python -m imports from its folder
+        cwd = Path(command[0].partition("=")[2])
+        env["PYTHONPATH"] = str(cwd)
         command = command[1:]
     started = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False, env=env)
