@@ -23,25 +23,17 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from .demo import record_pair
-from .diagnose.compare.compare import compare
-from .diagnose.compare.verdict import CompareResult
-from .diagnose.doctor.doctor import DEFAULT_STEPS, doctor
-from .diagnose.show.summary import run_summary
-from .diagnose.stages import run_stage
-from .errors import BisectReproError
-from .record.against import Against
-from .record.provenance import launch_info
-from .record.recipe import build, parse_settings
-from .record.recorder import RecordingWarning, RecordOptions, record
-from .record.reference import open_reference
+from .diagnose.doctor.steps import DEFAULT_STEPS
+from .diagnose.stages import run_stage, timed
+from .errors import BisectReproError, RecordingWarning
+from .record.options import RecordOptions
 from .record.script import (
     ScriptCommand,
     is_interpreter,
@@ -50,13 +42,16 @@ from .record.script import (
     parse_command,
     record_script,
 )
-from .record.torchrun import record_ranks
-from .replay.launch import Consent, LaunchSpec
-from .report.html import check_html_path, comparison_html, run_losses, summary_html, write_html
 from .report.safe import safe_text
-from .report.text import plain_verdict, render_comparison, render_doctor, render_summary
 from .store.printable import printable
-from .store.run import Run
+
+if TYPE_CHECKING:
+    from .diagnose.compare.verdict import CompareResult
+    from .record.against import Against
+    from .replay.launch import Consent, LaunchSpec
+
+# What a command needs is imported where it runs: recording an unchanged script parses its command
+# and starts its process without importing torch here.
 
 app = typer.Typer(
     help="Find where, and why, two training runs that should match part ways.",
@@ -169,6 +164,8 @@ def _given(**options: str | None) -> list[str]:
 
 
 def _write_html(path: Path, document: str) -> None:
+    from .report.html import write_html
+
     write_html(path, document)
     stderr.print(f"wrote {safe_text(path)}", highlight=False, soft_wrap=True)
 
@@ -327,6 +324,11 @@ def record_command(
         raise typer.Exit(
             _verdict_against(plan, out, as_json) if plan and verdict and not code else code
         )
+    from .record.provenance import launch_info
+    from .record.recipe import build, parse_settings
+    from .record.recorder import record
+    from .record.torchrun import record_ranks
+
     steps = 100 if steps is None else steps
     options = RecordOptions(
         steps=steps,
@@ -394,6 +396,8 @@ def record_command(
 def _print_written(console: Console, out: Path) -> None:
     """What a recording wrote, in one line: steps, snapshots, checkpoints, and where it stopped
     when it is incomplete."""
+    from .store.run import Run
+
     run = Run.open(out)
     ranks = [run.open_rank(r) for r in range(run.world_size)]
     incomplete = [
@@ -445,6 +449,9 @@ def _against(
 ) -> Against:
     """The reference of ``record --against``, checked before anything trains (a one-line error
     otherwise)."""
+    from .record.against import Against
+    from .record.reference import open_reference
+
     open_reference(against, out, code)
     return Against(
         run=against,
@@ -457,6 +464,8 @@ def _against(
 
 def _verdict_against(plan: Against, out: Path, as_json: bool) -> int:
     """``compare A B`` on the reference and the run just recorded: its verdict, its exit code."""
+    from .store.run import Run
+
     if not Run.open(out).complete:
         raise BisectReproError(
             f"{out}: the recording did not finish, so it is not compared; run compare "
@@ -470,7 +479,8 @@ def _verdict_against(plan: Against, out: Path, as_json: bool) -> int:
 def _show(result: CompareResult, as_json: bool) -> None:
     """A comparison's verdict on stdout: one JSON object, or the text report."""
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        with timed("report"):
+            sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
         _report(result)
 
@@ -489,6 +499,11 @@ def show_command(
     html: Html = None,
 ) -> None:
     """What a run holds: steps, snapshots, checkpoints, config, environment, streams, losses."""
+    from .diagnose.show.summary import run_summary
+    from .report.html import check_html_path, run_losses, summary_html
+    from .report.text import render_summary
+    from .store.run import Run
+
     if html is not None:
         check_html_path(html)
     summary = run_summary(Run.open(run), verify=verify)
@@ -527,6 +542,14 @@ def compare_command(
         ),
     ] = False,
     html: Html = None,
+    numerics: Annotated[
+        bool,
+        typer.Option(
+            "--numerics",
+            help="Measure run A's rounding envelope (another training of run A) even where the "
+            "records explain the divergence.",
+        ),
+    ] = False,
 ) -> None:
     """Find the first step, layer and op where two runs diverge, with the cause, the evidence and
     the fix.
@@ -535,6 +558,8 @@ def compare_command(
     you did not record on this machine is replayed only with --trust or your yes at the prompt.
     Exit code 0: identical; 1: they diverge; 2: bad input.
     """
+    from .report.html import check_html_path, comparison_html, run_losses
+
     if html is not None:
         check_html_path(html)
     result = _compare(
@@ -544,6 +569,7 @@ def compare_command(
         quiet=as_json,
         accept_changed_code=accept_changed_code,
         trust=trust,
+        numerics=numerics,
     )
     _show(result, as_json)
     if html is not None:
@@ -564,6 +590,8 @@ def compare_command(
 
 def _report(result: CompareResult) -> None:
     """The text report; where rendering it fails, the verdict in plain lines and a note."""
+    from .report.text import plain_verdict, render_comparison
+
     notes: list[str] = []
     run_stage(
         "report",
@@ -614,7 +642,10 @@ def _compare(
     quiet: bool,
     accept_changed_code: bool = False,
     trust: bool = False,
+    numerics: bool = False,
 ) -> CompareResult:
+    from .diagnose.compare.compare import compare
+
     console = Console(stderr=True, quiet=quiet)
 
     # always, even with --json: nothing runs unannounced
@@ -646,6 +677,7 @@ def _compare(
             consent=consent,
             progress=on_progress,
             announce=announce,
+            numerics=numerics,
         )
     return result
 
@@ -660,6 +692,9 @@ def demo_command(
     steps: Annotated[int, typer.Option(help="Steps per run.")] = 20,
 ) -> None:
     """Record a recipe that really diverges on a CPU twice, and compare the two runs."""
+    from .demo import record_pair
+    from .report.text import render_comparison
+
     console = Console(stderr=True)
     console.print(
         "Recording two runs of a fully seeded embedding model (table\\[idx], four threads)..."
@@ -694,6 +729,10 @@ def doctor_command(
     Without TARGET, audit this environment and process. Exit code 0: reproducible on this machine
     (warnings may remain); 1: not; 2: bad input.
     """
+    from .diagnose.doctor.doctor import doctor
+    from .record.recipe import parse_settings
+    from .report.text import render_doctor
+
     console = Console(stderr=True, quiet=as_json)
     command = (
         [target, *context.args]

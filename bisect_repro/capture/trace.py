@@ -99,8 +99,9 @@ class StepTracer:
         self._inside: tuple[str, torch.optim.Optimizer] | None = None
         self._graded_inside = False  # a gradient accumulated since that step() or its last pass
 
-    # a hook inside a compiled module: hashed eagerly, never traced (torch leaves it untyped)
-    @torch.compiler.disable  # type: ignore[untyped-decorator]
+    # a hook inside a compiled module: hashed eagerly, never traced. torch.compiler.disable's lazy
+    # form: torch._dynamo is imported at the first call, not when a recording imports this module
+    @torch._disable_dynamo
     def _note(self, phase: str, layer: str | None, name: str, tensor: torch.Tensor) -> None:
         index = len(self.entries)
         self.entries.append(TraceEntry(phase, layer, name))

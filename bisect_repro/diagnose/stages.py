@@ -6,6 +6,11 @@ stage that fails with an internal error (a bug, a framework that behaves unexpec
 result as the stages before it made it, with a note naming the stage and the error, and the
 command exits as those stages say. :func:`run_stage` is that rule.
 
+Each stage's wall time goes to the ``bisect_repro`` logger at INFO (``stage NAME: S s``), which
+``--verbose`` shows: :func:`timed`, which :func:`run_stage` uses, and which the stages that cannot
+fail on their own (the records, the launch, the walk to the divergent step, each experiment) use
+directly.
+
 Where the guarantees stop: errors about the user's input (:class:`~bisect_repro.errors.
 BisectReproError`: a run that is not a run, a refused replay) are not internal and still end the
 command with their one-line message; ``KeyboardInterrupt`` and ``SystemExit`` end it too.
@@ -13,17 +18,29 @@ command with their one-line message; ``KeyboardInterrupt`` and ``SystemExit`` en
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from ..errors import BisectReproError
 
-__all__ = ["run_stage", "stage_note"]
+__all__ = ["run_stage", "stage_note", "timed"]
 
 T = TypeVar("T")
 
 _log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def timed(stage: str) -> Iterator[None]:
+    """Log the wall time of the block as the stage's (at INFO), whether or not it raises."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        _log.info("stage %s: %.2f s", stage, time.perf_counter() - started)
 
 
 def stage_note(stage: str, error: BaseException, instead: str) -> str:
@@ -37,7 +54,8 @@ def run_stage(stage: str, notes: list[str], call: Callable[[], T], fallback: T, 
     """``call()``, or ``fallback`` with a note in ``notes`` where it fails with an internal error
     (``instead``: what the result is then, as the note says it)."""
     try:
-        return call()
+        with timed(stage):
+            return call()
     except BisectReproError:
         raise
     except Exception as error:

@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from ..capture.pystate import Scope
 from ..errors import BisectReproError
-from ..trainee import Trainee
-from .against import Against
+
+if TYPE_CHECKING:  # annotations only: the command line reads the options without torch
+    from ..capture.pystate import Scope
+    from ..trainee import Trainee
+    from .against import Against
 
 __all__ = ["RecordOptions", "SessionPlan"]
 

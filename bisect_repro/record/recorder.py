@@ -27,20 +27,22 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ..capture.pystate import caller_scope
 from ..errors import BisectReproError, RecordingWarning
 from ..serve.channel import replay_address
-from ..serve.framework_rewind import FrameworkRewindServer, LoopCounters
-from ..serve.rewind import RewindingHookServer
-from ..serve.server import StepServer
 from ..trainee import Trainee
 from .against import Against
 from .options import RecordOptions, SessionPlan
 from .session import RecordingSession
+
+if TYPE_CHECKING:  # a replay's roles, imported by the process that replays (_open_role)
+    from ..serve.framework_rewind import LoopCounters
+    from ..serve.rewind import RewindingHookServer
+    from ..serve.server import StepServer
 
 __all__ = [
     "FrameworkRecorder",
@@ -90,6 +92,10 @@ def _open_role(plan: SessionPlan) -> Role:
     global _server
     address = replay_address()
     if address is not None and _server is None:
+        from ..serve.framework_rewind import FrameworkRewindServer
+        from ..serve.rewind import RewindingHookServer
+        from ..serve.server import StepServer
+
         kind = (
             (RewindingHookServer if plan.auto else FrameworkRewindServer)
             if plan.framework
@@ -278,6 +284,10 @@ class FrameworkRecorder(Recorder):
     def follow_loop(self, counters: LoopCounters) -> None:
         """The framework's loop counters: in a replay, a step run again puts them back
         (:mod:`bisect_repro.serve.framework_rewind`)."""
+        if not self._role.replaying:
+            return
+        from ..serve.framework_rewind import FrameworkRewindServer
+
         if isinstance(self._role, FrameworkRewindServer):
             self._role.counters = counters
 
@@ -285,6 +295,10 @@ class FrameworkRecorder(Recorder):
     def rewinder(self) -> RewindingHookServer | None:
         """In a replay of an unchanged script, the server that feeds a rewound step its kept
         batches."""
+        if not self._role.replaying:
+            return None
+        from ..serve.rewind import RewindingHookServer
+
         return self._role if isinstance(self._role, RewindingHookServer) else None
 
 

@@ -40,16 +40,19 @@ import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BisectReproError
 from ..store.meta import CodeKind
 from . import pinned
-from .against import Against, StopRecording
 from .arguments import capture_arguments
-from .autohooks import AutoHooks
 from .options import RecordOptions
-from .torchrun import torchrun_command
+
+if TYPE_CHECKING:
+    from .against import Against
+
+# The command line parses a command and starts its process without importing torch: what records
+# (the hooks, the check against a reference, torchrun's launcher) is imported where it runs.
 
 __all__ = [
     "ScriptCommand",
@@ -300,6 +303,8 @@ def record_script(
         "import sys; from bisect_repro.record.script import main; sys.exit(main(sys.argv[1:]))",
     ]
     if command.nproc is not None:  # each rank runs main()
+        from .torchrun import torchrun_command
+
         entry = [*torchrun_command(command.nproc, command.launcher), "--no-python", *entry]
     return subprocess.call(
         [*entry, json.dumps(spec)],
@@ -323,6 +328,9 @@ def progress_line(interval: float = 5.0) -> Callable[[int], None]:
 
 def main(argv: list[str] | None = None) -> int:
     """The process of :func:`record_script`: the hooks, then the script, then the final snapshot."""
+    from .against import Against, StopRecording
+    from .autohooks import AutoHooks
+
     spec: dict[str, Any] = json.loads((argv or sys.argv[1:])[0])
     found = spec["command"]
     command = ScriptCommand(

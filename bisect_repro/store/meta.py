@@ -28,7 +28,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ..capture.env import SWITCHES
 from ..errors import RunFormatError
 
 __all__ = [
@@ -296,6 +295,8 @@ def _environment(fields: _Fields, key: str) -> dict[str, Any]:
     threads = environment.get("torch.get_num_threads")
     if threads is not None and not (type(threads) is int and 1 <= threads <= _MAX_THREADS):
         raise fields.bad(key, f"has a thread count of {threads!r}, not 1 to {_MAX_THREADS}")
+    from ..capture.env import SWITCHES  # torch's: imported where an environment is checked
+
     for name in SWITCHES:
         if environment.get(name) is not None and not isinstance(environment[name], bool):
             raise fields.bad(key, f"has {name} = {environment[name]!r}, not true or false")

@@ -5,6 +5,8 @@ the one those stages give. Each stage is made to fail here in turn."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -86,14 +88,14 @@ def test_failing_numerics_leave_the_verdict_without_numerics(runs, monkeypatch) 
 
 
 def test_a_failing_report_prints_the_verdict_in_plain_lines(runs, monkeypatch) -> None:
-    monkeypatch.setattr("bisect_repro.cli.render_comparison", _broken)
+    monkeypatch.setattr("bisect_repro.report.text.render_comparison", _broken)
     code, out, err = _compare(runs, "--no-replay")
     assert code == 1 and out.startswith("The runs diverge at step "), out
     assert "Cause: the config (inferred)" in out and "the report stage failed" in err
 
 
 def test_a_failing_html_report_is_not_written_and_says_so(runs, monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr("bisect_repro.cli.comparison_html", _broken)
+    monkeypatch.setattr("bisect_repro.report.html.comparison_html", _broken)
     page = tmp_path / "report.html"
     code, out, err = _compare(runs, "--no-replay", "--json", "--html", str(page))
     assert code == 1 and json.loads(out)["verdict"]["cause"] == "config"
@@ -114,3 +116,21 @@ def test_a_failing_doctor_stage_is_a_note_and_the_rest_is_reported(examples, mon
     report = json.loads(result.stdout)
     assert any("the re-run stage failed (KeyError: 'planted')" in n for n in report["notes"])
     assert report["findings"], report  # the other stages still ran
+
+
+@pytest.mark.parametrize("output", [(), ("--json",)])
+def test_verbose_gives_each_stage_of_compare_its_seconds(runs, output) -> None:
+    try:
+        code, _, err = _compare(runs, "--no-replay", *output)
+        assert code == 1 and "stage records:" not in err
+        result = runner.invoke(app, ["-v", "compare", *runs, "--no-replay", *output])
+    finally:
+        logging.getLogger("bisect_repro").handlers.clear()
+        logging.getLogger("bisect_repro").setLevel(logging.NOTSET)
+    timed = dict(
+        re.findall(
+            r"INFO bisect_repro\.diagnose\.stages: stage ([^:]+): ([0-9.]+) s", result.stderr
+        )
+    )
+    assert set(timed) == {"records", "numerics", "report"}, result.stderr
+    assert all(float(seconds) >= 0 for seconds in timed.values())

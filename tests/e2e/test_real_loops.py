@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,11 @@ def test_a_hand_written_sgd_loop_diverging_by_thread_count(tmp_path: Path) -> No
     assert done.returncode == 1, done.stderr[-2000:]
     # the fork server started before the command imported torch
     assert "taken, started ahead" in done.stderr
+    # each stage's seconds (-v)
+    stages = set(re.findall(r"stage (.+): [0-9.]+ s$", done.stderr, re.MULTILINE))
+    expected = {"records", "launch", "replay to the divergent step", "experiments", "numerics"}
+    assert expected | {"report"} <= stages, done.stderr[-3000:]
+    assert any(stage.startswith("experiment: ") for stage in stages), stages
     report = json.loads(done.stdout)
     verdict = report["verdict"]
     assert (verdict["phase"], verdict["layer"], verdict["op"]) == (

@@ -52,7 +52,7 @@ from ...replay.replica import ReplicaFailed, processes_started
 from ...store.nodes import Layout, read_layout
 from ...store.run import Run
 from ..numerics.envelope import judge
-from ..stages import run_stage
+from ..stages import run_stage, timed
 from .causes import Cause
 from .from_records import rank_verdict, records_verdict, structure_verdict
 from .records import Records, first_divergence, rank_zero_alike, read_records, start_at_resume
@@ -87,10 +87,12 @@ def compare(
     consent: Consent | None = None,
     progress: Progress | None = None,
     announce: Announce | None = None,
+    numerics: bool = False,
 ) -> CompareResult:
-    """Compare two runs (see the module docstring)."""
+    """Compare two runs (see the module docstring); ``numerics``: measure run A's rounding
+    envelope even where the records explain the divergence (it costs another training)."""
     a, b = Run.open(path_a), Run.open(path_b)
-    allow = _Allow(accept_changed_code, consent)
+    allow = _Allow(accept_changed_code, consent, numerics)
     if a.distributed or b.distributed:
         return _compare_ranks(
             a, b, replay=replay, allow=allow, progress=progress, announce=announce
@@ -115,11 +117,12 @@ def _compare_pair(
             f"format {b.meta.format} differs from {a.path}'s format {a.meta.format}",
             "re-record both runs with one bisect-repro version",
         )
-    a, b, resume = align(a, b)
-    records = read_records(a, b)
-    if resume is not None and records.structure is None:
-        resume = audit(a, b, resume)
-        start_at_resume(records, resume)
+    with timed("records"):
+        a, b, resume = align(a, b)
+        records = read_records(a, b)
+        if resume is not None and records.structure is None:
+            resume = audit(a, b, resume)
+            start_at_resume(records, resume)
     if records.structure is not None:
         result = CompareResult(runs=[str(a.path), str(b.path)], differences=records.differences)
         _run_names(records, result)
@@ -133,7 +136,7 @@ def _compare_pair(
         result.notes.append(NO_RESUME)
     if records.identical:
         _identical(records, result)
-        result.numerics = _numerics(result, records, None, None)
+        result.numerics = _numerics(result, records, None, None, allow)
         return result
     named = records_verdict(records)
     specs = _specs(records, result, allow) if replay else None
@@ -151,19 +154,23 @@ def _compare_pair(
         result.notes += notes
     result.verdict = replayed
     result.numerics = _numerics(
-        result, records, specs[0] if specs is not None else None, _unrepeatable(replayed)
+        result, records, specs[0] if specs is not None else None, _unrepeatable(replayed), allow
     )
     return result
 
 
 def _numerics(
-    result: CompareResult, records: Records, spec: LaunchSpec | None, unrepeatable: str | None
+    result: CompareResult,
+    records: Records,
+    spec: LaunchSpec | None,
+    unrepeatable: str | None,
+    allow: _Allow,
 ) -> Numerics | None:
     """The numerics stage (:func:`~bisect_repro.diagnose.numerics.envelope.judge`)."""
     return run_stage(
         "numerics",
         result.notes,
-        lambda: judge(records, spec, unrepeatable),
+        lambda: judge(records, spec, unrepeatable, asked=allow.numerics),
         None,
         "the result has no numerics",
     )
@@ -387,6 +394,7 @@ def _compare_ranks(
         records,
         specs[0].on_ranks(a.world_size, 0) if specs is not None else None,
         _unrepeatable(result.verdict),
+        allow,
     )
     if not rank_zero_alike(a, b) and result.numerics is not None:
         _explained_by_layout(result, a, b)
@@ -459,6 +467,8 @@ class _Allow:
 
     accept_changed: bool
     consent: Consent | None
+    numerics: bool = False
+    """Run A's envelope measured even where the records explain the divergence."""
 
 
 def _specs(

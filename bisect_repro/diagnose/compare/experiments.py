@@ -38,7 +38,7 @@ from typing import Any
 
 from ...capture import env
 from ...capture.seeding import SeedingCall
-from ...capture.trace import first_difference, first_divergent_op
+from ...capture.trace import TraceEntry, first_difference, first_divergent_op
 from ...replay.interface import ReplicaFactory
 from ...replay.launch import LaunchSpec
 from ...replay.lockstep import Divergence, Lockstep
@@ -47,6 +47,7 @@ from ...serve.protocol import StepResult
 from ..advice import hidden_state_fix
 from ..difference import difference_stats
 from ..selfcheck import OPS_PHASE, RERUNS, Repeatability, check_repeats, ops_context
+from ..stages import timed
 from .causes import Cause
 from .causes.entry import Particulars
 from .causes.registry import explanation_for, fix_for
@@ -122,13 +123,16 @@ class StepAnalysis:
 
     def explain(self) -> Verdict:
         s = self.step
-        ta, tb, index = self._full_traces()
+        with timed("experiment: full traces"):
+            ta, tb, index = self._full_traces()
         # a light trace cannot be a base for full re-runs
         full = self.divergence.light[0] is not ta or not self.ra.reruns
         base = (ta, tb) if full else (None, None)
-        repeats = self.both(
-            partial(check_repeats, self.ra, s, base[0]), partial(check_repeats, self.rb, s, base[1])
-        )
+        with timed("experiment: repeats of the step"):
+            repeats = self.both(
+                partial(check_repeats, self.ra, s, base[0]),
+                partial(check_repeats, self.rb, s, base[1]),
+            )
         checks = {"A": repeats[0], "B": repeats[1]}
         if index is not None:
             entry = (ta if index < len(ta.entries) else tb).entries[index]
@@ -164,30 +168,49 @@ class StepAnalysis:
         )
         for label, check in checks.items():
             self._note_check(label, check)
-        if any(check.streams for check in checks.values()):
-            self._reseeded(verdict, {label: c for label, c in checks.items() if c.streams})
-        elif any(not check.repeats for check in checks.values()):
-            self._differs_from_itself(
-                verdict, *next((label, c) for label, c in checks.items() if not c.repeats)
-            )
-        elif self._kept(verdict, ta, tb):
-            self.reseeded = True
-        elif entry.phase == "data":
-            self.swaps.data(
-                verdict, entry.tensor == "batch.indices", self.divergence.fetched[0], ta
-            )
-        else:
-            self.swaps.compute(verdict, ta)
+        self._cause(verdict, checks, (ta, tb), entry)
         if (
             verdict.confidence is not Confidence.PROVEN
             and checks["A"].repeats
             and not checks["B"].repeats
-            and self.swaps.unrepeated_by_arguments(verdict, ta)
         ):
-            self.reseeded = False  # run B's command line, not a reseed, makes it differ
+            with timed("experiment: run B under run A's arguments"):
+                if self.swaps.unrepeated_by_arguments(verdict, ta):
+                    self.reseeded = False  # run B's command line, not a reseed, makes it differ
         if entry.phase != "data":
-            self._locate(verdict, entry.phase, index, op=verdict.op is None)
+            with timed("experiment: locating the op"):
+                self._locate(verdict, entry.phase, index, op=verdict.op is None)
         return self._words(verdict)
+
+    def _cause(
+        self,
+        verdict: Draft,
+        checks: dict[str, Repeatability],
+        traces: tuple[StepResult, StepResult],
+        entry: TraceEntry,
+    ) -> None:
+        """The experiment that names the cause: a stream reseeded, a run that differs from itself,
+        a state kept outside the checkpoint, or the swaps of the data or of what computes."""
+        if any(check.streams for check in checks.values()):
+            with timed("experiment: reseeded streams"):
+                self._reseeded(verdict, {label: c for label, c in checks.items() if c.streams})
+        elif any(not check.repeats for check in checks.values()):
+            with timed("experiment: a run against itself"):
+                self._differs_from_itself(
+                    verdict, *next((label, c) for label, c in checks.items() if not c.repeats)
+                )
+        else:
+            with timed("experiment: state kept outside the checkpoint"):
+                kept = self._kept(verdict, *traces)
+            if kept:
+                self.reseeded = True
+            elif entry.phase == "data":
+                with timed("experiment: swapping the data"):
+                    indices = entry.tensor == "batch.indices"
+                    self.swaps.data(verdict, indices, self.divergence.fetched[0], traces[0])
+            else:
+                with timed("experiment: swapping what computes"):
+                    self.swaps.compute(verdict, traces[0])
 
     def _kept(self, verdict: Draft, ta: StepResult, tb: StepResult) -> bool:
         runs = (self.records.a, self.records.b)

@@ -31,6 +31,7 @@ from ...replay.lockstep import Divergence, Lockstep, Parted
 from ...store.run import Run
 from ..advice import hidden_state_fix
 from ..difference import difference_stats
+from ..stages import timed
 from .causes import Cause
 from .causes.entry import Particulars
 from .causes.registry import REGISTRY, explanation_for, fix_for
@@ -72,7 +73,8 @@ def walk(
     fa, fb = _checkpoint_at(a, -1), _checkpoint_at(b, -1)
     # a run with a checkpoint at or before last_equal has a first one
     assert fa is not None and fb is not None
-    lockstep = Lockstep((a, b), specs, progress)
+    with timed("launch"):
+        lockstep = Lockstep((a, b), specs, progress)
     result.replay.performed = True
     try:
         return _walked(records, named, lockstep, specs, ((ca, cb), (fa, fb)), result, progress)
@@ -94,7 +96,8 @@ def _walked(
     faithful the replay was."""
     info, (checkpoints, first) = result.replay, starts
     assert records.last_equal is not None
-    divergence = lockstep.find(checkpoints, records.last_equal, records.end, first)
+    with timed("replay to the divergent step"):
+        divergence = lockstep.find(checkpoints, records.last_equal, records.end, first)
     if lockstep.from_step is not None and lockstep.from_step < min(checkpoints):
         checkpoints = first
     info.from_step, info.replayed_steps = lockstep.from_step, lockstep.replayed
@@ -102,7 +105,10 @@ def _walked(
     if divergence is not None:
         if progress is not None:
             progress("experimenting", 0, 1)
-        verdict, entropy = _experiment(records, lockstep, divergence, specs, checkpoints, result)
+        with timed("experiments"):
+            verdict, entropy = _experiment(
+                records, lockstep, divergence, specs, checkpoints, result
+            )
     info.parted = list(lockstep.parted)
     result.notes += lockstep.notes + lockstep.stopped_rewinds()
     if divergence is None and lockstep.parted:

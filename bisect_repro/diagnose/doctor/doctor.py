@@ -52,6 +52,7 @@ from .audit import environment_findings
 from .checks import RecipeChecks, threads_finding
 from .findings import SEVERITIES, Finding, Severity
 from .probe import Probe, differences, probe
+from .steps import DEFAULT_STEPS
 from .subjects import Subject, recipe_subject, script_subject
 
 __all__ = ["DEFAULT_STEPS", "SCHEMA", "DoctorReport", "doctor"]
@@ -96,7 +97,6 @@ class DoctorReport:
         }
 
 
-DEFAULT_STEPS = 3
 _HASH_SEEDS = ("1", "2")
 _LOADER_STREAMS = ("loader.generator", "sampler.generator", "batch_sampler.generator")
 

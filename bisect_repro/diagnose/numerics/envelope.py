@@ -52,7 +52,15 @@ from ...replay.launch import LaunchSpec
 from ...store.meta import CodeKind
 from ...store.run import Run
 from ..compare.records import Records, rank_zero_alike
-from .numerics import FLOOR, ExactSignal, Measured, decide, distances, signals_differing
+from .numerics import (
+    FLOOR,
+    ExactSignal,
+    Measured,
+    add_exact,
+    decide,
+    distances,
+    signals_differing,
+)
 from .numerics_result import Envelope, Numerics
 
 __all__ = ["experiments", "judge", "measure_envelope", "tf32_of"]
@@ -180,16 +188,24 @@ def _tf32_method(switches: dict[str, Any], variables: dict[str, str | None]) -> 
     return f"run B's TF32 settings ({', '.join(named)})"
 
 
-def judge(records: Records, spec: LaunchSpec | None, unrepeatable: str | None = None) -> Numerics:
-    """The ``numerics`` of two runs: their distance, run A's envelope (measured only when the
-    weights differ from the first snapshot on and run A may be replayed: ``spec``; runs equal bit
-    for bit at a later snapshot part by an event the verdict explains, not by rounding from the
-    start), and the decision. An exact signal that differs is measured against the envelope of
-    the runs' environments where those differ too (run A under run B's), so that the departure it
-    causes is found beyond their rounding. Runs of another world
-    size are matched step by step (the same global batch at each step is assumed: each rank's
+def judge(
+    records: Records,
+    spec: LaunchSpec | None,
+    unrepeatable: str | None = None,
+    *,
+    asked: bool = False,
+) -> Numerics:
+    """The ``numerics`` of two runs: their distance from the sketches, run A's envelope and the
+    decision. The envelope (another training of run A, where ``spec`` may replay it) and the exact
+    distances (four checkpoints read whole) are measured only where the verdict needs them: where
+    the records cannot tell that the runs part by an event rather than by rounding from the start
+    (:func:`_not_rounding`), or where the user asked (``asked``: ``compare --numerics``). An exact
+    signal that differs is measured against the envelope of the runs' environments where those
+    differ too (run A under run B's), so that the departure it causes is found beyond their
+    rounding. Runs of another
+    world size are matched step by step (the same global batch at each step is assumed: each rank's
     batches and streams differ by design, so of the exact signals only the config is compared)."""
-    measured = distances(records.a, records.b)
+    measured = distances(records.a, records.b, exact=False)
     signals = signals_differing(records, config_only=records.a.world_size != records.b.world_size)
     if measured is not None and all(p.relative == 0 for p in measured.weights) and not signals:
         return Numerics(
@@ -198,8 +214,10 @@ def judge(records: Records, spec: LaunchSpec | None, unrepeatable: str | None = 
             sentence="the runs' weights are equal at every snapshot: no rounding to measure",
         )
     unmeasured = _not_rounding(records, measured, signals) if measured is not None else None
-    if unmeasured is not None:
+    if unmeasured is not None and not asked:
         return decide(measured, None, signals, unmeasured)
+    if measured is not None:
+        add_exact(measured, records.a, records.b)
     envelope, why = (
         measure_envelope(records.a, spec, records.b, unrepeatable)
         if measured is not None

@@ -172,19 +172,15 @@ class Measured:
 def distances(a: Run, b: Run, *, exact: bool = True) -> Measured | None:
     """The distances at every snapshot both runs hold with sketches of parameters of the same name;
     ``None`` when they hold none.
-    ``exact`` at the first and the last checkpoint both runs hold (each reads two checkpoints)."""
+    ``exact`` at the first and the last checkpoint both runs hold (:func:`add_exact`)."""
     found = Measured()
     same_batches = a.world_size == b.world_size
-    both = sorted(set(a.checkpoints) & set(b.checkpoints))
-    checked = {both[0], both[-1]} if both and exact else set()
     for step in sorted(set(a.snapshots) & set(b.snapshots)):
         (sa, aa), (sb, ab) = run_sketches(a, step, b), run_sketches(b, step, a)
         # no parameter of the same name: nothing to measure
         if sa is None or sb is None or not sa.keys() & sb.keys():
             continue
-        point = distance_at(step, sa, sb)
-        point.exact = _exact(a, b, step) if step in checked else None
-        found.weights.append(point)
+        found.weights.append(distance_at(step, sa, sb))
         if (
             same_batches
             and aa is not None
@@ -193,7 +189,20 @@ def distances(a: Run, b: Run, *, exact: bool = True) -> Measured | None:
             and aa.step is not None
         ):
             found.activations.append(_activation_distance(aa.step, aa.values, ab.values))
+    if exact:
+        add_exact(found, a, b)
     return found if found.weights else None
+
+
+def add_exact(measured: Measured, a: Run, b: Run) -> None:
+    """The exact distance, from both runs' checkpoints, at the first and the last checkpoint both
+    hold: each reads two checkpoints whole, so it is taken only where the numerics measure an
+    envelope (:func:`~bisect_repro.diagnose.numerics.envelope.judge`)."""
+    both = sorted(set(a.checkpoints) & set(b.checkpoints))
+    checked = {both[0], both[-1]} if both else set()
+    for point in measured.weights:
+        if point.step in checked:
+            point.exact = _exact(a, b, point.step)
 
 
 def _activation_distance(step: int, a: Sketched, b: Sketched) -> Distance:

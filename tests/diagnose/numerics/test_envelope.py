@@ -1,6 +1,7 @@
 """Which experiment measures the envelope (run B's TF32 settings and thread count, where they differ
-from run A's), whether one is measured beside an exact signal, and what is said where none can
-be."""
+from run A's), whether one is measured at all (with the exact distances: only where the records
+cannot tell an event from rounding, beside an exact signal where the environments differ in what
+rounds, or where the user asks, ``compare --numerics``), and what is said where none can be."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ import pytest
 from bisect_repro.diagnose.compare.differences import Differences
 from bisect_repro.diagnose.compare.records import Records
 from bisect_repro.diagnose.compare.verdict import TimelineRow
+from bisect_repro.diagnose.numerics import envelope
 from bisect_repro.diagnose.numerics.envelope import (
     _not_rounding,
     experiments,
+    judge,
     measure_envelope,
     tf32_of,
 )
 from bisect_repro.diagnose.numerics.numerics import ExactSignal, Measured, SignalKind
-from bisect_repro.diagnose.numerics.numerics_result import Distance
+from bisect_repro.diagnose.numerics.numerics_result import Distance, Envelope
 from bisect_repro.store.run import Run
 
 
@@ -169,3 +172,46 @@ def test_a_config_key_where_nothing_that_rounds_differs_is_the_cause_without_an_
         "config (degrade_at) differ from step 0 and the runs' environments agree in all that "
         "rounds: no rounding differs beside it"
     )
+
+
+def _judged(
+    monkeypatch: pytest.MonkeyPatch, why_not: str | None, *, asked: bool
+) -> tuple[list[str], Any]:
+    """``judge`` on runs whose weights differ from step 1, the records saying ``why_not`` (``None``:
+    they cannot tell): what it measured, and its numerics."""
+    measured: list[str] = []
+    points = [Distance(step=0, relative=0.0), Distance(step=1, relative=1e-3)]
+    monkeypatch.setattr(envelope, "distances", lambda a, b, exact: Measured(weights=points))
+    monkeypatch.setattr(envelope, "signals_differing", lambda records, config_only: [])
+    monkeypatch.setattr(envelope, "_not_rounding", lambda records, found, signals: why_not)
+    monkeypatch.setattr(envelope, "add_exact", lambda found, a, b: measured.append("exact"))
+
+    def measure(run: Any, spec: Any, other: Any, unrepeatable: Any) -> tuple[Envelope, None]:
+        measured.append("envelope")
+        return Envelope(method="2 torch threads instead of 1", from_step=0, points=points), None
+
+    monkeypatch.setattr(envelope, "measure_envelope", measure)
+    records = SimpleNamespace(a=SimpleNamespace(world_size=1), b=SimpleNamespace(world_size=1))
+    return measured, judge(records, None, asked=asked)  # type: ignore[arg-type]
+
+
+def test_an_event_the_records_explain_measures_no_envelope_and_reads_no_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    why = "the runs are equal bit for bit up to step 160"
+    measured, numerics = _judged(monkeypatch, why, asked=False)
+    assert measured == [] and numerics.envelope is None and why in numerics.sentence
+
+
+def test_runs_the_records_cannot_tell_apart_from_rounding_measure_the_envelope(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measured, numerics = _judged(monkeypatch, None, asked=False)
+    assert measured == ["exact", "envelope"] and numerics.envelope is not None
+
+
+def test_asked_for_numerics_the_envelope_is_measured_even_where_the_records_explain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measured, numerics = _judged(monkeypatch, "torch's stream differs from step 50", asked=True)
+    assert measured == ["exact", "envelope"] and numerics.envelope is not None
