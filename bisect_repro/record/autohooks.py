@@ -223,25 +223,15 @@ class AutoHooks:
             lambda: setattr(torch.optim.lr_scheduler.LRScheduler, "__init__", scheduler)
         )
         self._undo.append(stepping.track())
-        # on every module until the model is found; then on its parts alone (_hook_parts)
-        self._global = (
-            torch.nn.modules.module.register_module_forward_pre_hook(self._forward),
-            torch.nn.modules.module.register_module_forward_hook(self._output, with_kwargs=True),
+        # on every module, never on the model's own: those would be pickled with it
+        # (torch.save(model), copy.deepcopy)
+        forward = torch.nn.modules.module.register_module_forward_pre_hook(self._forward)
+        outputs = torch.nn.modules.module.register_module_forward_hook(
+            self._output, with_kwargs=True
         )
         stepped = register_optimizer_step_post_hook(self._stepped)
-        self._undo += [*(handle.remove for handle in self._global), stepped.remove]
+        self._undo += [forward.remove, outputs.remove, stepped.remove]
         return self
-
-    def _hook_parts(self, parts: list[torch.nn.Module]) -> None:
-        """The model found: its parts' own hooks take over from the global ones, so that every
-        other module's call takes torch's path without hooks. Each part's hooks run first of its
-        own, as the global ones ran before them."""
-        for handle in self._global:
-            handle.remove()
-        for part in parts:
-            before = part.register_forward_pre_hook(self._forward, prepend=True)
-            after = part.register_forward_hook(self._output, with_kwargs=True, prepend=True)
-            self._undo += [before.remove, after.remove]
 
     def _made_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Follow an optimizer made before the model's first forward; note one made later."""
@@ -379,7 +369,6 @@ class AutoHooks:
             )
             parts = list(self.model.children()) if isinstance(self.model, Parts) else [self.model]
             self._parts = {id(m) for m in parts}
-            self._hook_parts(parts)
             trainee = Trainee(self.model, list(self.optimizers) or None, ())
             self.recorder = FrameworkRecorder(
                 self.out,

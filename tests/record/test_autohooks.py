@@ -3,6 +3,7 @@ forward input lands in, with its sample indices, each hashed once."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -69,3 +70,25 @@ def test_what_the_loop_does_to_a_batch_before_the_forward_is_hashed_too(tmp_path
     run = _recorded(tmp_path, optimizer=True, noise=True)
     x = DATA[0:2][0]
     assert (run.steps[0]["order"], run.steps[0]["batch"]) == _expected(0, x + 1.0)
+
+
+def test_a_hooked_models_whole_pickle_and_copy_work_while_it_records(tmp_path: Path) -> None:
+    """A script that saves its whole model (``torch.save(model)``) or deep-copies it mid-training:
+    the hooks are none of the model's own, so nothing of the recorder is pickled with it."""
+    hooks = AutoHooks(tmp_path / "r", RecordOptions(every=1)).install()
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+        sgd = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x, y in DataLoader(DATA, batch_size=2):
+            nn.functional.mse_loss(model(x), y).backward()
+            sgd.step()
+            sgd.zero_grad()
+            torch.save(model, tmp_path / "model.pt")
+            twin = copy.deepcopy(model)
+            assert all(not m._forward_pre_hooks and not m._forward_hooks for m in twin.modules())
+    finally:
+        hooks.close()
+    saved = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert torch.equal(saved[0].weight, model[0].weight)
+    assert Run.open(tmp_path / "r").steps.keys() == {0, 1, 2, 3}
