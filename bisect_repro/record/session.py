@@ -432,8 +432,11 @@ class RecordingSession:
         if self._deferred_bytes > _DEFERRED_BATCH_BYTES:
             self._hash_deferred()
         if same_step:
-            self._pending[-1].batch_names += [n for n in named if n != order_name]
-            self._pending[-1].others += others
+            pending = self._pending[-1]
+            if pending.first is None:
+                pending.first = (len(pending.batch_names), len(pending.others))
+            pending.batch_names += [n for n in named if n != order_name]
+            pending.others += others
         else:
             # at a snapshot step, the streams as its first batch is noted (see PendingStep.streams)
             streams = self.state.streams.state_dict() if self._last_snapshot == self.step else None

@@ -37,6 +37,9 @@ class PendingStep:
     batch_names: list[str]
     others: list[str]
     loss: torch.Tensor | float | None = None
+    first: tuple[int, int] | None = None
+    """How many of ``batch_names`` and ``others`` the step's first noted batch holds (set as the
+    step notes its second)."""
     streams: dict[str, Any] | None = None
     """The random streams' states as the step's first batch was noted (a snapshot step's only): the
     point two runs pass through alike where one resumed from the other's checkpoint, which the
@@ -64,9 +67,10 @@ def step_records(
     digests: Mapping[str, str],
     seeded: Mapping[int, list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
-    """The ``steps.jsonl`` records of ``pending``: loss, order hash, batch hash, the streams'
-    digests where the step holds their states (``streams``; a script's first step's ``start``
-    too), and the step's entropy-seeding calls (``seeded``, by step) when it made any."""
+    """The ``steps.jsonl`` records of ``pending``: loss, order hash, batch hash (and its first noted
+    batch's alone, ``first``, where it noted several), the streams' digests where the step holds
+    their states (``streams``; a script's first step's ``start`` too), and the step's
+    entropy-seeding calls (``seeded``, by step) when it made any."""
     records = []
     for step, loss in zip(pending, losses, strict=True):
         batch_parts = [digests[name] for name in step.batch_names] + step.others
@@ -77,6 +81,10 @@ def step_records(
             "order": order,
             "batch": combine_digests(batch_parts),
         }
+        if step.first is not None:  # several batches: the first one's alone too
+            names, others = step.first
+            first = [digests[name] for name in step.batch_names[:names]] + step.others[:others]
+            record["first"] = combine_digests(first)
         for key, states in (("streams", step.streams), ("start", step.start)):
             if states is not None:
                 record[key] = {name: tree_digest(state) for name, state in states.items()}

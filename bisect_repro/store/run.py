@@ -191,9 +191,9 @@ _SEEDING_TEXT = ("call", "stream", "where")
 
 def _check_step_line(record: dict[str, Any]) -> int:
     """A ``steps.jsonl`` line's step, after checking every field a reader uses: ``loss`` a number or
-    null, ``order`` and ``batch`` text or null, ``streams`` and ``start`` a digest (text) per
-    stream, ``seeded`` a list of seeding calls (``call``, ``stream``, ``where`` text, ``entropy``
-    true or false, ``value`` what entropy gave the call, as
+    null, ``order``, ``batch`` and ``first`` text or null, ``streams`` and ``start`` a digest
+    (text) per stream, ``seeded`` a list of seeding calls (``call``, ``stream``, ``where`` text,
+    ``entropy`` true or false, ``value`` what entropy gave the call, as
     :func:`~bisect_repro.capture.entropy.check_value` allows). ``ValueError`` names the first bad
     field."""
     step = record["step"]
@@ -204,7 +204,7 @@ def _check_step_line(record: dict[str, Any]) -> int:
         raise ValueError(f"step {step}: loss {loss!r:.40} is not a number")
     if isinstance(loss, int) and abs(loss) > _LARGEST_FLOAT:
         raise ValueError(f"step {step}: loss {str(loss)[:20]}... is larger than any float")
-    for key in ("order", "batch"):
+    for key in ("order", "batch", "first"):
         if record.get(key) is not None and not isinstance(record[key], str):
             raise ValueError(f"step {step}: {key} {record[key]!r} is not a digest")
     for key in ("streams", "start"):

@@ -161,15 +161,19 @@ def precondition_violations(report: dict[str, Any]) -> list[str]:
     rule = PRECONDITIONS.get(verdict["cause"])
     if rule is not None and not rule[1](report):
         problems.append(f"cause {verdict['cause']} needs: {rule[0]}")
-    first = report["first_log_difference"]
-    data_differs = _at_or_before(first["order"], verdict["step"]) or _at_or_before(
-        first["batch"], verdict["step"]
+    first, step = report["first_log_difference"], verdict["step"]
+    data_differs = _at_or_before(first["order"], step) or _at_or_before(first["batch"], step)
+    # the step's data differs before its first forward: its first batch, or an earlier step's
+    data_first = (
+        _at_or_before(first["order"], step)
+        or _at_or_before(first["batch"], step - 1)
+        or first["first_batch"] == step
     )
     if verdict["phase"] == "data" and not data_differs:
         problems.append(
             "phase data needs the sample indices or the batch to differ at or before the step"
         )
-    if verdict["phase"] in ("forward", "backward", "optimizer") and data_differs:
+    if verdict["phase"] in ("forward", "backward", "optimizer") and data_first:
         problems.append(
             f"phase {verdict['phase']} while the records show the step's data differing: the data "
             "comes first"

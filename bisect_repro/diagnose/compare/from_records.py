@@ -177,7 +177,11 @@ def _streams_not_named(records: Records, w: Window, verdict: Verdict) -> list[Ev
 
 def _bounds(records: Records) -> str:
     logs = (
-        ", ".join(f"{k} at step {v}" for k, v in records.logs.items() if v is not None)
+        ", ".join(
+            f"{k} at step {v}"
+            for k, v in records.logs.items()
+            if v is not None and k != "first_batch"  # within the batch's bound
+        )
         or "no per-step log differs"
     )
     if records.last_equal is None:

@@ -256,12 +256,22 @@ def _with_loader(settings: Any, run: Run) -> Any:
 
 
 def _first_log_differences(a: Run, b: Run) -> dict[str, int | None]:
-    found: dict[str, int | None] = {"order": None, "batch": None, "loss": None}
+    """The first step at which each logged field differs; ``first_batch``: the step's first noted
+    batch (its only one where it noted one), which tells a step whose first forward read the same
+    batch in both runs from one whose data differs from its start."""
+    found: dict[str, int | None] = {"order": None, "batch": None, "loss": None, "first_batch": None}
     for step in sorted(set(a.steps) & set(b.steps)):
+        ra, rb = a.steps[step], b.steps[step]
         for key in found:
-            if found[key] is None and a.steps[step].get(key) != b.steps[step].get(key):
+            if found[key] is None and _logged(ra, key) != _logged(rb, key):
                 found[key] = step
     return found
+
+
+def _logged(record: dict[str, Any], key: str) -> Any:
+    if key == "first_batch":
+        return record.get("first", record.get("batch"))
+    return record.get(key)
 
 
 def read_records(a: Run, b: Run) -> Records:
