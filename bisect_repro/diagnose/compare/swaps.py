@@ -186,6 +186,8 @@ class Swaps:
                 self._arguments_decide_data() and self._relaunched(verdict, same, data=False)
             ):
                 verdict.rng = []  # the streams carried the difference; the relaunch made it
+            else:
+                self._reseeded_before_data(verdict)
             return
         a, b = self.ra.streams(s), self.rb.streams(s)
         epoch_a, epoch_b = (a.data or {}).get("epoch_streams"), (b.data or {}).get("epoch_streams")
@@ -216,6 +218,21 @@ class Swaps:
             verdict, lambda fetched, _: fetched.digest(kind) == fetched_a.digest(kind), data=True
         ):
             verdict.confidence = Confidence.UNEXPLAINED
+
+    def _reseeded_before_data(self, verdict: Draft) -> None:
+        """A script's batch that no experiment explains, where the step logs show a stream a loader
+        draws from reseeded from entropy at or before the step (between the step's start and its
+        data: after an evaluation, say): that stream, inferred from the records."""
+        calls = [
+            call
+            for _, call in self.records.reseeds(0, self.step)
+            if isinstance(call.get("stream"), str) and loader_draws_from(call["stream"])
+        ]
+        if not calls:
+            return
+        verdict.cause, verdict.confidence = Cause.RNG_STATE, Confidence.INFERRED
+        verdict.rng = sorted({call["stream"] for call in calls})
+        verdict.reseeded = [SeedingCall.from_json(call) for call in calls]
 
     def _streams_at_start(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Both runs' random streams at the step's start: from the records where both snapshot it,
