@@ -125,6 +125,7 @@ def test_deterministic_algorithms_fix_the_lookup(examples, tmp_path) -> None:
     assert compare(a, b)[0] == 0
 
 
+@pytest.mark.extended  # a thread count case: tests/e2e/test_numerics.py's run in every suite
 def test_thread_count_changes_a_reduction(examples, tmp_path) -> None:
     target = f"{examples / 'threads.py'}:build"
     for name, threads in (("a", "1"), ("b", "2")):
