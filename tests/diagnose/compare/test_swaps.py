@@ -13,7 +13,7 @@ from bisect_repro.replay.launch import LaunchSpec
 from bisect_repro.replay.replica import ReplicaFailed
 from bisect_repro.serve.protocol import StepResult
 from bisect_repro.store.meta import CodeKind
-from tests.fake_programs import one_layer, record, shuffled
+from tests.fake_programs import one_layer, record, reseeding, shuffled
 from tests.fake_replica import FakeReplica, Launcher, Program
 
 SCRIPTS = (
@@ -482,3 +482,31 @@ def test_a_run_that_does_not_repeat_itself_is_put_on_its_differing_arguments(
 def test_a_run_that_does_not_repeat_itself_is_not_put_on_its_worker_count(tmp_path: Path) -> None:
     found, verdict, launcher = _unrepeated(tmp_path, _flagged("--workers"))
     assert not found and verdict.cause is Cause.RNG_STATE and launcher.started == []
+
+
+def test_an_unexplained_batch_after_a_reseed_the_step_logs_show_is_that_stream_inferred(
+    tmp_path: Path,
+) -> None:
+    plain = Program(step=one_layer, streams={"torch": 1}, reruns=False)
+    reseeded = Program(step=reseeding, streams={"torch": 1}, reruns=False)
+    for records, named in (
+        (records_of(tmp_path / "reseeded", plain, reseeded), True),
+        (records_of(tmp_path / "plain", plain, plain), False),
+    ):
+        verdict = Draft(
+            step=1, phase="data", cause=Cause.DATA_ORDER, confidence=Confidence.UNEXPLAINED
+        )
+        no_replicas = (None, None)  # the records alone decide it
+        swaps = Swaps(records, no_replicas, SCRIPTS, 1, 0, [], start=Launcher({}))  # type: ignore[arg-type]
+        swaps._reseeded_before_data(verdict)
+        if named:
+            assert (verdict.cause, verdict.confidence, verdict.rng) == (
+                Cause.RNG_STATE,
+                Confidence.INFERRED,
+                ["torch"],
+            )
+            assert [call.where for call in verdict.reseeded] == ["train.py:12"] * len(
+                verdict.reseeded
+            ) and verdict.reseeded
+        else:
+            assert (verdict.cause, verdict.confidence) == (Cause.DATA_ORDER, Confidence.UNEXPLAINED)
