@@ -388,13 +388,12 @@ CASES += [
         "iterable_stream_worker_count",
         Run(py("iterable_stream.py", "--max-steps", "3", "--workers", "1")),
         Run(py("iterable_stream.py", "--max-steps", "3", "--workers", "2")),
-        Expected(step=0, phase="data", cause="data_order"),
+        Expected(step=0, phase="data", cause="config", flag="--workers"),
         "an IterableDataset whose workers each keep every num_workers-th window of the stream: "
         "with one worker batch 0 holds windows 0-7, with two it holds worker 0's windows 0, 2, "
-        "..., 14; the weights are equal and step 0's samples are the first thing that differs",
-        extra={"config_key": "--workers"},
-        wrong="config (inferred, --workers): the replay's data order is set aside because no "
-        "sample indices were recorded",
+        "..., 14; the weights are equal and step 0's samples are the first thing that differs. "
+        "No sample indices exist to tell order from content, so run B relaunched with --workers 1 "
+        "is the proof that the worker count decides the batch",
     ),
     Case(
         "sampler_set_epoch_flag",

@@ -265,6 +265,11 @@ def test_the_planted_word_is_first_read_by_the_step_the_case_expects() -> None:
     assert [bool(changed & batch) for batch in batches] == [False, False, True] and step == 2
 
 
+def _first_differences(order: int | None = None, batch: int | None = None) -> dict[str, Any]:
+    """A report's first step log differences where each step noted one batch."""
+    return {"order": order, "batch": batch, "loss": None, "first_batch": batch}
+
+
 def _fake_report(cause: str, **records: Any) -> dict[str, Any]:
     verdict = {
         "step": 5,
@@ -280,7 +285,7 @@ def _fake_report(cause: str, **records: Any) -> dict[str, Any]:
     }
     report = {
         "verdict": verdict,
-        "first_log_difference": {"order": None, "batch": 5, "loss": None},
+        "first_log_difference": _first_differences(batch=5),
         "config_diff": {},
         "environment_diff": {},
         "timeline": [],
@@ -296,13 +301,11 @@ def _fake_report(cause: str, **records: Any) -> dict[str, Any]:
     [
         (_fake_report("data_order"), "cause data_order needs"),  # the GAN's verdict: order None
         (
-            _fake_report("data_order", first_log_difference={"order": 5, "batch": 5, "loss": None}),
+            _fake_report("data_order", first_log_difference=_first_differences(order=5, batch=5)),
             None,
         ),
         (
-            _fake_report(
-                "data_content", first_log_difference={"order": 5, "batch": 5, "loss": None}
-            ),
+            _fake_report("data_content", first_log_difference=_first_differences(order=5, batch=5)),
             "cause data_content needs",
         ),
         (_fake_report("data_content"), None),
@@ -319,9 +322,7 @@ def _fake_report(cause: str, **records: Any) -> dict[str, Any]:
         (_fake_report("rng_state", rng=["numpy"], timeline=[{"streams": ["numpy"]}]), None),
         (_fake_report("rng_state", rng=["torch"], reseeded=[{"where": "vae.py:9"}]), None),
         (
-            _fake_report(
-                "unknown", first_log_difference={"order": None, "batch": None, "loss": None}
-            ),
+            _fake_report("unknown", first_log_difference=_first_differences()),
             "phase data needs",
         ),
         (_fake_report("unknown", explanation="equal up to step None"), "prints None"),

@@ -53,17 +53,22 @@ PARALLELISM = re.compile(
 setting for speed, which the data a script draws is expected not to depend on."""
 
 
-def arguments_not_named_for_data(keys: Sequence[str], reseeded: bool) -> str | None:
+def arguments_not_named_for_data(
+    keys: Sequence[str], reseeded: bool, order_recorded: bool = True
+) -> str | None:
     """Why a script's differing arguments are not put to the test for a batch that differs
     (``None``: they are: run B relaunched with run A's arguments, the step then matching, names
     ``config`` in the data). A reseed from entropy at or before the step is the streams' cause
-    (``rng_state``); a batch that changes with a worker count alone is drawn in workers seeded per
-    worker, the data's own cause (``data_content``)."""
+    (``rng_state``); a batch that changes with a worker count alone, where the loader's sample
+    indices were recorded, is drawn in workers seeded per worker, the data's own cause
+    (``data_content``). Without indices (an ``IterableDataset`` whose workers shard the stream)
+    the data's cause cannot be named, and the relaunch is what tells whether the worker count
+    decides the batch."""
     if not keys:
         return "no argument differs"
     if reseeded:
         return "a stream was reseeded from entropy at or before the step"
-    if all(PARALLELISM.search(key.lstrip("-")) for key in keys):
+    if order_recorded and all(PARALLELISM.search(key.lstrip("-")) for key in keys):
         return (
             f"only the parallelism differs ({', '.join(keys)}): a batch that changes with the "
             "number of workers is drawn in "

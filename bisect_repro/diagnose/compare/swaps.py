@@ -244,11 +244,11 @@ class Swaps:
         return sa.streams, sb.streams
 
     def _data_in_a_framework(self, verdict: Draft) -> None:
-        """A framework's loader cannot fetch a batch again: name, from the records, the streams the
-        loader may have drawn from that differ at the step's start (inferred)."""
+        """A script's or framework's loader cannot fetch a batch again: name, from the records,
+        the streams the loader may have drawn from that differ at the step's start (inferred)."""
         sa, sb = self._streams_at_start()
         differing = [n for n in _differing(sa, sb) if loader_draws_from(n)]
-        detail = "a framework's data loader cannot fetch a batch again"
+        detail = "a script's or framework's loader cannot fetch a batch again"
         if differing:
             detail += (
                 "; the streams a loader shuffles and seeds its workers from differ at the "
@@ -306,7 +306,9 @@ class Swaps:
         if spec_b.kind is CodeKind.RECIPE or spec_a.argv == spec_b.argv:
             return False
         why = arguments_not_named_for_data(
-            list(self.records.differences.config), bool(self.records.reseeds(0, self.step))
+            list(self.records.differences.config),
+            bool(self.records.reseeds(0, self.step)),
+            order_recorded=self.records.unordered_batch(self.step) is None,
         )
         if why is not None:
             subject = "run B relaunched with run A's arguments"

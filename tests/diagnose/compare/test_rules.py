@@ -392,3 +392,18 @@ def test_arguments_are_put_to_the_test_for_a_batch_only_where_the_rule_allows(
 ) -> None:
     why = arguments_not_named_for_data(keys, reseeded)
     assert (why is None) if refused is None else (why is not None and refused in why), why
+
+
+@pytest.mark.parametrize(
+    ("keys", "reseeded", "refused"),
+    [
+        (["--workers"], False, None),  # no indices: the relaunch tells order from nothing else
+        (["--sample-seed"], True, "reseeded from entropy"),
+        ([], False, "no argument differs"),
+    ],
+)
+def test_a_worker_count_is_put_to_the_test_where_no_sample_indices_were_recorded(
+    keys: list[str], reseeded: bool, refused: str | None
+) -> None:
+    why = arguments_not_named_for_data(keys, reseeded, order_recorded=False)
+    assert (why is None) if refused is None else (why is not None and refused in why), why

@@ -222,7 +222,7 @@ def test_a_batch_that_differs_in_a_frameworks_loop_names_the_streams_that_differ
             experiment="data_streams",
             subject="run B's batch under run A's streams",
             outcome="inconclusive",
-            detail="a framework's data loader cannot fetch a batch again; "
+            detail="a script's or framework's loader cannot fetch a batch again; "
             "the streams a loader shuffles and seeds its workers from differ at the step's start: "
             "torch",
         ),
