@@ -120,6 +120,12 @@ class StepTracer:
         for path, tensor in tensors.items():
             self._note("data", None, path, tensor)
 
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """A tensor ``backward()`` is called on: the forward phase's last entry (a loss weighted
+        outside any module differs here first)."""
+        if self.full:
+            self._note("forward", None, "loss", loss)
+
     def __enter__(self) -> StepTracer:
         if self.full:
             for name, module in _traced_modules(self.model):

@@ -19,7 +19,10 @@ way (:mod:`bisect_repro.replay.bootstrap`), from the start, like a framework's r
   weights itself) is stepped by its ``backward()`` calls: the model's first forward after one
   starts the next step;
 - **the model** is the outermost module whose parameters the optimizer holds (with no optimizer:
-  whose parameters require gradients), found at its first forward call with gradients enabled,
+  whose parameters require gradients; where the optimizer holds no module's parameters, the
+  module whose forward takes the tensors it trains, an image optimized through a frozen network,
+  with those tensors: :func:`~bisect_repro.record.parts.model_of`, and never a batch), found at
+  its first forward call with gradients enabled,
   and named as the user's module inside the wrappers that rename it (Lightning Fabric's
   ``_forward_module.``, ``DataParallel``'s ``module.``, ``torch.compile``'s ``_orig_mod.``:
   :class:`~bisect_repro.trainee.Trainee`). With several optimizers over separate modules
@@ -153,6 +156,8 @@ class AutoHooks:
         self.model: torch.nn.Module | None = None
         # the modules whose forward is the model's (several optimizers: each part)
         self._parts: set[int] = set()
+        # the tensors the optimizers train, by id: never a batch, though a forward takes them
+        self._trained: set[int] = set()
         self._stepped_now: set[int] = set()  # the optimizers that stepped since the step began
         self._losses: list[torch.Tensor] = []  # what backward() was called on since the step began
         # storage of the parts' outputs this step: a part's input made by another is no batch
@@ -250,6 +255,8 @@ class AutoHooks:
         """A ``backward()`` on a single number (no gradient given): part of the step's loss."""
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 and gradients is None:
             self._losses.append(tensors.detach())
+            if self.recorder is not None:
+                self.recorder.note_loss(tensors)
 
     def _log_loss(self) -> None:
         """The step's loss to the recorder: what backward() was called on, summed over its calls."""
@@ -350,25 +357,18 @@ class AutoHooks:
         if torch.compiler.is_compiling() or not torch.is_grad_enabled():
             return
         if self.model is None:
-            if self.optimizers:
-                held = {
-                    id(p)
-                    for optimizer in self.optimizers
-                    for group in optimizer.param_groups
-                    for p in group["params"]
-                }
-                if not any(id(p) in held for p in module.parameters()):
-                    return
-            elif not any(p.requires_grad for p in module.parameters()):
+            trains = self._trains(module, args)
+            if trains is None:
                 return
             # with no optimizer: the first module with trainable parameters a forward reaches
             self.model = (
                 module
-                if len(self.optimizers) < 2
+                if len(self.optimizers) < 2 and trains == "parameters"
                 else model_of(self.optimizers, module, sys._getframe(1))
             )
             parts = list(self.model.children()) if isinstance(self.model, Parts) else [self.model]
             self._parts = {id(m) for m in parts}
+            self._trained = self._held()
             trainee = Trainee(self.model, list(self.optimizers) or None, ())
             self.recorder = FrameworkRecorder(
                 self.out,
@@ -395,12 +395,42 @@ class AutoHooks:
         if id(module) in self._parts and self.recorder is not None:
             self._forward_inputs(list(args))
 
+    def _held(self) -> set[int]:
+        """The tensors the optimizers train, by id."""
+        return {
+            id(p)
+            for optimizer in self.optimizers
+            for group in optimizer.param_groups
+            for p in group["params"]
+        }
+
+    def _trains(self, module: torch.nn.Module, args: tuple[Any, ...]) -> str | None:
+        """What makes this forward the model's: ``"parameters"``, the module holds parameters the
+        optimizers train (with none: parameters that require gradients); ``"inputs"``, it holds
+        none of them but takes tensors they train as inputs (an image optimized through a frozen
+        network); ``None``: neither, not the model."""
+        if not self.optimizers:
+            return "parameters" if any(p.requires_grad for p in module.parameters()) else None
+        held = self._held()
+        if any(id(p) in held for p in module.parameters()):
+            return "parameters"
+        inputs, _ = batch_tensors(list(args))
+        return "inputs" if any(id(t) in held for t in inputs.values()) else None
+
     def _forward_inputs(self, args: list[Any]) -> None:
         """The inputs of a forward of the model: part of its step's batch, unless another part
         computed them, or the step saw them already (a loader's batch as drawn, or the same
         tensors again: a closure's passes)."""
         assert self.recorder is not None
         inputs, _ = batch_tensors(args)
+        ids = {id(t) for t in inputs.values()}
+        if inputs and ids <= self._trained:
+            # what the optimizers train is the model's state, snapshotted: the step's batch is
+            # empty (noted once, so that the step is logged with its loss)
+            if not ids <= self._forward_ids:
+                self._forward_ids |= ids
+                self.recorder.note_batch(())
+            return
         if any(
             t.device.type != "meta" and t.untyped_storage().data_ptr() in self._made
             for t in inputs.values()

@@ -77,6 +77,8 @@ class Role(Protocol):
 
     def log(self, loss: torch.Tensor | float | None) -> None: ...
 
+    def note_loss(self, loss: torch.Tensor) -> None: ...
+
     def close(self) -> None: ...
 
     def abandon(self) -> None: ...
@@ -274,6 +276,11 @@ class FrameworkRecorder(Recorder):
     def end_step(self) -> None:
         """The current step is done (its optimizer step taken)."""
         self._role.end_step()
+
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """A tensor ``backward()`` is called on, as it is called: a replay traces it as the last
+        part of the forward phase (a loss weighted outside any module); :meth:`log` records it."""
+        self._role.note_loss(loss)
 
     def note_start_streams(self, states: dict[str, Any]) -> None:
         """The random streams as the first step began, before it drew its data (recording only:

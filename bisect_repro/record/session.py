@@ -352,6 +352,9 @@ class RecordingSession:
             if found is not None:
                 self._sketched = (self.step, found)
 
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """Nothing to do: the step's loss is recorded by :meth:`log`."""
+
     def log(self, loss: torch.Tensor | float | None) -> None:
         """The loss of the current step; a tensor stays on its device until the next snapshot."""
         if self._pending and self._pending[-1].step == self.step:

@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ..capture import compiled, env
 from ..capture.batch import batch_tensors, combine_digests
 from ..capture.hashing import hash_tensors
@@ -86,6 +88,10 @@ class HookServer(StepServer):
         self._others += others
         if self._running is not None:
             self._running.note_batch(batch, None)
+
+    def note_loss(self, loss: torch.Tensor) -> None:
+        if self._running is not None:
+            self._running.note_loss(loss)
 
     def end_step(self) -> None:
         batch = combine_digests([*hash_tensors(self._batch_tensors).values(), *self._others])

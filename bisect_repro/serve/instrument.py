@@ -80,6 +80,10 @@ class InstrumentedStep:
         if self.tracer is not None:
             self.tracer.note_batch(batch, indices)
 
+    def note_loss(self, loss: torch.Tensor) -> None:
+        if self.tracer is not None:
+            self.tracer.note_loss(loss)
+
     def __enter__(self) -> InstrumentedStep:
         request = self.request
         self._before = env.apply(request.environment) if request.environment else None

@@ -211,6 +211,9 @@ class StepServer:
     def log(self, loss: Any) -> None:
         self.loss = loss
 
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """Nothing to do: a served loop's step function returns its loss."""
+
     def begin_step(self) -> None:
         """Nothing to do: the served loop puts each step's state in place itself."""
 

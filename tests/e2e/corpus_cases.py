@@ -396,6 +396,16 @@ CASES += [
         "is the proof that the worker count decides the batch",
     ),
     Case(
+        "style_transfer_weight_flag",
+        Run(py("style_transfer.py")),
+        Run(py("style_transfer.py", "--style-weight", "1e5")),
+        Expected(step=0, phase="forward", cause="config", flag="--style-weight"),
+        "LBFGS trains the input image, no module's parameters: the frozen network's outputs and "
+        "each loss module's term are equal at step 0, and the sum weighted outside any module, "
+        "the loss backward() is called on, is the first thing that differs",
+        ci=True,
+    ),
+    Case(
         "sampler_set_epoch_flag",
         Run(py("sampler_set_epoch.py", "2", "--reshuffle")),
         Run(py("sampler_set_epoch.py", "2")),

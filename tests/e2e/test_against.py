@@ -132,6 +132,7 @@ def test_past_the_reference_end_it_stops_when_asked(folder: Path) -> None:
     assert longer.complete and longer.last_step == 50 and len(longer.steps) == 50
 
 
+@pytest.mark.extended
 def test_with_against_continue_the_whole_run_is_recorded_and_compared(folder: Path) -> None:
     done = _record(folder, "whole", "edited.txt", "--against", "a", "--against-continue", "--json")
     assert done.returncode == 1, done.stderr[-2000:]

@@ -167,6 +167,7 @@ def test_a_rank_changing_its_own_weights_makes_the_replicas_drift(recorded) -> N
     assert replicas["tensors"] == [{"tensor": "module.0.weight", "ranks": [1], "group": [0, 1]}]
 
 
+@pytest.mark.extended
 def test_fsdp2_shards_are_identical_when_seeded_and_a_planted_difference_is_found(recorded) -> None:
     # checkpoints change nothing
     a, b = recorded("fsdp-a", FSDP), recorded("fsdp-b", FSDP, "--checkpoint-every", "2")
@@ -326,6 +327,7 @@ def test_the_recorder_under_a_plain_torchrun(tmp_path) -> None:
     assert isinstance(run_id, str) and len(run_id) == 32 and int(run_id, 16) >= 0
 
 
+@pytest.mark.extended
 def test_a_reseed_behind_a_closure_counter_on_one_rank_is_proven_on_that_rank(recorded) -> None:
     target = f"{Path(__file__).resolve().parent / 'recipes' / 'ddp_counter.py'}:build"
     schedule = ("--checkpoint-every", "2")

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 LOOPS = Path(__file__).resolve().parent / "loops"
 
 
@@ -18,6 +20,7 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.extended
 def test_a_hand_written_sgd_loop_diverging_by_thread_count(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text((LOOPS / "hand_sgd.py").read_text())

@@ -152,6 +152,7 @@ def test_a_hand_written_sgd_script_with_no_optimizer_diverging_by_thread_count(
     )
 
 
+@pytest.mark.extended
 def test_a_loop_that_lives_in_a_library_is_recorded_through_its_optimizer_and_model(
     tmp_path: Path,
 ) -> None:
@@ -288,6 +289,7 @@ def test_a_scripts_experiments_rewind_its_replaying_process_fewer_processes_same
     assert not any("not by rewinding" in note for note in rewound["notes"]), rewound["notes"]
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_loop_reading_its_own_counter_is_caught_when_rewound_and_run_in_fresh_processes(
     scheduled: Path, monkeypatch: pytest.MonkeyPatch

@@ -92,3 +92,32 @@ def test_a_hooked_models_whole_pickle_and_copy_work_while_it_records(tmp_path: P
     saved = torch.load(tmp_path / "model.pt", weights_only=False)
     assert torch.equal(saved[0].weight, model[0].weight)
     assert Run.open(tmp_path / "r").steps.keys() == {0, 1, 2, 3}
+
+
+def test_an_image_optimized_through_a_frozen_network_is_the_models_state_not_a_batch(
+    tmp_path: Path,
+) -> None:
+    hooks = AutoHooks(tmp_path / "r", RecordOptions(every=1)).install()
+    try:
+        torch.manual_seed(0)
+        features = nn.Conv2d(3, 4, 3).requires_grad_(False)
+        target = features(torch.rand(1, 3, 8, 8))  # a forward before the optimizer: no model
+        image = torch.rand(1, 3, 8, 8).requires_grad_(True)
+        adam = torch.optim.Adam([image], lr=0.1)
+        for _ in range(3):
+            adam.zero_grad()
+            loss = nn.functional.mse_loss(features(image), target) * 10.0
+            loss.backward()
+            adam.step()
+    finally:
+        hooks.close()
+    run = Run.open(tmp_path / "r")
+    tensors = run.meta.model
+    assert set(tensors["parameters"]) == {"features.weight", "features.bias"}
+    assert set(tensors["buffers"]) == {"optimizer.image"}
+    # each step is logged with its loss, its batch empty: the image is snapshotted, not hashed
+    empty = combine_digests([])
+    assert sorted(run.steps) == [0, 1, 2]
+    assert all(run.steps[s]["batch"] == empty and run.steps[s]["loss"] > 0 for s in range(3))
+    snapshots = [run.snapshot(s)["hashes"]["optimizer.image"] for s in (0, 1, 2)]
+    assert len(set(snapshots)) == 3  # the image each step starts from

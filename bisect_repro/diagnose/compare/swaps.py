@@ -553,12 +553,13 @@ class Swaps:
         """A script's config is its command line: run B's script relaunched with run A's
         arguments."""
         spec_a, spec_b = self.specs
-        label, command = "run B relaunched with run A's arguments", shown_command(spec_a.argv)
+        label = "run B relaunched with run A's arguments"
+        command = f"({shown_command(spec_a.argv)})" if spec_a.argv[1:] else "(no arguments)"
         try:
             matched = vanishes(*self._variant(replace(spec_b, argv=list(spec_a.argv)), label, data))
         except ReplicaFailed as error:  # run B's script does not take run A's arguments
             detail = (
-                f"run B's script run with run A's command line ({command}) did not reach step "
+                f"run B's script run with run A's command line {command} did not reach step "
                 f"{self.step}: {error}"
             )
             self.evidence.append(
@@ -570,7 +571,7 @@ class Swaps:
             "config",
             label,
             matched,
-            f"run B's script run with run A's command line ({command}): step {self.step} {outcome}",
+            f"run B's script run with run A's command line {command}: step {self.step} {outcome}",
         )
         if matched:
             verdict.cause, verdict.config_keys, verdict.confidence = (

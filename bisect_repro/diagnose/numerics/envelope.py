@@ -247,7 +247,7 @@ def _not_rounding(records: Records, measured: Measured, signals: list[ExactSigna
     first = records.timeline[0] if records.timeline else None
     if signals and not set(records.differences.environment) - set(_NOT_ROUNDING):
         return (
-            f"{signals[0].what} differ from step {signals[0].step} and the runs' environments "
+            f"{signals[0].what} differ {signals[0].since} and the runs' environments "
             "agree in all that rounds: no rounding differs beside it"
         )
     if first is None:

@@ -238,6 +238,12 @@ class ExactSignal:
         """The signal as ``numerics`` names it: ``config (degrade_at)``, ``sample indices``."""
         return f"{self.kind.value} ({', '.join(self.names)})" if self.names else self.kind.value
 
+    @property
+    def since(self) -> str:
+        """When it differs from, in words: a config from the start (its launch), not a step's
+        computation; the others from the first step whose records show it."""
+        return "from the start" if self.kind is SignalKind.CONFIG else f"from step {self.step}"
+
 
 _LOGGED = {"order": SignalKind.ORDER, "batch": SignalKind.BATCH}
 

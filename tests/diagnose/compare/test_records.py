@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bisect_repro.capture.seeding import SeedingCall
 from bisect_repro.diagnose.compare.causes import Cause
 from bisect_repro.diagnose.compare.from_records import records_verdict
@@ -179,6 +181,33 @@ def test_a_config_key_that_differs_is_named_with_both_values(tmp_path: Path) -> 
     assert (verdict.step, verdict.cause, verdict.config_keys) == (3, Cause.CONFIG, ["lr"])
     assert verdict.explanation.endswith("; the settings differ (lr 0.1 in run A, 0.2 in run B)")
     assert verdict.fix == "record both runs with the same settings (lr: 0.1 vs 0.2)"
+
+
+@pytest.mark.parametrize(("batch_from", "cause"), [(2, Cause.CONFIG), (3, Cause.RNG_STATE)])
+def test_a_stream_that_moved_after_a_setting_changed_the_batch_is_no_cause(
+    tmp_path: Path, batch_from: int, cause: Cause
+) -> None:
+    """Snapshots equal at steps 0 and 2, torch apart at step 4. Where the batch already differs
+    at step 2, the window's first step, the stream's move cannot be placed before it and the
+    setting is named; where the batch parts at step 3, torch may have moved first."""
+    streams = {0: {"torch": 1}, 2: {"torch": 1}}
+    a = run(
+        tmp_path / "a",
+        orders=dict.fromkeys(range(STEPS)),
+        streams={**streams, 4: {"torch": 2}},
+        config={"k": 8},
+    )
+    b = run(
+        tmp_path / "b",
+        orders=dict.fromkeys(range(STEPS)),
+        batches={s: "other" for s in range(batch_from, STEPS)},
+        hashes={4: "moved"},
+        streams={**streams, 4: {"torch": 5}},
+        config={"k": 7},
+    )
+    verdict = verdict_of(a, b)
+    assert (verdict.step, verdict.phase, verdict.cause) == (batch_from, "data", cause)
+    assert verdict.config_keys == (["k"] if cause is Cause.CONFIG else [])
 
 
 def test_a_stream_that_differed_from_the_start_but_never_moved_is_not_the_cause(

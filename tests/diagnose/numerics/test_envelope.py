@@ -169,7 +169,7 @@ def test_a_config_key_where_nothing_that_rounds_differs_is_the_cause_without_an_
 ) -> None:
     why = _not_rounding(_records(environment), MEASURED, CONFIG)
     assert why == (
-        "config (degrade_at) differ from step 0 and the runs' environments agree in all that "
+        "config (degrade_at) differ from the start and the runs' environments agree in all that "
         "rounds: no rounding differs beside it"
     )
 

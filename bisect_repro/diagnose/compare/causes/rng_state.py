@@ -38,13 +38,25 @@ def _reseed(records: Records, w: Window) -> Finding | None:
 
 
 def _moved(records: Records, w: Window) -> Finding | None:
-    if not w.changed or records.last_equal is None:
+    if not w.changed or records.last_equal is None or _moved_after_a_setting(records):
         return None
     what = (
         f"the random streams {', '.join(w.changed)} changed between the last equal snapshot and "
         "the first divergent one"
     )
     return Finding(cause=Cause.RNG_STATE, what=what, rng=w.changed)
+
+
+def _moved_after_a_setting(records: Records) -> bool:
+    """A setting differs and the step logs show the window's first step already computing on
+    another batch or loss: the runs part there, and a stream that moved somewhere in the window
+    cannot be placed before it (a batch of another length draws another number of dropout masks),
+    so the setting, present from the start, is named instead."""
+    first = min(
+        (step for key in ("batch", "loss") if (step := records.logs.get(key)) is not None),
+        default=None,
+    )
+    return bool(records.differences.config) and first == records.last_equal
 
 
 def _resumed(records: Records, w: Window) -> Finding | None:
@@ -147,7 +159,9 @@ ENTRY = CauseEntry(
         RecordsSignal(
             name="moved",
             rank=40,
-            when="a stream equal at the last equal snapshot differs at the first divergent one",
+            when="a stream equal at the last equal snapshot differs at the first divergent one "
+            "(not where a setting differs and the batch already differs at the first step after "
+            "the equal snapshot)",
             find=_moved,
         ),
         RecordsSignal(
