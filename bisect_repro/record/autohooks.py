@@ -243,11 +243,24 @@ class AutoHooks:
         if self.model is None:
             self.optimizers.append(optimizer)
             return
+        made = type(optimizer).__name__
+        trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if not self.optimizers and not trained & {id(p) for p in self.model.parameters()}:
+            # a network run with trainable parameters before any optimizer (a style transfer
+            # building its loss targets), then an optimizer of other tensors
+            print(
+                f"bisect-repro: note: the model was taken at the first forward with trainable "
+                f"parameters ({type(self.model).__name__}), made before any optimizer; the "
+                f"optimizer made after it ({made}) trains none of its parameters and is not "
+                "followed: freeze that network (requires_grad_(False)) or make the optimizer "
+                "before its first forward",
+                file=sys.stderr,
+            )
+            return
         print(
-            f"bisect-repro: note: an optimizer ({type(optimizer).__name__}) was made after the "
-            "first step began; it is not followed "
-            "(its state is not recorded, and a difference in it shows only through the model); "
-            "make it before the training loop",
+            f"bisect-repro: note: an optimizer ({made}) was made after the first step began; it is "
+            "not followed (its state is not recorded, and a difference in it shows only through "
+            "the model); make it before the training loop",
             file=sys.stderr,
         )
 

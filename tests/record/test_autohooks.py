@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -121,3 +122,19 @@ def test_an_image_optimized_through_a_frozen_network_is_the_models_state_not_a_b
     assert all(run.steps[s]["batch"] == empty and run.steps[s]["loss"] > 0 for s in range(3))
     snapshots = [run.snapshot(s)["hashes"]["optimizer.image"] for s in (0, 1, 2)]
     assert len(set(snapshots)) == 3  # the image each step starts from
+
+
+def test_a_network_run_before_any_optimizer_that_then_trains_an_image_is_named_in_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hooks = AutoHooks(tmp_path / "r", RecordOptions(every=1)).install()
+    try:
+        features = nn.Conv2d(3, 4, 3)
+        features(torch.rand(1, 3, 8, 8))  # trainable, and no optimizer yet: taken as the model
+        image = torch.rand(1, 3, 8, 8).requires_grad_(True)
+        torch.optim.Adam([image], lr=0.1)
+    finally:
+        hooks.close()
+    err = capsys.readouterr().err
+    assert "the model was taken at the first forward with trainable parameters (Conv2d)" in err
+    assert "(Adam) trains none of its parameters" in err and "requires_grad_(False)" in err

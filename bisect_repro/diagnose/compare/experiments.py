@@ -527,8 +527,9 @@ class StepAnalysis:
     # -- the words -----------------------------------------------------------------------------
     def _where(self, verdict: Draft) -> str:
         if verdict.phase == "data":
-            what = "sample indices" if verdict.tensor == "batch.indices" else verdict.tensor
-            return f"step {self.step}, the batch's {what}"
+            if verdict.tensor == "batch.indices":
+                return f"step {self.step}, the batch's sample indices"
+            return f"step {self.step}, the batch ({verdict.tensor})"
         return f"step {self.step}, {verdict.phase} pass, {verdict.tensor}" + (
             f" (op {verdict.op})" if verdict.op else ""
         )
