@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from typer.testing import CliRunner
 
 from bisect_repro.cli import app
@@ -12,6 +13,7 @@ from bisect_repro.cli import app
 runner = CliRunner()
 
 
+@pytest.mark.extended
 def test_verbose_logs_the_processes_a_replay_starts_and_very_verbose_each_request() -> None:
     try:
         quiet = runner.invoke(app, ["doctor", "bisect_repro.demo:build", "--steps", "1", "--json"])

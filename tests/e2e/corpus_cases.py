@@ -79,7 +79,6 @@ CASES = [
         "1's evaluation, so "
         "epoch 2's shuffle, drawn from the global stream when its loader is iterated, is the first "
         "thing that differs",
-        ci=True,
     ),
     Case(
         "gan_generator_lr",

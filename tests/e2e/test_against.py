@@ -220,6 +220,7 @@ def test_options_that_cannot_work_are_refused(
     assert len(Run.open(folder / "a").steps) == 50  # the reference is untouched
 
 
+@pytest.mark.extended
 def test_a_recipe_recorded_against_another_setting_stops_at_the_difference(tmp_path: Path) -> None:
     target = f"{RECIPES / 'counter_reseed.py'}:build"
     flags = ["--steps", "40", "--every", "5", "--quiet"]

@@ -100,6 +100,7 @@ def test_an_unchanged_script_reseeding_behind_enumerate_replays_exactly_and_is_p
     _proven_at_step_9(report, f"{script}:{_line_of(script, 'torch.seed()')}")
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_recipe_reseeding_behind_an_attribute_is_proven_and_the_closing_note_shows_each_replay(
     tmp_path: Path,

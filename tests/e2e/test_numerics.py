@@ -155,6 +155,7 @@ def replicated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.extended
 def test_ddp_on_one_rank_against_two_on_the_same_global_batch_differs_by_rounding_only(
     replicated: Path,
 ) -> None:

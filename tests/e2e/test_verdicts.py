@@ -84,6 +84,7 @@ def test_a_reseed_from_entropy_mid_run_is_found_at_its_step_with_its_call_site(t
     assert report["replay"]["faithful"] and report["replay"]["from_step"] == 0
 
 
+@pytest.mark.extended
 def test_a_reseed_at_the_end_of_a_step_is_named_from_the_step_log_where_the_next_step_parts(
     tmp_path,
 ) -> None:
@@ -136,6 +137,7 @@ def test_a_late_draw_from_an_unseeded_stream_behind_a_step_counter(tmp_path) -> 
     assert "np.random.seed(seed)" in verdict["fix"]
 
 
+@pytest.mark.extended
 def test_a_late_divergence_with_the_checkpoint_far_before_it_and_a_counter_the_checkpoint_lacks(
     tmp_path,
 ) -> None:
