@@ -344,3 +344,26 @@ def test_a_rank_whose_records_explain_nothing_follows_the_rank_that_parted_first
         through_collectives(None, first) is None
         and through_collectives(silent, Verdict(step=5, rank=1)) is silent
     )
+
+
+@pytest.mark.parametrize("torch_drawn", [True, False])
+def test_at_initialisation_the_streams_drawn_from_later_are_named_before_unmoved_ones(
+    tmp_path: Path, torch_drawn: bool
+) -> None:
+    """The weights differ at the first snapshot, where torch and numpy differ too. Torch drawn
+    from afterwards (dropout) is named alone; where neither moves, both are named, and the words
+    say the records cannot tell whether the build drew from them."""
+
+    def streams(offset: int) -> dict[int, dict[str, int]]:
+        return {
+            s: {"torch": offset + (s if torch_drawn else 0), "numpy": offset} for s in (0, 2, 4, 6)
+        }
+
+    hashes = {s: f"other{s}" for s in (0, 2, 4, 6)}
+    a = run(tmp_path / "a", streams=streams(0))
+    b = run(tmp_path / "b", streams=streams(100), hashes=hashes)
+    verdict = verdict_of(a, b)
+    assert (verdict.step, verdict.phase, verdict.cause) == (0, "init", Cause.RNG_STATE)
+    assert sorted(verdict.rng) == (["torch"] if torch_drawn else ["numpy", "torch"])
+    unknown = "whether the build drew from them is not recorded"
+    assert (unknown in verdict.explanation) is not torch_drawn, verdict.explanation

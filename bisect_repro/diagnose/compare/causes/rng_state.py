@@ -88,11 +88,18 @@ def _at_init(records: Records, w: Window) -> Finding | None:
     if records.last_equal is not None or not w.changed:
         return None
     step = records.timeline[0].step
+    # those drawn from later were live streams; the others may have been drawn by the build alone
+    unused = set(records.unused_streams())
+    drawn = [name for name in w.changed if name not in unused] or w.changed
     what = (
-        f"the random streams {', '.join(w.changed)} already differ at the first snapshot (step "
-        f"{step})"
+        f"the random streams {', '.join(drawn)} already differ at the first snapshot (step {step})"
     )
-    return Finding(cause=Cause.RNG_STATE, what=what, rng=w.changed)
+    if not set(drawn) - unused and len(records.timeline) > 1:
+        what += (
+            " and none of them was drawn from after it: whether the build drew from them is not "
+            "recorded"
+        )
+    return Finding(cause=Cause.RNG_STATE, what=what, rng=drawn)
 
 
 def _holds(s: Signals, v: Verdict) -> bool:
@@ -180,7 +187,8 @@ ENTRY = CauseEntry(
         RecordsSignal(
             name="init_streams",
             rank=90,
-            when="the runs differ from their first snapshot, where streams differ too",
+            when="the runs differ from their first snapshot, where streams differ too (those "
+            "drawn from afterwards, where any is)",
             find=_at_init,
         ),
     ),
