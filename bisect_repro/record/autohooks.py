@@ -450,7 +450,7 @@ class AutoHooks:
         ):
             # another part's output (a GAN's fake images): computed by the step, not drawn
             return
-        again = bool(inputs) and {id(t) for t in inputs.values()} <= self._forward_ids
+        again = bool(inputs) and ids <= self._forward_ids
         self._consumed(inputs)
         if not again and (not inputs or any(id(t) not in self._drawn_ids for t in inputs.values())):
             self.recorder.note_batch(args)
